@@ -1,0 +1,74 @@
+"""InfiniOps-Py: LLM operators with pluggable providers and a capability resolver that explains itself.
+
+Public API: the operators (`gemm`, `add`, `rms_norm`, ...), `use` (scoped provider overrides),
+`explain`, `resolve`, `resolve_closure`, `providers`, and what a provider plugin needs (`Provider`,
+`Implementation`, `Capability` and its constraints, `hookimpl`).
+"""
+
+from __future__ import annotations
+
+from infiniops_py.capability import (
+    Between,
+    Capability,
+    Check,
+    ComputeCapability,
+    Constraint,
+    CudaAvailable,
+    MultipleOf,
+    OneOf,
+    Requires,
+)
+from infiniops_py.errors import CandidateReport, ContractError, GateError, Rejection
+from infiniops_py.hookspecs import hookimpl
+from infiniops_py.operators import OPERATORS, OpSpec, Problem
+from infiniops_py.operators._base import unchecked_indices
+from infiniops_py.operators.add import add
+from infiniops_py.registry import Implementation, Provider
+from infiniops_py.resolver import use
+from infiniops_py.runtime import (
+    explain,
+    fallbacks,
+    make_problem,
+    providers,
+    register_provider,
+    reload,
+    resolve,
+    resolve_closure,
+    unregister_provider,
+)
+
+__all__ = [
+    "OPERATORS",
+    "Between",
+    "CandidateReport",
+    "Capability",
+    "Check",
+    "ComputeCapability",
+    "Constraint",
+    "ContractError",
+    "CudaAvailable",
+    "GateError",
+    "Implementation",
+    "MultipleOf",
+    "OneOf",
+    "OpSpec",
+    "Problem",
+    "Provider",
+    "Rejection",
+    "Requires",
+    "add",
+    "explain",
+    "fallbacks",
+    "hookimpl",
+    "make_problem",
+    "providers",
+    "register_provider",
+    "reload",
+    "resolve",
+    "resolve_closure",
+    "unchecked_indices",
+    "unregister_provider",
+    "use",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,29 @@
+"""The pluggy hook a provider plugin implements.
+
+A provider distribution registers a module under the ``infiniops.providers`` entry-point group. That
+module implements::
+
+    from infiniops_py import Provider, hookimpl
+
+    @hookimpl
+    def infiniops_provider() -> Provider:
+        return Provider(name="mine", version="1.0", implementations=[...])
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from infiniops_py.registry import Provider
+
+__all__ = ["ENTRY_POINT_GROUP", "PROJECT", "hookimpl", "hookspec"]
+
+PROJECT = "infiniops"
+ENTRY_POINT_GROUP = "infiniops.providers"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def infiniops_provider() -> Provider:  # type: ignore[empty-body]
+    """Return the provider: its name, version and implementations."""

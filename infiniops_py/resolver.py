@@ -1,0 +1,266 @@
+"""The capability resolver: ranking, the per-problem cache, overrides, strict mode and fallbacks.
+
+Ranking, for one problem:
+1. Candidates are every implementation of the operator, less the denied ones (``INFINIOPS_DENY``,
+   ``use(deny=...)``).
+2. Inside a ``use(provider=...)`` scope that covers the operator, only the providers named are
+   candidates, in the order given: forcing a provider never falls back to another one.
+3. Otherwise the providers named by ``INFINIOPS_PRIORITY`` for the operator come first, in that order,
+   then the rest by priority (highest first).
+4. The first candidate whose capability accepts the problem wins.
+
+A *fallback* is a win by a candidate ranked below a preferred one that rejected the problem (a provider
+named in ``INFINIOPS_PRIORITY``), or a win by the last-resort ``reference`` provider while another
+provider implements the operator. Fallbacks are logged and recorded (`Resolver.fallbacks`); with
+``INFINIOPS_STRICT=1`` they raise `GateError` instead.
+
+The decision is cached per (operator, problem key, overrides), so a resolved call costs a dict lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infiniops_py.errors import CandidateReport, GateError
+from infiniops_py.operators._base import OpSpec, Problem
+from infiniops_py.registry import Implementation, Provider
+
+__all__ = ["Explanation", "Fallback", "Override", "Resolver", "Settings", "use"]
+
+log = logging.getLogger("infiniops")
+REFERENCE = "reference"
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _per_op(text: str) -> dict[str | None, tuple[str, ...]]:
+    """Parse ``op=a,b;op2=c`` (or a bare ``a,b`` for every operator)."""
+    out: dict[str | None, tuple[str, ...]] = {}
+    for part in text.replace("\n", ";").split(";"):
+        if not part.strip():
+            continue
+        op, sep, names = part.partition("=")
+        out[op.strip() if sep else None] = _split(names if sep else op)
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolver settings from the environment (read when the runtime is built or reloaded)."""
+
+    priority: Mapping[str | None, tuple[str, ...]] = field(default_factory=dict)
+    deny: Mapping[str | None, tuple[str, ...]] = field(default_factory=dict)
+    strict: bool = False
+    trace: bool = False
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """``INFINIOPS_PRIORITY``, ``INFINIOPS_DENY`` (both ``op=a,b;...`` or ``a,b``),
+        ``INFINIOPS_STRICT=1`` and ``INFINIOPS_TRACE_CALLS=1``."""
+        env = os.environ
+        return cls(
+            priority=_per_op(env.get("INFINIOPS_PRIORITY", "")),
+            deny=_per_op(env.get("INFINIOPS_DENY", "")),
+            strict=env.get("INFINIOPS_STRICT", "") not in ("", "0"),
+            trace=env.get("INFINIOPS_TRACE_CALLS", "") not in ("", "0"),
+        )
+
+    def for_op(self, table: Mapping[str | None, tuple[str, ...]], op: str) -> tuple[str, ...]:
+        return table.get(op, table.get(None, ()))
+
+
+@dataclass(frozen=True)
+class Override:
+    """One ``use(...)`` scope: force `providers` (in order) and/or deny some, for `ops` (None: all)."""
+
+    providers: tuple[str, ...] = ()
+    ops: frozenset[str] | None = None
+    deny: tuple[str, ...] = ()
+
+    def covers(self, op: str) -> bool:
+        return self.ops is None or op in self.ops
+
+
+_OVERRIDES: contextvars.ContextVar[tuple[Override, ...]] = contextvars.ContextVar("infiniops_use", default=())
+
+
+@contextlib.contextmanager
+def use(
+    provider: str | Sequence[str] | None = None,
+    *,
+    op: str | Sequence[str] | None = None,
+    deny: str | Sequence[str] | None = None,
+) -> Iterator[None]:
+    """Scope in which `op` (one name, several, or all when None) is served only by `provider`.
+
+    ``use(provider="triton", op="flash_attn_varlen")`` forces Triton for that operator (a problem Triton
+    cannot serve raises `GateError`, it never falls back); ``use(provider=("triton", "torch"))`` allows
+    those two, in that order; ``use(deny="cupy")`` excludes a provider. Scopes nest (the inner one wins)
+    and follow `contextvars` (threads and asyncio tasks each see their own).
+    """
+    names = (provider,) if isinstance(provider, str) else tuple(provider or ())
+    ops = None if op is None else frozenset((op,) if isinstance(op, str) else op)
+    denied = (deny,) if isinstance(deny, str) else tuple(deny or ())
+    token = _OVERRIDES.set((*_OVERRIDES.get(), Override(names, ops, denied)))
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def current_overrides() -> tuple[Override, ...]:
+    return _OVERRIDES.get()
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A resolution that did not get the preferred implementation."""
+
+    problem: Problem
+    chosen: str
+    passed_over: tuple[CandidateReport, ...]
+
+    def __str__(self) -> str:
+        why = "; ".join(f"{c.provider}: " + ", ".join(map(str, c.rejections)) for c in self.passed_over)
+        return f"{self.problem.op} {self.problem.describe()} fell back to {self.chosen} ({why})"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The full ranking for one problem, as `explain` returns it (nothing runs)."""
+
+    problem: Problem
+    candidates: tuple[CandidateReport, ...]
+    chosen: Implementation | None
+    fallback: Fallback | None
+
+    def render(self) -> str:
+        lines = [f"{self.problem.op} {self.problem.describe()}"]
+        for rank, c in enumerate(self.candidates, 1):
+            mark = "chosen" if self.chosen is not None and c.implementation == self.chosen.name else (
+                "accepts" if c.accepted else "rejects")
+            lines.append(f"  {rank}. {c.provider} ({c.implementation}, priority {c.priority}): {mark}")
+            if c.note:
+                lines.append(f"       - {c.note}")
+            lines.extend(f"       - {r}" for r in c.rejections)
+        if self.chosen is None:
+            lines.append("  no provider can serve this problem")
+        elif self.fallback is not None:
+            lines.append(f"  fallback: {self.fallback}")
+        return "\n".join(lines)
+
+
+class Resolver:
+    """Picks implementations for problems from a fixed set of providers and settings."""
+
+    def __init__(self, providers: Iterable[Provider], settings: Settings, specs: Mapping[str, OpSpec]) -> None:
+        self.providers = {p.name: p for p in providers}
+        self.settings = settings
+        self.specs = specs
+        self.by_op: dict[str, list[Implementation]] = {}
+        for p in self.providers.values():
+            for impl in p.implementations:
+                self.by_op.setdefault(impl.op, []).append(impl)
+        for impls in self.by_op.values():
+            impls.sort(key=lambda i: (-i.priority, i.provider, i.name))
+        self.cache: dict[tuple[Any, ...], Implementation] = {}
+        self.fallbacks: list[Fallback] = []
+
+    # -- ranking ------------------------------------------------------------------------------------
+    def _ranked(self, op: str, overrides: tuple[Override, ...]) -> tuple[list[Implementation], list[str], str]:
+        """Candidates in order, the names of preferred providers, and a note on what was excluded."""
+        impls = list(self.by_op.get(op, ()))
+        denied = set(self.settings.for_op(self.settings.deny, op))
+        forced: tuple[str, ...] = ()
+        for ov in overrides:
+            if ov.covers(op):
+                denied.update(ov.deny)
+                if ov.providers:
+                    forced = ov.providers
+        impls = [i for i in impls if i.provider not in denied]
+        note = f"denied: {', '.join(sorted(denied))}" if denied else ""
+        if forced:
+            order = {name: n for n, name in enumerate(forced)}
+            kept = [i for i in impls if i.provider in order]
+            kept.sort(key=lambda i: order[i.provider])
+            left_out = sorted({i.provider for i in impls} - set(forced))
+            if left_out:
+                note = "; ".join(filter(None, (note, f"use(provider={forced}) excludes {', '.join(left_out)}")))
+            return kept, list(forced), note
+        preferred = list(self.settings.for_op(self.settings.priority, op))
+        order = {name: n for n, name in enumerate(preferred)}
+        impls.sort(key=lambda i: (order.get(i.provider, len(order)),))  # stable: priority order kept
+        return impls, preferred, note
+
+    def explain(self, problem: Problem, overrides: tuple[Override, ...] = ()) -> Explanation:
+        """Rank every candidate for `problem`, pick one, and say why; runs nothing, raises nothing."""
+        impls, preferred, _note = self._ranked(problem.op, overrides)
+        reports: list[CandidateReport] = []
+        chosen: Implementation | None = None
+        for impl in impls:
+            rejections = impl.capability.reasons(problem)
+            reports.append(CandidateReport(impl.provider, impl.name, impl.priority, rejections))
+            if not rejections and chosen is None:
+                chosen = impl
+        fallback = None
+        if chosen is not None:
+            above = [r for r in reports[: impls.index(chosen)]]
+            passed = tuple(r for r in above if r.provider in preferred)
+            others = {i.provider for i in self.by_op.get(problem.op, ())} - {REFERENCE}
+            if passed or (chosen.provider == REFERENCE and others and not preferred):
+                fallback = Fallback(problem, chosen.name, passed or tuple(above))
+        return Explanation(problem, tuple(reports), chosen, fallback)
+
+    def resolve(self, problem: Problem, overrides: tuple[Override, ...] = ()) -> Implementation:
+        """The implementation for `problem`.
+
+        Raises:
+            GateError: no candidate accepts the problem, or strict mode forbids the fallback it needs.
+        """
+        ex = self.explain(problem, overrides)
+        if ex.chosen is None:
+            _, _, note = self._ranked(problem.op, overrides)
+            reports = list(ex.candidates)
+            if note:
+                reports.append(CandidateReport("(excluded)", "-", 0, (), note))
+            raise GateError([(problem, reports)])
+        if ex.fallback is not None:
+            if self.settings.strict:
+                raise GateError([(problem, list(ex.candidates))],
+                                headline=f"INFINIOPS_STRICT=1 forbids this fallback: {ex.fallback}")
+            self.fallbacks.append(ex.fallback)
+            log.warning("infiniops fallback: %s", ex.fallback)
+        return ex.chosen
+
+    def resolve_key(self, spec: OpSpec, key: tuple[Any, ...], overrides: tuple[Override, ...]) -> Implementation:
+        """Slow path of a call: build the problem behind `key`, resolve it, and cache the decision."""
+        impl = self.resolve(spec.problem_from_key(key), overrides)
+        self.cache[(spec.name, key, overrides)] = impl
+        return impl
+
+    def resolve_closure(
+        self, requests: Iterable[Problem], overrides: tuple[Override, ...] = ()
+    ) -> dict[Problem, Implementation]:
+        """Resolve several problems at once; one `GateError` lists every gap.
+
+        Raises:
+            GateError: with one entry in ``gaps`` for each problem that cannot be served.
+        """
+        chosen: dict[Problem, Implementation] = {}
+        gaps: list[tuple[Problem, list[CandidateReport]]] = []
+        for problem in requests:
+            try:
+                chosen[problem] = self.resolve(problem, overrides)
+            except GateError as err:
+                gaps.extend(err.gaps)
+        if gaps:
+            raise GateError(gaps, headline=f"{len(gaps)} operator problem(s) of this configuration have no provider")
+        return chosen

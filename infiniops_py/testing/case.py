@@ -1,0 +1,89 @@
+"""What a strategy draws: one call of a public operator, ready to run and to check.
+
+A strategy module per operator family (``infiniops_py/testing/strategies/<family>.py``) exports
+``STRATEGIES: dict[str, Callable[[Draw, CaseContext], Case]]`` keyed by operator name. Each function
+draws fresh random inputs (never zeros) on ``ctx.device`` in ``ctx.dtype`` and returns a `Case`.
+
+It draws shape fields (head dims, block sizes, widths, flags) with ``ctx.pick(field, universe)``: the
+values the implementation under test declares, and now and then one from the rest of the contract's
+universe, so that the suite also checks that the resolver gates what the implementation does not declare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from infiniops_py.operators._base import OpSpec
+from infiniops_py.registry import Implementation
+
+__all__ = ["Case", "CaseContext", "Draw", "randn"]
+
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+
+@dataclass
+class Case:
+    """One call: ``function(*args, **kwargs)`` on the device, plus what to compare afterwards.
+
+    Attributes:
+        args, kwargs: the public function's arguments (tensors on the device under test).
+        mutated: positions (int) or names (str) of arguments updated in place; compared after the call.
+        exact: positions in the compared outputs (see `outputs`) that must match bit for bit.
+        untouched: positions or names of arguments (or ``(name, slice)``) that must not change at all.
+        outputs: how to pick the compared tensors from ``(result, args, kwargs)``; by default the result
+            (a tensor or tuple of tensors) followed by the mutated arguments.
+        note: a short description for failure messages (shapes, flags).
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    mutated: tuple[int | str, ...] = ()
+    exact: tuple[int, ...] = ()
+    untouched: tuple[int | str, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class CaseContext:
+    """What a strategy knows about the run: device, dtype, and the implementation's declared limits."""
+
+    device: torch.device
+    dtype: torch.dtype
+    spec: OpSpec
+    impl: Implementation
+    draw: Draw
+    explore: float = 0.1  # chance of drawing a field value outside the declared capability
+
+    def pick(self, name: str, universe: Sequence[Any]) -> Any:
+        """A value of problem field `name`: mostly one the implementation declares, else any in `universe`."""
+        declared = [v for v in universe if self.declares(name, v)]
+        explore = self.draw(st.floats(0, 1)) < self.explore
+        if declared and not explore:
+            return self.draw(st.sampled_from(declared))
+        return self.draw(st.sampled_from(list(universe)))
+
+    def generator(self) -> torch.Generator:
+        """A CPU generator seeded by hypothesis, for the case's random tensors."""
+        return torch.Generator().manual_seed(self.draw(st.integers(0, 2**31 - 1)))
+
+    def declares(self, name: str, value: Any) -> bool:
+        """Whether no static constraint of the implementation on field `name` rejects `value`."""
+        if name not in self.spec.fields:
+            return True
+        problem = self.spec.problem(self.device.type, self.dtype, **{name: value})
+        return not any(
+            c.reject(problem) for c in self.impl.capability.constraints
+            if c.field == name and not c.environmental
+        )
+
+
+def randn(*shape: int, dtype: torch.dtype, device: torch.device, scale: float = 1.0,
+          generator: torch.Generator | None = None) -> torch.Tensor:
+    """Fresh standard-normal data (drawn in float32 on the CPU, so every device sees the same values)."""
+    t = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
+    return t.to(device=device, dtype=dtype)

@@ -1,0 +1,97 @@
+"""The one tolerance table of the conformance suite.
+
+Every output is compared against the operator's reference run on float64 CPU copies of the inputs.
+Each entry is no looser than the peer suite named beside it (``shared/PEERS.md``):
+
+- ``Allclose(rtol, atol)``: ``|out - ref| <= atol + rtol * |ref|`` elementwise, NaN never passes.
+  ``atol_per_k`` adds ``atol_per_k * K`` (Gemm's reduction length), as FlagGems does.
+- ``LowPrecisionRule(factor, atol)``: FlashAttention's rule: the max abs error of the output must be at
+  most ``factor`` times the max abs error of the same reference run in the input's own dtype, plus `atol`.
+- ``EXACT``: bit-for-bit (caches, conv states, untouched V).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["EXACT", "TOLERANCES", "Allclose", "LowPrecisionRule", "tolerance"]
+
+
+@dataclass(frozen=True)
+class Allclose:
+    rtol: float
+    atol: float
+    atol_per_k: float = 0.0
+
+
+@dataclass(frozen=True)
+class LowPrecisionRule:
+    factor: float
+    atol: float
+
+
+EXACT: Final = Allclose(0.0, 0.0)
+
+_FP16, _BF16, _FP32 = "float16", "bfloat16", "float32"
+
+# (operator, dtype) -> tolerance. Sources: PEERS.md rows of the same operator.
+TOLERANCES: Final[dict[tuple[str, str], Allclose | LowPrecisionRule]] = {
+    # FlagGems test_addmm: rtol by dtype, atol 1e-4 x K.
+    ("gemm", _FP16): Allclose(1e-3, 0.0, atol_per_k=1e-4),
+    ("gemm", _BF16): Allclose(1.6e-2, 0.0, atol_per_k=1e-4),
+    ("gemm", _FP32): Allclose(1.3e-6, 0.0, atol_per_k=1e-4),
+    # FlagGems test_add: rtol = dtype resolution, atol 1e-4.
+    ("add", _FP16): Allclose(1e-3, 1e-4),
+    ("add", _BF16): Allclose(1e-2, 1e-4),
+    ("add", _FP32): Allclose(1e-6, 1e-4),
+    # vLLM test_layernorm: 1e-2 / 1e-2 for every dtype; fp32 tightened (fp32 arithmetic throughout).
+    ("rms_norm", _FP16): Allclose(1e-2, 1e-2),
+    ("rms_norm", _BF16): Allclose(1e-2, 1e-2),
+    ("rms_norm", _FP32): Allclose(1e-5, 1e-5),
+    ("fused_add_rms_norm", _FP16): Allclose(1e-2, 1e-2),
+    ("fused_add_rms_norm", _BF16): Allclose(1e-2, 1e-2),
+    ("fused_add_rms_norm", _FP32): Allclose(1e-5, 1e-5),
+    # vLLM test_fused_qk_norm_rope: fp16 2e-3, bf16 1e-2; fp32 tightened.
+    ("fused_qk_norm", _FP16): Allclose(2e-3, 2e-3),
+    ("fused_qk_norm", _BF16): Allclose(1e-2, 1e-2),
+    ("fused_qk_norm", _FP32): Allclose(1e-5, 1e-5),
+    # vLLM test_cache: exact.
+    ("reshape_and_cache_flash", _FP16): EXACT,
+    ("reshape_and_cache_flash", _BF16): EXACT,
+    ("reshape_and_cache_flash", _FP32): EXACT,
+    # flash-attention test_flash_attn: 2x the low-dtype reference's error (+1e-5); kvcache: 3x.
+    ("flash_attn_varlen", _FP16): LowPrecisionRule(2.0, 1e-5),
+    ("flash_attn_varlen", _BF16): LowPrecisionRule(2.0, 1e-5),
+    ("flash_attn_varlen", _FP32): LowPrecisionRule(2.0, 1e-5),
+    ("flash_attn_with_kvcache", _FP16): LowPrecisionRule(3.0, 1e-5),
+    ("flash_attn_with_kvcache", _BF16): LowPrecisionRule(3.0, 1e-5),
+    ("flash_attn_with_kvcache", _FP32): LowPrecisionRule(3.0, 1e-5),
+    # causal-conv1d test_causal_conv1d.
+    ("causal_conv1d", _FP32): Allclose(3e-4, 1e-3),
+    ("causal_conv1d", _FP16): Allclose(3e-3, 5e-3),
+    ("causal_conv1d", _BF16): Allclose(1e-2, 5e-2),
+    ("causal_conv1d_update", _FP32): Allclose(3e-4, 1e-3),
+    ("causal_conv1d_update", _FP16): Allclose(3e-3, 5e-3),
+    ("causal_conv1d_update", _BF16): Allclose(1e-2, 5e-2),
+    # mamba test_selective_scan (tighter than vLLM's SSD test: fp32 8e-3 / 5e-3, bf16 5e-2).
+    ("selective_scan", _FP32): Allclose(6e-4, 2e-3),
+    ("selective_scan", _FP16): Allclose(3e-3, 5e-3),
+    ("selective_scan", _BF16): Allclose(3e-2, 5e-2),
+    # mamba test_selective_state_update.
+    ("selective_state_update", _FP32): Allclose(3e-4, 1e-3),
+    ("selective_state_update", _FP16): Allclose(5e-3, 1e-2),
+    ("selective_state_update", _BF16): Allclose(1e-2, 5e-2),
+}
+
+
+def tolerance(op: str, dtype: str) -> Allclose | LowPrecisionRule:
+    """The tolerance for `op` outputs in `dtype`.
+
+    Raises:
+        KeyError: the table has no entry (every operator and float dtype a provider may declare has one).
+    """
+    try:
+        return TOLERANCES[(op, dtype)]
+    except KeyError:
+        raise KeyError(f"no tolerance for {op} in {dtype}; add one to infiniops_py/testing/tolerances.py") from None

@@ -1,0 +1,27 @@
+"""The ``torch`` provider: every operator with the fastest plain-PyTorch means, on cpu and cuda.
+
+Each module holds one kernel family and exports ``IMPLEMENTATIONS``; this module gathers them for the
+``infiniops_provider`` hook.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from infiniops_py import Provider, hookimpl
+
+__all__ = ["infiniops_provider"]
+
+_MODULES = ("add",)
+
+
+@hookimpl
+def infiniops_provider() -> Provider:
+    import importlib
+
+    impls = [impl for m in _MODULES for impl in importlib.import_module(f"infiniops_torch.{m}").IMPLEMENTATIONS]
+    try:
+        ver = version("infiniops-provider-torch")
+    except PackageNotFoundError:
+        ver = "0+unknown"
+    return Provider(name="torch", version=ver, implementations=impls)
