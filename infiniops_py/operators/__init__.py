@@ -11,10 +11,19 @@ from types import ModuleType
 from typing import Final
 
 from infiniops_py.operators import add as _add
+from infiniops_py.operators import causal_conv1d as _causal_conv1d
+from infiniops_py.operators import flash_attn as _flash_attn
+from infiniops_py.operators import fused_qk_norm as _fused_qk_norm
+from infiniops_py.operators import gemm as _gemm
+from infiniops_py.operators import paged_cache as _paged_cache
+from infiniops_py.operators import rms_norm as _rms_norm
+from infiniops_py.operators import selective_scan as _selective_scan
 from infiniops_py.operators._base import ContractError, OpSpec, Problem
 
 __all__ = ["OPERATORS", "ContractError", "OpSpec", "Problem"]
 
-_MODULES: Final[tuple[ModuleType, ...]] = (_add,)
+_MODULES: Final[tuple[ModuleType, ...]] = (
+    _gemm, _add, _rms_norm, _fused_qk_norm, _paged_cache, _flash_attn, _causal_conv1d, _selective_scan,
+)
 
 OPERATORS: Final[dict[str, OpSpec]] = {spec.name: spec for m in _MODULES for spec in m.SPECS}

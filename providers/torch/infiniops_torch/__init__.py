@@ -12,7 +12,7 @@ from infiniops_py import Provider, hookimpl
 
 __all__ = ["infiniops_provider"]
 
-_MODULES = ("add",)
+_MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "flash_attn", "causal_conv1d", "selective_scan")
 
 
 @hookimpl

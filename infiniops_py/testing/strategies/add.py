@@ -1,0 +1,3 @@
+"""Placeholder: the add strategies are being written."""
+
+STRATEGIES: dict = {}

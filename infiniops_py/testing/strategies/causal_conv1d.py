@@ -1,0 +1,3 @@
+"""Placeholder: the causal_conv1d strategies are being written."""
+
+STRATEGIES: dict = {}

@@ -1,0 +1,3 @@
+"""Placeholder: the flash_attn strategies are being written."""
+
+STRATEGIES: dict = {}

@@ -1,0 +1,3 @@
+"""Placeholder: the gemm strategies are being written."""
+
+STRATEGIES: dict = {}

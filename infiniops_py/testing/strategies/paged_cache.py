@@ -1,0 +1,3 @@
+"""Placeholder: the paged_cache strategies are being written."""
+
+STRATEGIES: dict = {}

@@ -1,0 +1,3 @@
+"""Placeholder: the selective_scan strategies are being written."""
+
+STRATEGIES: dict = {}

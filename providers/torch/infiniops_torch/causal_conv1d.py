@@ -1,0 +1,3 @@
+"""Placeholder: the torch causal_conv1d implementations are being written."""
+
+IMPLEMENTATIONS: list = []

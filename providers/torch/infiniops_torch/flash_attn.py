@@ -1,0 +1,3 @@
+"""Placeholder: the torch flash_attn implementations are being written."""
+
+IMPLEMENTATIONS: list = []

@@ -1,0 +1,3 @@
+"""Placeholder: the torch fused_qk_norm implementations are being written."""
+
+IMPLEMENTATIONS: list = []

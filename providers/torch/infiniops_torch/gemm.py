@@ -1,0 +1,3 @@
+"""Placeholder: the torch gemm implementations are being written."""
+
+IMPLEMENTATIONS: list = []

@@ -1,0 +1,3 @@
+"""Placeholder: the torch paged_cache implementations are being written."""
+
+IMPLEMENTATIONS: list = []

@@ -1,0 +1,3 @@
+"""Placeholder: the torch rms_norm implementations are being written."""
+
+IMPLEMENTATIONS: list = []

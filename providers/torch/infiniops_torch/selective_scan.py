@@ -1,0 +1,3 @@
+"""Placeholder: the torch selective_scan implementations are being written."""
+
+IMPLEMENTATIONS: list = []
