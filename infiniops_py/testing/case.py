@@ -1,7 +1,7 @@
 """What a strategy draws: one call of a public operator, ready to run and to check.
 
 A strategy module per operator family (``infiniops_py/testing/strategies/<family>.py``) exports
-``STRATEGIES: dict[str, Callable[[Draw, CaseContext], Case]]`` keyed by operator name. Each function
+``STRATEGIES: dict[str, Callable[[CaseContext], Case]]`` keyed by operator name. Each function
 draws fresh random inputs (never zeros) on ``ctx.device`` in ``ctx.dtype`` and returns a `Case`.
 
 It draws shape fields (head dims, block sizes, widths, flags) with ``ctx.pick(field, universe)``: the
