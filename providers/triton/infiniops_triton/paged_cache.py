@@ -1,0 +1,3 @@
+"""Placeholder: the Triton paged_cache kernels are being written."""
+
+IMPLEMENTATIONS: list = []

@@ -1,0 +1,3 @@
+"""Placeholder: the Triton selective_scan kernels are being written."""
+
+IMPLEMENTATIONS: list = []
