@@ -1,0 +1,47 @@
+# Two commands do all set-up on a fresh machine:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# A CPU wheel of torch for CPU machines (a plain `torch` would pull the CUDA build).
+TORCH  ?= torch==2.13.0
+PROVIDERS := -e providers/torch -e providers/triton
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint matrix test-gpu bench-gpu clean
+
+$(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[llm,test]" $(PROVIDERS)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/infiniops providers
+	$(BIN)/infiniops matrix --device cpu
+	-$(BIN)/infiniops explain flash_attn_varlen --device cuda --dtype float32 --head-dim 300
+	$(BIN)/infinilm demo
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+matrix: install
+	INFINIOPS_PROVIDERS=torch,triton,cupy $(BIN)/infiniops matrix --write capability_matrix
+
+# On the GPU machine (no package registry there: everything it needs is preinstalled).
+test-gpu:
+	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
+	python3 -m pytest -q -p no:cacheprovider -m gpu tests
+	python3 -m infiniops_py.cli check triton --device cuda --max-examples 300
+
+bench-gpu:
+	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
+	python3 benchmarks/ops.py --write benchmarks/RESULTS.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info providers/*/*.egg-info
