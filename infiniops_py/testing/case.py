@@ -34,18 +34,24 @@ class Case:
         args, kwargs: the public function's arguments (tensors on the device under test).
         mutated: positions (int) or names (str) of arguments updated in place; compared after the call.
         exact: positions in the compared outputs (see `outputs`) that must match bit for bit.
-        untouched: positions or names of arguments (or ``(name, slice)``) that must not change at all.
-        outputs: how to pick the compared tensors from ``(result, args, kwargs)``; by default the result
-            (a tensor or tuple of tensors) followed by the mutated arguments.
+        untouched: positions or names of arguments that must not change at all, bit for bit; an entry
+            ``(position or name, index)`` checks only ``argument[index]`` (e.g. the V columns of a packed qkv).
         note: a short description for failure messages (shapes, flags).
+        k: the reduction length K of tolerances with ``atol_per_k`` (Gemm: ``atol + atol_per_k * K``);
+            None when the operator has no such tolerance.
+        outputs: how to pick the compared tensors from ``(result, args, kwargs)``; None (the default)
+            compares the result (a tensor or tuple of tensors, None entries skipped) followed by the
+            mutated arguments. `exact` indexes this sequence.
     """
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     mutated: tuple[int | str, ...] = ()
     exact: tuple[int, ...] = ()
-    untouched: tuple[int | str, ...] = ()
+    untouched: tuple[int | str | tuple[int | str, Any], ...] = ()
     note: str = ""
+    k: int | None = None
+    outputs: Callable[[Any, tuple[Any, ...], dict[str, Any]], Sequence[torch.Tensor]] | None = None
 
 
 @dataclass
