@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # A CPU wheel of torch for CPU machines (a plain `torch` would pull the CUDA build).
 TORCH  ?= torch==2.13.0
-PROVIDERS := -e providers/torch -e providers/triton
+PROVIDERS := -e providers/torch -e providers/triton -e providers/cupy
 STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test lint matrix test-gpu bench-gpu clean

@@ -1,0 +1,83 @@
+"""Gemm through CuPy's cuBLAS binding (cublasGemmStridedBatchedEx, fp32 compute).
+
+The epilogue ``beta * c + bias`` is written into `out` first by a small kernel and then accumulated by
+cuBLAS with its own beta = 1, so the product is added to it in the same pass; `c` is never read when the
+contract dropped it (beta == 0). Row-major tensors are handed to column-major cuBLAS as the transposed
+product ``out^T = op(b)^T @ op(a)^T``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from infiniops_cupy._common import DTYPES, PRIORITY, SCALAR_TYPES, as_cupy, base_constraints, module, stream
+from infiniops_py import Capability, Implementation
+
+__all__ = ["IMPLEMENTATIONS", "gemm"]
+
+_EPILOGUE = r"""
+extern "C" __global__ void fill_epilogue(SCALAR* __restrict__ out, const SCALAR* __restrict__ c,
+                                         long long c_m, long long c_n, float beta,
+                                         const SCALAR* __restrict__ bias, long long rows, long long m_size,
+                                         long long cols) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;   // over batch * M * N
+    if (i >= rows * cols) return;
+    const long long m = (i / cols) % m_size, n = i % cols;                  // c is shared across the batch
+    float v = bias ? to_f(bias[n]) : 0.0f;
+    if (c) v += beta * to_f(c[m * c_m + n * c_n]);
+    out[i] = from_f<SCALAR>(v);
+}
+"""
+
+_CUDA_TYPES = {torch.float16: 2, torch.float32: 0, torch.bfloat16: 14}  # cudaDataType: R_16F, R_32F, R_16BF
+_COMPUTE_32F = 68  # CUBLAS_COMPUTE_32F: fp32 accumulation, no TF32 shortcut
+_GEMM_DEFAULT = -1
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float,
+         beta: float, trans_a: bool, trans_b: bool, out: torch.Tensor) -> torch.Tensor:
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-2] if trans_a else a.shape[-1]
+    batch = out.shape[0] if out.dim() == 3 else 1
+    if out.numel() == 0:
+        return out
+    a, b = a.contiguous(), b.contiguous()
+    with stream(out.device):
+        prefill = c is not None or bias is not None
+        if prefill:
+            rows = batch * m
+            cm = None if c is None else c.expand(m, n)
+            fn = module(_EPILOGUE, SCALAR_TYPES[out.dtype]).get_function("fill_epilogue")
+            fn(((rows * n + 255) // 256,), (256,), (
+                as_cupy(out), as_cupy(cm), np.int64(0 if cm is None else cm.stride(0)),
+                np.int64(0 if cm is None else cm.stride(1)), np.float32(beta), as_cupy(bias),
+                np.int64(rows), np.int64(m), np.int64(n)))
+        if k == 0:
+            if not prefill:
+                out.zero_()
+            return out
+        dtype = _CUDA_TYPES[out.dtype]
+        alpha_h = np.array([alpha], dtype=np.float32)
+        beta_h = np.array([1.0 if prefill else 0.0], dtype=np.float32)
+        handle = cupy.cuda.device.get_cublas_handle()
+        op_b = cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N
+        op_a = cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N
+        ldb = k if trans_b else n
+        lda = m if trans_a else k
+        stride_a = a.stride(0) if a.dim() == 3 else 0
+        stride_b = b.stride(0) if b.dim() == 3 else 0
+        a_cp, b_cp, out_cp = as_cupy(a), as_cupy(b), as_cupy(out)
+        cublas.gemmStridedBatchedEx(
+            handle, op_b, op_a, n, m, k, alpha_h.ctypes.data, b_cp.data.ptr, dtype, ldb, stride_b,
+            a_cp.data.ptr, dtype, lda, stride_a, beta_h.ctypes.data, out_cp.data.ptr, dtype, n, m * n, batch,
+            _COMPUTE_32F, _GEMM_DEFAULT)
+    return out
+
+
+IMPLEMENTATIONS = [
+    Implementation("gemm", "cupy", "cupy.gemm_cublas", Capability(*base_constraints(), DTYPES), PRIORITY, gemm),
+]
