@@ -23,6 +23,10 @@ from infiniops_py.hookspecs import hookimpl
 from infiniops_py.operators import OPERATORS, OpSpec, Problem
 from infiniops_py.operators._base import unchecked_indices
 from infiniops_py.operators.add import add
+from infiniops_py.operators.fused_qk_norm import fused_qk_norm
+from infiniops_py.operators.gemm import gemm
+from infiniops_py.operators.paged_cache import reshape_and_cache_flash
+from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import use
 from infiniops_py.runtime import (
@@ -59,13 +63,18 @@ __all__ = [
     "add",
     "explain",
     "fallbacks",
+    "fused_add_rms_norm",
+    "fused_qk_norm",
+    "gemm",
     "hookimpl",
     "make_problem",
     "providers",
     "register_provider",
     "reload",
+    "reshape_and_cache_flash",
     "resolve",
     "resolve_closure",
+    "rms_norm",
     "unchecked_indices",
     "unregister_provider",
     "use",

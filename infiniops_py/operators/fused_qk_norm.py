@@ -9,4 +9,95 @@ Problem fields: head_dim, num_q_heads, num_kv_heads (int).
 
 from __future__ import annotations
 
-SPECS = ()  # placeholder: the contract module is being written
+import torch
+
+from infiniops_py.operators._base import FLOAT_DTYPES, ContractError, OpSpec, check_device, check_dtype
+from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
+
+__all__ = ["SPECS", "fused_qk_norm", "reference"]
+
+_OP = "fused_qk_norm"
+
+
+def fused_qk_norm(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Qwen3's ``q_norm``/``k_norm``: an RmsNorm over ``head_dim`` of every Q and K head, in place.
+
+    Each head's row of ``D`` values gets `rms_norm` (fp32 mean square, cast to the dtype, times the
+    weight) with `q_weight` for the Q heads and `k_weight` for the K heads; the V columns are left bit
+    for bit untouched. Matches vLLM's ``fused_qk_norm_rope`` without the RoPE part.
+
+    Args:
+        qkv: the packed projection ``[T, (Hq + 2*Hkv) * D]``: Q heads, then K heads, then V heads.
+            dtype float16/bfloat16/float32/float64, last stride 1 (rows may be strided).
+        q_weight, k_weight: the checkpoint's ``q_norm.weight`` / ``k_norm.weight``, ``[D]``, same dtype
+            and device, contiguous.
+        num_q_heads, num_kv_heads, head_dim: ``Hq``, ``Hkv``, ``D`` (positive ints).
+        eps: added to each head's mean square.
+
+    Returns:
+        `qkv`, updated in place.
+
+    Raises:
+        ContractError: a non-positive head count or head dim, a width other than ``(Hq + 2*Hkv) * D``,
+            a mismatched weight, dtype or device, a last stride other than 1.
+    """
+    check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
+    for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if not isinstance(v, int) or v <= 0:
+            raise ContractError(_OP, name, f"expected a positive int, got {v!r}")
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != width:
+        raise ContractError(
+            _OP, "qkv", f"expected shape [T, {width}] ((num_q_heads + 2 * num_kv_heads) * head_dim), "
+            f"got {list(qkv.shape)}"
+        )
+    if qkv.stride(1) != 1:
+        raise ContractError(_OP, "qkv", f"expected last stride 1, got strides {list(qkv.stride())}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.dtype != qkv.dtype:
+            raise ContractError(_OP, name, f"expected dtype {qkv.dtype} (same as qkv), got {w.dtype}")
+        check_device(_OP, name, w, qkv.device)
+        if w.shape != (head_dim,):
+            raise ContractError(_OP, name, f"expected shape [{head_dim}] (head_dim), got {list(w.shape)}")
+        if w.stride(0) != 1 and head_dim > 1:
+            raise ContractError(_OP, name, f"expected a contiguous [D] tensor, got stride {w.stride(0)}")
+    if qkv.shape[0] == 0:
+        return qkv
+    key = (qkv.device.type, qkv.dtype, head_dim, num_q_heads, num_kv_heads)
+    SPEC.call(key, qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
+    return qkv
+
+
+def reference(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
+    """Literal reference: the RmsNorm reference on each Q head, then on each K head; V is not touched."""
+    t = qkv.shape[0]
+    for first, count, weight in ((0, num_q_heads, q_weight), (num_q_heads, num_kv_heads, k_weight)):
+        heads = qkv[:, first * head_dim : (first + count) * head_dim].view(t, count, head_dim)
+        _rms_norm_reference(heads, weight, eps, heads)
+
+
+SPEC = OpSpec(
+    name=_OP,
+    fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8},
+    function=fused_qk_norm,
+    reference=reference,
+    doc="per-head RmsNorm of Q and K in a packed QKV, in place, V untouched",
+)
+SPECS = (SPEC,)

@@ -5,9 +5,164 @@ Implementation calling convention: fn(a, b, c, bias, alpha, beta, trans_a, trans
   a: [M, K] ([K, M] when trans_a), or with a leading batch dim; b: [K, N] ([N, K] when trans_b, the
   nn.Linear weight layout); c: None when beta == 0 (never read then), else broadcastable to [M, N];
   bias: None or [N]; out: allocated by gemm, [(Bt,) M, N] in a.dtype. fp32 accumulation.
+  (gemm hands c over already expanded to out's shape: a view whose strides may be 0.)
 Problem fields: batched, trans_a, trans_b, has_bias, has_c (all bool).
 """
 
 from __future__ import annotations
 
-SPECS = ()  # placeholder: the contract module is being written
+import torch
+
+from infiniops_py.operators._base import FLOAT_DTYPES, ContractError, OpSpec, check_device, check_dtype
+
+__all__ = ["SPECS", "gemm", "reference"]
+
+_OP = "gemm"
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    c: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y = alpha * op(a) @ op(b) + beta * c + bias``, accumulated in fp32 (BLAS / ``torch.addmm`` semantics).
+
+    Args:
+        a: ``[M, K]``, or ``[K, M]`` when `trans_a`; optionally with a leading batch dim ``[Bt, ...]``.
+            dtype float16/bfloat16/float32/float64. Row- or column-major in its last two dims (one of
+            their strides is 1), like every BLAS operand.
+        b: ``[K, N]``, or ``[N, K]`` when `trans_b` (the ``nn.Linear`` weight layout); batched exactly
+            when `a` is, with the same ``Bt``; same dtype and device as `a`, row- or column-major.
+        c: optional, broadcastable to ``[(Bt,) M, N]``, same dtype. When ``beta == 0`` it is never read,
+            so NaN/Inf in `c` does not reach the result (``torch.addmm`` semantics).
+        bias: optional ``[N]``, same dtype, added to every row.
+        alpha, beta: scalars.
+        trans_a, trans_b: use the transpose of `a` / `b`.
+        out: optional contiguous ``[(Bt,) M, N]`` in `a`'s dtype; it may be `c` itself (same shape and
+            view: in-place accumulation) but must not overlap `a`, `b` or `bias`.
+
+    Returns:
+        `out`, or a new contiguous ``[(Bt,) M, N]`` tensor in `a`'s dtype.
+
+    Raises:
+        ContractError: a rank, shape, dtype, device or stride that breaks the above, naming the argument.
+    """
+    check_dtype(_OP, "a", a, FLOAT_DTYPES)
+    dev, dt = a.device, a.dtype
+    _check_operand("b", b, dt, dev)
+    batched = a.dim() == 3
+    if a.dim() not in (2, 3):
+        raise ContractError(_OP, "a", f"expected rank 2 [M, K] or 3 [Bt, M, K], got shape {list(a.shape)}")
+    if b.dim() != a.dim():
+        raise ContractError(_OP, "b", f"expected rank {a.dim()} (same as a), got shape {list(b.shape)}")
+    m, ka = (a.shape[-1], a.shape[-2]) if trans_a else (a.shape[-2], a.shape[-1])
+    kb, n = (b.shape[-1], b.shape[-2]) if trans_b else (b.shape[-2], b.shape[-1])
+    if kb != ka:
+        want = "[N, K]" if trans_b else "[K, N]"
+        raise ContractError(_OP, "b", f"expected {want} with K={ka} (from a), got shape {list(b.shape)}")
+    if batched and b.shape[0] != a.shape[0]:
+        raise ContractError(_OP, "b", f"expected batch {a.shape[0]} (same as a), got shape {list(b.shape)}")
+    _check_major("a", a)
+    _check_major("b", b)
+    shape = (a.shape[0], m, n) if batched else (m, n)
+    if bias is not None:
+        _check_operand("bias", bias, dt, dev)
+        if bias.shape != (n,):
+            raise ContractError(_OP, "bias", f"expected shape [{n}] (N), got {list(bias.shape)}")
+    if c is not None:
+        _check_operand("c", c, dt, dev)
+        try:
+            c_full = c.expand(shape)
+        except RuntimeError:
+            raise ContractError(_OP, "c", f"shape {list(c.shape)} does not broadcast to {list(shape)}") from None
+        c = c_full if beta != 0 else None
+    if out is None:
+        out = torch.empty(shape, dtype=dt, device=dev)
+    else:
+        _check_out(out, shape, a, b, bias, c)
+    if out.numel() == 0:
+        return out
+    key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None)
+    return SPEC.call(key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
+
+
+def _check_operand(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+    if t.dtype != dtype:
+        raise ContractError(_OP, name, f"expected dtype {dtype} (same as a), got {t.dtype}")
+    check_device(_OP, name, t, device)
+
+
+def _check_major(name: str, t: torch.Tensor) -> None:
+    """BLAS operands need a unit stride in one of their last two dims (a dim of size 1 has any stride)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    rs, cs = t.stride(-2), t.stride(-1)
+    if not (cs == 1 or cols == 1 or rs == 1 or rows == 1):
+        raise ContractError(
+            _OP, name, f"strides {list(t.stride())} have no unit stride in the last two dims; "
+            "pass a row- or column-major matrix (e.g. .contiguous())"
+        )
+
+
+def _check_out(
+    out: torch.Tensor,
+    shape: tuple[int, ...],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    c: torch.Tensor | None,
+) -> None:
+    if tuple(out.shape) != shape:
+        raise ContractError(_OP, "out", f"expected shape {list(shape)}, got {list(out.shape)}")
+    if out.dtype != a.dtype:
+        raise ContractError(_OP, "out", f"expected dtype {a.dtype} (same as a), got {out.dtype}")
+    check_device(_OP, "out", out, a.device)
+    if not out.is_contiguous():
+        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    ptr = out.untyped_storage().data_ptr()
+    for name, t in (("a", a), ("b", b), ("bias", bias), ("c", c)):
+        if t is None or not t.numel() or t.untyped_storage().data_ptr() != ptr:
+            continue
+        if name == "c" and t.data_ptr() == out.data_ptr() and t.stride() == out.stride():
+            continue
+        raise ContractError(_OP, "out", f"shares memory with {name}; only out=c (the same full view) may alias")
+
+
+def reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    trans_a: bool,
+    trans_b: bool,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Literal reference, in float32 (float64 for float64 inputs), rounded once into `out`."""
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    op_a = a.to(acc).transpose(-1, -2) if trans_a else a.to(acc)
+    op_b = b.to(acc).transpose(-1, -2) if trans_b else b.to(acc)
+    y = alpha * torch.matmul(op_a, op_b)
+    if c is not None:
+        y = y + beta * c.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    out.copy_(y)
+    return out
+
+
+SPEC = OpSpec(
+    name=_OP,
+    fields={"batched": False, "trans_a": False, "trans_b": False, "has_bias": False, "has_c": False},
+    function=gemm,
+    reference=reference,
+    doc="y = alpha * op(a) @ op(b) + beta * c + bias, fp32 accumulation, optional batch dim",
+)
+SPECS = (SPEC,)

@@ -12,4 +12,161 @@ Problem fields (both): hidden_size (int).
 
 from __future__ import annotations
 
-SPECS = ()  # placeholder: the contract module is being written
+import torch
+
+from infiniops_py.operators._base import FLOAT_DTYPES, ContractError, OpSpec, check_device, check_dtype
+
+__all__ = ["SPECS", "fused_add_rms_norm", "fused_reference", "reference", "rms_norm"]
+
+_OP = "rms_norm"
+_FUSED = "fused_add_rms_norm"
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RmsNorm over the last dim, Llama/HF semantics (``LlamaRMSNorm``; vLLM's ``rms_norm`` kernel).
+
+    ``out = (x / sqrt(mean(x**2, -1) + eps)).to(x.dtype) * weight``, the mean taken in float32 (float64
+    for float64 input).
+
+    Args:
+        x: ``[..., H]``, dtype float16/bfloat16/float32/float64, last stride 1 (rows may be strided).
+        weight: ``[H]``, same dtype and device, contiguous.
+        eps: added to the mean square (> 0 keeps a zero row finite).
+        out: optional contiguous tensor of `x`'s shape, dtype and device; it may be `x` itself.
+
+    Returns:
+        `out`, or a new contiguous tensor of `x`'s shape.
+
+    Raises:
+        ContractError: rank 0, a mismatched weight, dtype or device, a last stride other than 1, a bad `out`.
+    """
+    h = _check_rows(_OP, "x", x)
+    _check_weight(_OP, weight, x, h)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        _check_out(x, out)
+    if x.numel() == 0:
+        return out
+    x2 = x.view(-1, h) if _viewable(x) else x.reshape(-1, h)
+    SPEC.call((x.device.type, x.dtype, h), x2, weight, eps, out.view(-1, h))
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: ``residual <- x + residual`` (rounded to the dtype), then ``x <- rms_norm(residual)``.
+
+    vLLM's ``fused_add_rms_norm`` semantics (a transformer block's post-attention residual add and norm).
+
+    Args:
+        x: ``[..., H]``, dtype float16/bfloat16/float32/float64, last stride 1.
+        residual: `x`'s shape, dtype and device, last stride 1, not overlapping `x`.
+        weight: ``[H]``, same dtype and device, contiguous.
+        eps: added to the mean square.
+
+    Returns:
+        ``(x, residual)``, both updated in place.
+
+    Raises:
+        ContractError: a mismatched shape, dtype or device, a last stride other than 1, `x` aliasing `residual`.
+    """
+    h = _check_rows(_FUSED, "x", x)
+    if residual.shape != x.shape:
+        raise ContractError(
+            _FUSED, "residual", f"expected shape {list(x.shape)} (same as x), got {list(residual.shape)}"
+        )
+    if residual.dtype != x.dtype:
+        raise ContractError(_FUSED, "residual", f"expected dtype {x.dtype} (same as x), got {residual.dtype}")
+    check_device(_FUSED, "residual", residual, x.device)
+    if residual.stride(-1) != 1:
+        raise ContractError(_FUSED, "residual", f"expected last stride 1, got strides {list(residual.stride())}")
+    _check_weight(_FUSED, weight, x, h)
+    if x.numel() == 0:
+        return x, residual
+    if residual.data_ptr() == x.data_ptr():
+        raise ContractError(_FUSED, "residual", "is the same memory as x; pass two separate tensors")
+    key = (x.device.type, x.dtype, h)
+    if _viewable(x) and _viewable(residual):
+        FUSED_SPEC.call(key, x.view(-1, h), residual.view(-1, h), weight, eps)
+        return x, residual
+    # Rows that cannot be flattened into one strided dim: run on 2-D copies, then write back in place.
+    x2, r2 = x.reshape(-1, h).clone(), residual.reshape(-1, h).clone()
+    FUSED_SPEC.call(key, x2, r2, weight, eps)
+    x.copy_(x2.view(x.shape))
+    residual.copy_(r2.view(x.shape))
+    return x, residual
+
+
+def _check_rows(op: str, name: str, x: torch.Tensor) -> int:
+    check_dtype(op, name, x, FLOAT_DTYPES)
+    if x.dim() == 0:
+        raise ContractError(op, name, "expected at least one dim [..., H], got a 0-d tensor")
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        raise ContractError(op, name, f"expected last stride 1, got strides {list(x.stride())}")
+    return x.shape[-1]
+
+
+def _check_weight(op: str, weight: torch.Tensor, x: torch.Tensor, h: int) -> None:
+    if weight.dtype != x.dtype:
+        raise ContractError(op, "weight", f"expected dtype {x.dtype} (same as x), got {weight.dtype}")
+    check_device(op, "weight", weight, x.device)
+    if weight.shape != (h,):
+        raise ContractError(op, "weight", f"expected shape [{h}] (H = x.shape[-1]), got {list(weight.shape)}")
+    if weight.stride(0) != 1 and h > 1:
+        raise ContractError(op, "weight", f"expected a contiguous [H] tensor, got stride {weight.stride(0)}")
+
+
+def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    if out.shape != x.shape:
+        raise ContractError(_OP, "out", f"expected shape {list(x.shape)} (same as x), got {list(out.shape)}")
+    if out.dtype != x.dtype:
+        raise ContractError(_OP, "out", f"expected dtype {x.dtype} (same as x), got {out.dtype}")
+    check_device(_OP, "out", out, x.device)
+    if not out.is_contiguous():
+        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+
+
+def _viewable(x: torch.Tensor) -> bool:
+    """Whether the leading dims of `x` merge into one strided dim (so ``x.view(-1, H)`` is a view)."""
+    stride = x.stride()
+    return all(stride[i] == stride[i + 1] * x.shape[i + 1] or x.shape[i] == 1 for i in range(x.dim() - 2))
+
+
+def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    variance = xf.pow(2).mean(dim=-1, keepdim=True)
+    return (xf * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference: the mean square in max(float32, dtype), cast to the dtype, times weight."""
+    out.copy_(_normalize(x, weight, eps))
+    return out
+
+
+def fused_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """Literal reference: ``residual <- x + residual``; ``x <- rms_norm(residual)``."""
+    residual.copy_(x + residual)
+    x.copy_(_normalize(residual, weight, eps))
+
+
+SPEC = OpSpec(
+    name=_OP,
+    fields={"hidden_size": 4096},
+    function=rms_norm,
+    reference=reference,
+    doc="RmsNorm over the last dim, fp32 variance, weight applied in the input dtype",
+)
+FUSED_SPEC = OpSpec(
+    name=_FUSED,
+    fields={"hidden_size": 4096},
+    function=fused_add_rms_norm,
+    reference=fused_reference,
+    doc="in place: residual += x, then x = rms_norm(residual)",
+)
+SPECS = (SPEC, FUSED_SPEC)
