@@ -91,5 +91,5 @@ class CaseContext:
 def randn(*shape: int, dtype: torch.dtype, device: torch.device, scale: float = 1.0,
           generator: torch.Generator | None = None) -> torch.Tensor:
     """Fresh standard-normal data (drawn in float32 on the CPU, so every device sees the same values)."""
-    t = torch.randn(*shape, generator=generator, dtype=torch.float32) * scale
+    t = torch.randn(shape, generator=generator, dtype=torch.float32) * scale  # a tuple: 0-D works too
     return t.to(device=device, dtype=dtype)

@@ -84,9 +84,9 @@ class GatesItem(_InfiniopsItem):
     def runtest(self) -> None:
         from infiniops_py.testing.conformance import check_gates
 
-        failures = check_gates(self.provider, device=self.device, ops=[self.op])
-        if failures:
-            raise _Failed("\n".join(str(f) for f in failures))
+        report = check_gates(self.provider, device=self.device, ops=[self.op])
+        if report.failures:
+            raise _Failed("\n".join(str(f) for f in report.failures))
 
 
 @pytest.hookimpl(tryfirst=True)

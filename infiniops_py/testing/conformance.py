@@ -1,0 +1,373 @@
+"""The conformance suite: property-test a provider against the float64 references.
+
+For each implementation of the provider, each operator with a strategy and each dtype it declares among
+float16, bfloat16 and float32 on the device, hypothesis draws cases (`STRATEGIES`). Each case runs:
+
+1. the operator's public function under ``use("reference")`` on float64 CPU copies of the inputs
+   (index tensors keep their dtype; views keep their aliasing), giving the expected outputs; for
+   `LowPrecisionRule` entries also on CPU copies in the input's own dtype;
+2. the same function under ``use(provider)`` (forced: it never falls back), with uninitialized memory
+   NaN-filled (torch's deterministic fill mode) and, now and then, a NaN-filled ``out=``;
+3. the comparison of the result and the mutated arguments with the tolerance table, `Case.exact` outputs
+   bit for bit, `Case.untouched` arguments unchanged.
+
+A `GateError` counts as *gated* when the provider's capability really rejects the problem; any other
+exception fails. `check_gates` also checks that problems outside each static constraint are rejected by
+the resolver with a `GateError` naming the field, never another exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
+
+from infiniops_py import runtime
+from infiniops_py.errors import GateError
+from infiniops_py.operators import OPERATORS, OpSpec
+from infiniops_py.registry import Implementation, Provider
+from infiniops_py.resolver import use
+from infiniops_py.testing.case import Case, CaseContext, Draw
+from infiniops_py.testing.compare import bits_equal, compare
+from infiniops_py.testing.gates import GateFailure, GateReport, check_gates
+from infiniops_py.testing.tolerances import LowPrecisionRule, tolerance
+
+__all__ = [
+    "DTYPES",
+    "Failure",
+    "GateFailure",
+    "GateReport",
+    "OpReport",
+    "Report",
+    "check_gates",
+    "declared_pairs",
+    "run_conformance",
+]
+
+DTYPES: Final = ("float16", "bfloat16", "float32")
+_KEPT_FAILURES: Final = 5
+
+
+@dataclass
+class Failure:
+    """One failing case: what it was (the strategy's note) and what went wrong."""
+
+    note: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.note}] {self.message}" if self.note else self.message
+
+
+@dataclass
+class OpReport:
+    """The outcome for one (operator, dtype, implementation)."""
+
+    op: str
+    dtype: str
+    implementation: str
+    examples: int = 0
+    gated: int = 0
+    failed: int = 0
+    worst: float = 0.0
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0
+
+    def fail(self, note: str, message: str) -> None:
+        self.failed += 1
+        if len(self.failures) < _KEPT_FAILURES:
+            self.failures.append(Failure(note, message))
+
+
+@dataclass
+class Report:
+    """The conformance of one provider on one device."""
+
+    provider: str
+    device: str
+    ops: list[OpReport] = field(default_factory=list)
+    gates: GateReport | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        gates_ok = self.gates is None or not self.gates.failures
+        return not self.error and gates_ok and all(r.ok for r in self.ops)
+
+    def render(self) -> str:
+        """The report as plain text: one line per (operator, dtype, implementation), then every failure."""
+        lines = [f"conformance of provider {self.provider!r} on {self.device}: {'ok' if self.ok else 'FAILED'}"]
+        if self.error:
+            return "\n".join([*lines, f"  {self.error}"])
+        for r in self.ops:
+            lines.append(f"  {r.op:<26} {r.dtype:<9} {r.implementation:<34} run {r.examples:>4}  gated {r.gated:>4}"
+                         f"  failed {r.failed:>4}  worst |err| {r.worst:.3g}")
+        if self.gates is not None:
+            lines.append(f"  gate checks: {self.gates.checked} problems outside the capability, "
+                         f"{len(self.gates.failures)} not rejected with GateError")
+        for r in self.ops:
+            lines.extend(f"FAIL {r.op} {r.dtype} ({r.implementation}): {f}" for f in r.failures)
+        if self.gates is not None:
+            lines.extend(f"FAIL gate {f}" for f in self.gates.failures)
+        return "\n".join(lines)
+
+
+def _provider(name: str) -> tuple[Provider | None, str]:
+    found = runtime.get_resolver().providers.get(name)
+    if found is None:
+        known = ", ".join(sorted(runtime.get_resolver().providers))
+        return None, f"unknown provider {name!r} (known: {known}); is its package installed and allowed?"
+    if found.error:
+        return None, f"provider {name!r} failed to load: {found.error}"
+    return found, ""
+
+
+def _declared(impl: Implementation, device: str) -> list[str]:
+    devices = impl.capability.values("device_type")
+    if devices is not None and device not in devices:
+        return []
+    dtypes = impl.capability.values("dtype")
+    return [d for d in DTYPES if dtypes is None or d in dtypes]
+
+
+def declared_pairs(provider: str, device: str = "cpu") -> tuple[list[tuple[str, str]], str]:
+    """The (operator, dtype) pairs `provider` declares on `device`, or an error when it is not usable."""
+    found, error = _provider(provider)
+    if found is None:
+        return [], error
+    pairs = {(i.op, d) for i in found.implementations if i.op in OPERATORS for d in _declared(i, device)}
+    return sorted(pairs), ""
+
+
+def run_conformance(
+    provider: str,
+    *,
+    device: str = "cpu",
+    ops: Sequence[str] | None = None,
+    dtypes: Sequence[str] | None = None,
+    max_examples: int = 100,
+    gates: bool = True,
+) -> Report:
+    """Property-test `provider` on `device` against the references.
+
+    Args:
+        ops, dtypes: restrict the run (None: every operator and dtype the provider declares).
+        max_examples: hypothesis examples per (implementation, dtype).
+        gates: also run `check_gates` on the same operators.
+
+    Returns:
+        The report; ``report.ok`` is False on any failure. Nothing raises for a failing provider.
+    """
+    from infiniops_py.testing.strategies import STRATEGIES
+
+    report = Report(provider, device)
+    found, report.error = _provider(provider)
+    if found is None:
+        return report
+    for impl in sorted(found.implementations, key=lambda i: (list(OPERATORS).index(i.op) if i.op in OPERATORS
+                                                              else len(OPERATORS), i.name)):
+        if impl.op not in OPERATORS or (ops is not None and impl.op not in ops):
+            continue
+        for dtype in _declared(impl, device):
+            if dtypes is None or dtype in dtypes:
+                op_report = OpReport(impl.op, dtype, impl.name)
+                report.ops.append(op_report)
+                strategy = STRATEGIES.get(impl.op)
+                if strategy is None:
+                    op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
+                    continue
+                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples)
+    if gates:
+        report.gates = check_gates(provider, device=device, ops=ops)
+    return report
+
+
+def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, strategy: Any, device: str,
+         max_examples: int) -> None:
+    try:
+        tol = tolerance(spec.name, report.dtype)
+    except KeyError as err:
+        report.fail("", str(err.args[0]))
+        return
+    dev, dtype = torch.device(device), getattr(torch, report.dtype)
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=False, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def body(data: st.DataObject) -> None:
+        case = None
+        try:
+            case = strategy(CaseContext(dev, dtype, spec, impl, data.draw))
+            outcome = _check_case(provider, spec, case, tol, dev, dtype, data.draw)
+        except HypothesisException:
+            raise
+        except Exception as err:  # a crashing strategy or reference is a failure, not a stop
+            who = "the strategy" if case is None else "the reference"
+            outcome = f"{who} raised {type(err).__name__}: {_first_line(err)}"
+        report.examples += 1
+        if isinstance(outcome, float):
+            report.worst = max(report.worst, outcome)
+        elif outcome == "gated":
+            report.gated += 1
+        else:
+            report.fail(case.note if case is not None else "", outcome)
+
+    body()
+
+
+# --- one case ------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def poisoned() -> Iterator[None]:
+    """Torch's deterministic mode with uninitialized memory filled (NaN for floats), restored afterwards."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def cpu_copies(tree: Any, float_dtype: torch.dtype | None) -> Any:
+    """Copy every tensor in `tree` (tuples, lists, dicts) to the CPU, floats cast to `float_dtype`.
+
+    Tensors that share storage stay views of one copied storage (same strides and offsets), so in-place
+    arguments and views of a packed tensor keep their aliasing. Index tensors keep their dtype.
+    """
+    bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        target = float_dtype if (float_dtype is not None and t.is_floating_point()) else t.dtype
+        key = (t.untyped_storage().data_ptr(), t.dtype)
+        base = bases.get(key)
+        if base is None:
+            try:
+                flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+            except RuntimeError:
+                return t.detach().to("cpu", target, copy=True)
+            base = bases[key] = flat.detach().to("cpu", target, copy=True)
+        return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return copy(x)
+        if isinstance(x, (tuple, list)):
+            return type(x)(walk(v) for v in x)
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    return walk(tree)
+
+
+def _argument(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], key: int | str) -> Any:
+    if isinstance(key, int):
+        return args[key]
+    if key in kwargs:
+        return kwargs[key]
+    return inspect.signature(spec.function).bind_partial(*args, **kwargs).arguments[key]
+
+
+def _outputs(spec: OpSpec, case: Case, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> list[tuple[str, torch.Tensor]]:
+    if case.outputs is not None:
+        return [(f"output {i}", t) for i, t in enumerate(case.outputs(result, args, kwargs))]
+    if isinstance(result, torch.Tensor):
+        out = [("result", result)]
+    elif isinstance(result, (tuple, list)):
+        out = [(f"result[{i}]", t) for i, t in enumerate(result) if isinstance(t, torch.Tensor)]
+    else:
+        out = []
+    return out + [(f"mutated {m!r}", _argument(spec, args, kwargs, m)) for m in case.mutated]
+
+
+def _takes_out(spec: OpSpec) -> bool:
+    return "out" in inspect.signature(spec.function).parameters
+
+
+def _check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch.device, dtype: torch.dtype,
+                draw: Draw) -> float | str:
+    """Run one case; the worst error when it passes, ``"gated"``, or the failure message."""
+    args64, kwargs64 = cpu_copies((case.args, dict(case.kwargs)), torch.float64)
+    with use("reference"):
+        expected_result = spec.function(*args64, **kwargs64)
+    expected = _outputs(spec, case, expected_result, args64, kwargs64)
+    low: list[tuple[str, torch.Tensor]] | None = None
+    if isinstance(tol, LowPrecisionRule):
+        args_lo, kwargs_lo = cpu_copies((case.args, dict(case.kwargs)), None)
+        with use("reference"):
+            low = _outputs(spec, case, spec.function(*args_lo, **kwargs_lo), args_lo, kwargs_lo)
+
+    args, kwargs = case.args, dict(case.kwargs)
+    poisoned_out = None
+    if (_takes_out(spec) and "out" not in kwargs and isinstance(expected_result, torch.Tensor)
+            and draw(st.booleans())):
+        poisoned_out = kwargs["out"] = torch.full(expected_result.shape, math.nan, dtype=dtype, device=device)
+    before = [(u, _untouched_view(spec, args, kwargs, u).clone()) for u in case.untouched]
+
+    try:
+        with poisoned(), use(provider):
+            result = spec.function(*args, **kwargs)
+    except GateError as err:
+        return _gated(provider, err)
+    except Exception as err:
+        return f"{provider} raised {type(err).__name__}: {_first_line(err)}"
+
+    got = _outputs(spec, case, result, args, kwargs)
+    if poisoned_out is not None:
+        got.append(("out=", poisoned_out))
+        expected.append(expected[0])
+        if low is not None:
+            low.append(low[0])
+    if len(got) != len(expected):
+        return f"{len(got)} outputs, the reference gives {len(expected)}"
+    worst = 0.0
+    for i, ((label, g), (_, r)) in enumerate(zip(got, expected)):
+        err, message = compare(label, g, r, tol, k=case.k, low=None if low is None else low[i][1],
+                               exact=i in case.exact)
+        if message is not None:
+            return message
+        worst = max(worst, err)
+    for u, old in before:
+        if not bits_equal(_untouched_view(spec, args, kwargs, u), old):
+            return f"argument {u!r} changed although the contract leaves it untouched"
+    return worst
+
+
+def _untouched_view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], entry: Any) -> torch.Tensor:
+    if isinstance(entry, tuple):
+        key, index = entry
+        return _argument(spec, args, kwargs, key)[index]
+    return _argument(spec, args, kwargs, entry)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _gated(provider: str, err: GateError) -> str:
+    for problem, candidates in err.gaps:
+        mine = [c for c in candidates if c.provider == provider]
+        if not mine:
+            return f"GateError names no implementation of {provider} for {problem.op} {problem.describe()}:\n{err}"
+        if any(c.accepted for c in mine):
+            return f"GateError although {provider} accepts {problem.op} {problem.describe()}:\n{err}"
+    return "gated"
