@@ -23,6 +23,7 @@ from infiniops_py.hookspecs import hookimpl
 from infiniops_py.operators import OPERATORS, OpSpec, Problem
 from infiniops_py.operators._base import unchecked_indices
 from infiniops_py.operators.add import add
+from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.operators.fused_qk_norm import fused_qk_norm
 from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
@@ -63,6 +64,8 @@ __all__ = [
     "add",
     "explain",
     "fallbacks",
+    "flash_attn_varlen",
+    "flash_attn_with_kvcache",
     "fused_add_rms_norm",
     "fused_qk_norm",
     "gemm",
