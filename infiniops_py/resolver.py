@@ -213,7 +213,8 @@ class Resolver:
         fallback = None
         if chosen is not None:
             above = [r for r in reports[: impls.index(chosen)]]
-            passed = tuple(r for r in above if r.provider in preferred)
+            # passing over a sibling implementation of the chosen provider is no fallback
+            passed = tuple(r for r in above if r.provider in preferred and r.provider != chosen.provider)
             others = {i.provider for i in self.by_op.get(problem.op, ())} - {REFERENCE}
             if passed or (chosen.provider == REFERENCE and others and not preferred):
                 fallback = Fallback(problem, chosen.name, passed or tuple(above))
