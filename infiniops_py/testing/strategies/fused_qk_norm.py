@@ -1,3 +1,44 @@
-"""Placeholder: the fused_qk_norm strategies are being written."""
+"""Strategies for FusedQkNorm, after vLLM's ``test_fused_qk_norm_rope`` (Hq=16, Hkv=4, D=128, eps {1e-5, 1e-6}).
 
-STRATEGIES: dict = {}
+Head dims, Q and KV head counts around the peer's (and Qwen3's) values, tokens up to 64, weights
+~ N(1, 0.1), rows sometimes strided (the packed qkv a column slice of a wider buffer). The V columns must
+come back bit for bit (`Case.untouched`).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from infiniops_py.testing.case import Case, CaseContext, randn
+
+__all__ = ["STRATEGIES"]
+
+_HEAD_DIMS = (64, 80, 96, 128, 256)
+_Q_HEADS = (1, 2, 4, 8, 16, 32)
+_KV_HEADS = (1, 2, 4, 8)
+_TOKENS = (1, 3, 7, 16, 64)
+_EPS = (1e-6, 1e-5)
+
+
+def fused_qk_norm_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    d = ctx.pick("head_dim", _HEAD_DIMS)
+    hq, hkv = ctx.pick("num_q_heads", _Q_HEADS), ctx.pick("num_kv_heads", _KV_HEADS)
+    t = ctx.draw(st.sampled_from(_TOKENS))
+    width = (hq + 2 * hkv) * d
+    pad = ctx.draw(st.sampled_from((0, 0, d)))  # a wider row buffer: strided rows
+    qkv = randn(t, width + pad, dtype=ctx.dtype, device=ctx.device, generator=gen)[:, :width]
+    weights = (torch.randn(2, d, generator=gen) * 0.1 + 1.0).to(device=ctx.device, dtype=ctx.dtype)
+    eps = ctx.draw(st.sampled_from(_EPS))
+    v_columns = (slice(None), slice((hq + hkv) * d, None))
+    return Case(
+        (qkv, weights[0], weights[1]),
+        {"num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d, "eps": eps},
+        mutated=(0,),
+        untouched=((0, v_columns),),
+        note=f"T={t} Hq={hq} Hkv={hkv} D={d} row stride {qkv.stride(0)} eps={eps}",
+    )
+
+
+STRATEGIES = {"fused_qk_norm": fused_qk_norm_case}

@@ -1,3 +1,59 @@
-"""Placeholder: the paged_cache strategies are being written."""
+"""Strategies for the paged-cache write, after vLLM's ``test_cache.py::test_reshape_and_cache_flash``.
 
-STRATEGIES: dict = {}
+Head dims {64, 80, 120, 128, 256} and block sizes {8, 16, 32} as the peer sweeps them; the cache cut
+from 512+ blocks to a few more than the tokens need; unique random slots with some -1 padding; key rows
+past the slot count (padding rows); key/value sometimes strided views of a packed qkv; caches NHD or an
+HND buffer viewed as NHD, filled with random values so that every slot not written is checked too.
+The written caches must be exact and key/value untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from infiniops_py.testing.case import Case, CaseContext, randn
+
+__all__ = ["STRATEGIES"]
+
+_HEAD_DIMS = (64, 80, 120, 128, 256)
+_BLOCK_SIZES = (8, 16, 32)
+_KV_HEADS = (1, 2, 4, 8)
+
+
+def _key_value(ctx: CaseContext, gen: torch.Generator, t: int, hkv: int, d: int) -> tuple[torch.Tensor, ...]:
+    if ctx.draw(st.booleans()):  # views of a packed [T, (Hq + 2 * Hkv) * D] projection
+        hq = 2 * hkv
+        qkv = randn(t, (hq + 2 * hkv) * d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        return k, qkv[:, (hq + hkv) * d :].view(t, hkv, d), qkv
+    return (randn(t, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen),
+            randn(t, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen), None)
+
+
+def _cache(ctx: CaseContext, gen: torch.Generator, nb: int, bs: int, hkv: int, d: int, hnd: bool) -> torch.Tensor:
+    if hnd:
+        return randn(nb, hkv, bs, d, dtype=ctx.dtype, device=ctx.device, generator=gen).transpose(1, 2)
+    return randn(nb, bs, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+
+
+def reshape_and_cache_flash_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    d, bs = ctx.pick("head_dim", _HEAD_DIMS), ctx.pick("block_size", _BLOCK_SIZES)
+    hkv = ctx.pick("num_kv_heads", _KV_HEADS)
+    n = ctx.draw(st.integers(1, 64))
+    t = n + ctx.draw(st.sampled_from((0, 0, 1, 3)))
+    nb = -(-n // bs) + ctx.draw(st.integers(0, 3))
+    key, value, packed = _key_value(ctx, gen, t, hkv, d)
+    hnd = ctx.draw(st.booleans())
+    key_cache, value_cache = (_cache(ctx, gen, nb, bs, hkv, d, hnd) for _ in range(2))
+    slots = torch.randperm(nb * bs, generator=gen)[:n]
+    padding = torch.rand(n, generator=gen) < ctx.draw(st.sampled_from((0.0, 0.125, 0.5)))
+    slots = slots.masked_fill(padding, -1).to(ctx.device)
+    note = (f"T={t} N={n} Hkv={hkv} D={d} block_size={bs} blocks={nb} {'HND' if hnd else 'NHD'}"
+            f"{' packed' if packed is not None else ''} padding={int(padding.sum())}")
+    return Case((key, value, key_cache, value_cache, slots), mutated=(2, 3), exact=(0, 1), untouched=(0, 1),
+                note=note)
+
+
+STRATEGIES = {"reshape_and_cache_flash": reshape_and_cache_flash_case}

@@ -1,3 +1,62 @@
-"""Placeholder: the rms_norm strategies are being written."""
+"""Strategies for RmsNorm and fused add + RmsNorm, after vLLM's ``test_layernorm`` scaled down for CPU.
 
-STRATEGIES: dict = {}
+Hidden sizes from the peer's {8, 768, 769, 5120, 5125, 8192} cut to 1024 (odd sizes kept), tokens up to
+64, x and residual scaled by 1/(2H) and weight ~ N(1, 0.1) as the peer draws them; rows sometimes
+strided (a slice of a wider buffer), sometimes 3-D, and for the fused op sometimes 3-D rows that cannot
+be flattened into one strided dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from infiniops_py.testing.case import Case, CaseContext, randn
+
+__all__ = ["STRATEGIES"]
+
+_HIDDEN = (8, 64, 127, 256, 768, 769, 1000, 1024)
+_TOKENS = (1, 2, 7, 16, 33, 64)
+_EPS = (1e-6, 1e-5)
+
+
+def _rows(ctx: CaseContext, gen: torch.Generator, h: int, *, allow_unflattenable: bool) -> tuple[torch.Tensor, str]:
+    """An ``[..., H]`` input, scaled by 1/(2H), in one of the layouts the contract allows."""
+    t = ctx.draw(st.sampled_from(_TOKENS))
+    layout = ctx.draw(st.sampled_from(("contiguous", "strided", "3d", "3d-gapped") if allow_unflattenable
+                                      else ("contiguous", "strided", "3d")))
+    scale = 1.0 / (2 * h)
+    if layout == "strided":  # vLLM's strided input: the first H columns of a [T, 2H] buffer
+        x = randn(t, 2 * h, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)[:, :h]
+    elif layout == "3d":
+        x = randn(2, t, h, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)
+    elif layout == "3d-gapped":  # [2, T, H] rows of a [2, T + 1, H] buffer: no single row stride
+        x = randn(2, t + 1, h, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)[:, :t]
+    else:
+        x = randn(t, h, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)
+    return x, f"x{list(x.shape)} {layout}"
+
+
+def _weight(ctx: CaseContext, gen: torch.Generator, h: int) -> torch.Tensor:
+    w = torch.randn(h, generator=gen) * 0.1 + 1.0
+    return w.to(device=ctx.device, dtype=ctx.dtype)
+
+
+def rms_norm_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    h = ctx.pick("hidden_size", _HIDDEN)
+    x, note = _rows(ctx, gen, h, allow_unflattenable=True)
+    eps = ctx.draw(st.sampled_from(_EPS))
+    return Case((x, _weight(ctx, gen, h)), {"eps": eps}, note=f"{note} eps={eps}")
+
+
+def fused_add_rms_norm_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    h = ctx.pick("hidden_size", _HIDDEN)
+    x, note = _rows(ctx, gen, h, allow_unflattenable=True)
+    residual = randn(*x.shape, dtype=ctx.dtype, device=ctx.device, scale=1.0 / (2 * h), generator=gen)
+    eps = ctx.draw(st.sampled_from(_EPS))
+    return Case((x, residual, _weight(ctx, gen, h)), {"eps": eps}, mutated=(0, 1), note=f"{note} eps={eps}")
+
+
+STRATEGIES = {"rms_norm": rms_norm_case, "fused_add_rms_norm": fused_add_rms_norm_case}
