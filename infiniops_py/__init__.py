@@ -23,11 +23,13 @@ from infiniops_py.hookspecs import hookimpl
 from infiniops_py.operators import OPERATORS, OpSpec, Problem
 from infiniops_py.operators._base import unchecked_indices
 from infiniops_py.operators.add import add
+from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
 from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.operators.fused_qk_norm import fused_qk_norm
 from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
+from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import use
 from infiniops_py.runtime import (
@@ -62,6 +64,8 @@ __all__ = [
     "Rejection",
     "Requires",
     "add",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "explain",
     "fallbacks",
     "flash_attn_varlen",
@@ -78,6 +82,8 @@ __all__ = [
     "resolve",
     "resolve_closure",
     "rms_norm",
+    "selective_scan",
+    "selective_state_update",
     "unchecked_indices",
     "unregister_provider",
     "use",

@@ -1,3 +1,134 @@
-"""Placeholder: the torch causal_conv1d implementations are being written."""
+"""causal_conv1d and its decode step in plain PyTorch: a depthwise ``F.conv1d`` in float32.
 
-IMPLEMENTATIONS: list = []
+The prefill pads each row on the left with its initial states (zeros when None) and runs one grouped
+convolution; with ``seq_idx`` it instead sums the W shifted columns, each masked where the tap would cross
+a change of sequence. The decode step gathers the rows' slots, convolves the appended columns and writes
+the slots back without a host synchronization (`scatter_rows`), so it can run under CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infiniops_py import Between, Capability, Implementation
+from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH, run_ids
+from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY
+
+__all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update", "scatter_rows"]
+
+
+def _compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    seq_idx: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    out: torch.Tensor,
+    final_states: torch.Tensor | None,
+) -> None:
+    """x [B, D, L] (either layout), weight [D, W]; fills out [B, D, L] and final_states [B, D, W-1]."""
+    batch, dim, length = x.shape
+    width = weight.shape[1]
+    cdt = _compute_dtype(x.dtype, weight.dtype)
+    if initial_states is None:
+        head = torch.zeros(batch, dim, width - 1, dtype=x.dtype, device=x.device)
+    else:
+        head = initial_states
+    raw = torch.cat([head, x], dim=2)  # [B, D, W-1+L], column p is position p - (W-1)
+    xp = raw.to(cdt)
+    w = weight.to(cdt)
+    b = None if bias is None else bias.to(cdt)
+    if seq_idx is None:
+        y = F.conv1d(xp, w.unsqueeze(1), b, groups=dim)
+    else:
+        run = run_ids(seq_idx)
+        run_p = torch.cat([run[:, :1].expand(batch, width - 1), run], dim=1)
+        y = torch.zeros(batch, dim, length, dtype=cdt, device=x.device) if b is None else b[:, None].expand(
+            batch, dim, length).clone()
+        for k in range(width):
+            keep = (run_p[:, k:k + length] == run)[:, None, :]
+            tap = torch.where(keep, xp[:, :, k:k + length], torch.zeros((), dtype=cdt, device=x.device))
+            y.addcmul_(tap, w[:, k, None])
+    if activation == "silu":
+        y = F.silu(y)
+    if seq_idx is not None:
+        y = y.masked_fill((seq_idx < 0)[:, None, :], 0.0)
+    out.copy_(y)
+    if final_states is not None:
+        tail = raw[:, :, length:]
+        if seq_idx is not None:
+            tail = tail.masked_fill((run_p[:, length:] != run[:, -1:])[:, None, :], 0)
+        final_states.copy_(tail)
+
+
+def scatter_rows(dst: torch.Tensor, index: torch.Tensor | None, rows: torch.Tensor, valid: torch.Tensor) -> None:
+    """``dst[index[b]] = rows[b]`` for each b where `valid[b]`, skipping the rest, without a host sync.
+
+    One `index_copy_` writes every row: skipped rows are redirected to the first valid row's slot with
+    that row's value (or, when none is valid, to slot 0 with its own content), so the duplicate indices
+    all carry identical data and the result is deterministic.
+    """
+    if index is None:
+        dst.copy_(rows)
+        return
+    if dst.shape[0] == 0:
+        return
+    safe = torch.where(valid, index.long(), 0)
+    first = valid.int().argmax()[None]  # 0 when none is valid
+    first_slot = safe.index_select(0, first)
+    filler = torch.where(valid.index_select(0, first).view(1, *([1] * (rows.dim() - 1))),
+                         rows.index_select(0, first).to(dst.dtype), dst.index_select(0, first_slot))
+    target = torch.where(valid, safe, first_slot)
+    keep = valid.view(-1, *([1] * (rows.dim() - 1)))
+    dst.index_copy_(0, target, torch.where(keep, rows.to(dst.dtype), filler))
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src[index], valid)``: rows at invalid indices (negative or >= slots) are zeros; valid is bool [B]."""
+    if index is None:
+        return src, torch.ones(src.shape[0], dtype=torch.bool, device=src.device)
+    valid = (index >= 0) & (index < src.shape[0])
+    if src.shape[0] == 0:
+        return src.new_zeros(index.shape[0], *src.shape[1:]), valid
+    rows = src.index_select(0, torch.where(valid, index.long(), 0))
+    return rows.masked_fill(~valid.view(-1, *([1] * (src.dim() - 1))), 0), valid
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    conv_state_indices: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """x [B, D, L], conv_state [slots, D, S] in place, weight [D, W]; fills out [B, D, L]."""
+    dim, length = x.shape[1], x.shape[2]
+    state_len = conv_state.shape[2]
+    width = weight.shape[1]
+    cdt = _compute_dtype(x.dtype, weight.dtype)
+    state, valid = gather_rows(conv_state, conv_state_indices)
+    full = torch.cat([state, x], dim=2)  # [B, D, S + L] in x's dtype
+    window = full[:, :, state_len + 1 - width:].to(cdt)  # the W-1 columns before the new ones, then them
+    y = F.conv1d(window, weight.to(cdt).unsqueeze(1), None if bias is None else bias.to(cdt), groups=dim)
+    if activation == "silu":
+        y = F.silu(y)
+    out.copy_(y.masked_fill(~valid[:, None, None], 0.0))
+    new_state = full[:, :, length:]
+    scatter_rows(conv_state, conv_state_indices, new_state, valid)
+
+
+IMPLEMENTATIONS = [
+    Implementation("causal_conv1d", "torch", "torch.causal_conv1d",
+                   Capability(DEVICES, FLOAT_DTYPES, Between("width", MIN_WIDTH, MAX_WIDTH)), PRIORITY, causal_conv1d),
+    Implementation("causal_conv1d_update", "torch", "torch.causal_conv1d_update",
+                   Capability(DEVICES, FLOAT_DTYPES, Between("width", MIN_WIDTH, MAX_WIDTH)), PRIORITY,
+                   causal_conv1d_update),
+]
