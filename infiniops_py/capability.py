@@ -183,7 +183,12 @@ class Requires(Constraint):
 
 
 class CudaAvailable(Constraint):
-    """A CUDA device must be present (checked once per process)."""
+    """A ``cuda`` problem needs a CUDA device to be present (checked once per process).
+
+    Problems on other devices pass. `Capability` adds this constraint by itself when its devices include
+    ``cuda``: no provider can serve a cuda problem on a machine without a CUDA device, and the resolver
+    and `explain` then say so instead of picking an implementation that cannot run.
+    """
 
     environmental = True
     __slots__ = ("field",)
@@ -192,13 +197,13 @@ class CudaAvailable(Constraint):
         self.field = "device"
 
     def reject(self, problem: Problem) -> Rejection | None:
-        if _cuda_available():
+        if problem.device_type != "cuda" or _cuda_available():
             return None
-        return Rejection("cuda", "device", "none", "no CUDA device",
-                         "run on a machine with an NVIDIA GPU, or pick another provider")
+        return Rejection("cuda", "device", "cuda", "is not present on this machine",
+                         "run on a machine with a CUDA GPU, or use device_type=cpu")
 
     def describe(self) -> str:
-        return "needs a CUDA device"
+        return "cuda needs a CUDA device"
 
 
 class ComputeCapability(Constraint):
@@ -231,6 +236,9 @@ class Capability:
 
     def __init__(self, *constraints: Constraint) -> None:
         self.constraints = tuple(constraints)
+        devices = self.values("device_type")
+        if (devices is None or "cuda" in devices) and not any(isinstance(c, CudaAvailable) for c in constraints):
+            self.constraints += (CudaAvailable(),)
 
     def reasons(self, problem: Problem, *, environment: bool = True) -> tuple[Rejection, ...]:
         """Every rejection of `problem`; empty when the capability accepts it."""
