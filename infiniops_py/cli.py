@@ -1,0 +1,206 @@
+"""The ``infiniops`` command: providers, the capability matrix, explanations and conformance checks.
+
+    infiniops providers
+    infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR]
+    infiniops explain OP --device D --dtype T [--head-dim N] [--block-size N] [--width N] [--field k=v ...]
+    infiniops check PROVIDER [--device D] [--max-examples N] [--op OP]
+
+Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["main"]
+
+_SHORTCUTS = (("head_dim", "--head-dim"), ("block_size", "--block-size"), ("width", "--width"))
+
+
+def _console() -> Console:
+    # a pipe or a test gets wide tables instead of wrapped 80-column ones
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infiniops", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("providers", help="list the providers: version, source, loaded or the load error")
+
+    matrix = sub.add_parser("matrix", help="operators x providers x devices x dtypes")
+    matrix.add_argument("--device", action="append", help="a device type (repeatable; default: cpu and cuda)")
+    matrix.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
+    matrix.add_argument("--format", choices=("table", "json", "markdown", "html"), default=None,
+                        help="what to print (default: table, or nothing with --write)")
+    matrix.add_argument("--write", metavar="DIR", help="write DIR/matrix.json, DIR/MATRIX.md and DIR/index.html")
+
+    explain = sub.add_parser("explain", help="rank the providers for one problem and say why")
+    explain.add_argument("op")
+    explain.add_argument("--device", default="cpu", help="device type (default: cpu)")
+    explain.add_argument("--dtype", default="float32", help="dtype (default: float32)")
+    for field, flag in _SHORTCUTS:
+        explain.add_argument(flag, dest=field, type=int, default=None, help=f"problem field {field}")
+    explain.add_argument("--field", action="append", default=[], metavar="K=V", help="any other problem field")
+
+    check = sub.add_parser("check", help="run the conformance suite on a provider")
+    check.add_argument("provider")
+    check.add_argument("--device", default="cpu", help="device type (default: cpu)")
+    check.add_argument("--max-examples", type=int, default=200,
+                       help="hypothesis examples per (implementation, dtype) (default: 200)")
+    check.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = {"providers": _providers, "matrix": _matrix, "explain": _explain, "check": _check}[args.command]
+    return command(args)
+
+
+# --- providers ------------------------------------------------------------------------------------------
+
+def _providers(args: argparse.Namespace) -> int:
+    from infiniops_py import runtime
+
+    table = Table(title="InfiniOps-Py providers")
+    for column in ("provider", "version", "source", "implementations", "status"):
+        table.add_column(column)
+    for p in sorted(runtime.providers(), key=lambda p: (p.name == "reference", p.name)):
+        status = f"[red]failed to load: {escape(p.error)}[/red]" if p.error else "[green]loaded[/green]"
+        table.add_row(escape(p.name), escape(p.version), escape(p.source), str(len(p.implementations)), status)
+    _console().print(table)
+    return 0
+
+
+# --- matrix ---------------------------------------------------------------------------------------------
+
+def _matrix(args: argparse.Namespace) -> int:
+    from infiniops_py import matrix
+
+    try:
+        m = matrix.build(ops=args.op, devices=args.device or matrix.DEVICES)
+    except KeyError as err:
+        print(f"infiniops matrix: {err.args[0]}", file=sys.stderr)
+        return 2
+    if args.write:
+        for path in matrix.write(m, args.write):
+            print(f"wrote {path}")
+    fmt = args.format or (None if args.write else "table")
+    if fmt == "json":
+        sys.stdout.write(matrix.to_json(m))
+    elif fmt == "markdown":
+        sys.stdout.write(matrix.to_markdown(m))
+    elif fmt == "html":
+        sys.stdout.write(matrix.to_html(m))
+    elif fmt == "table":
+        _matrix_tables(m)
+    return 0
+
+
+def _matrix_tables(m: Any) -> None:
+    console = _console()
+    failed = [p for p in m.providers if p.error]
+    for op, doc in m.operators:
+        table = Table(title=escape(f"{op}: {doc}" if doc else op), title_justify="left")
+        table.add_column("provider")
+        for dev in m.devices:
+            for dt in m.dtypes:
+                table.add_column(f"{dev}\n{dt}")
+        table.add_column("limits")
+        for r in m.rows_of(op):
+            cells = ["[green]served[/green]" if c.served else f"[red]gated[/red]: {escape('; '.join(c.reasons))}"
+                     for c in r.cells]
+            table.add_row(escape(r.provider), *cells, escape("\n".join(r.limits) or "-"))
+        console.print(table)
+    for p in failed:
+        console.print(f"[red]provider {escape(p.name)} failed to load[/red]: {escape(p.error)}")
+
+
+# --- explain --------------------------------------------------------------------------------------------
+
+def _value(text: str, default: Any) -> Any:
+    if isinstance(default, bool) or text.lower() in ("true", "false"):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return text.lower() in ("true", "1")
+    for kind in (int, float):
+        if isinstance(default, kind) or default is None:
+            try:
+                return kind(text)
+            except ValueError:
+                if default is not None:
+                    raise
+    return text
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from infiniops_py import runtime
+    from infiniops_py.operators import OPERATORS
+
+    spec = OPERATORS.get(args.op)
+    if spec is None:
+        print(f"infiniops explain: unknown operator {args.op!r}; known: {', '.join(OPERATORS)}", file=sys.stderr)
+        return 2
+    fields: dict[str, Any] = {name: getattr(args, name) for name, _ in _SHORTCUTS if getattr(args, name) is not None}
+    try:
+        for item in args.field:
+            name, sep, text = item.partition("=")
+            if not sep:
+                raise ValueError(f"--field {item!r}: expected K=V")
+            fields[name] = _value(text, spec.fields.get(name))
+        problem = spec.problem(args.device, args.dtype, **fields)
+    except ValueError as err:
+        print(f"infiniops explain: {err}", file=sys.stderr)
+        return 2
+    ex = runtime.explain(problem)
+    print(ex.render())
+    if ex.chosen is not None:
+        print(f"  -> {ex.chosen.provider} serves it ({ex.chosen.name})")
+        return 0
+    fixable = [c for c in ex.candidates if c.rejections and all(r.fix for r in c.rejections)]
+    if fixable:
+        best = min(fixable, key=lambda c: (len(c.rejections), -c.priority))
+        print(f"  most likely fix: {'; '.join(r.fix for r in best.rejections)} (to use {best.provider})")
+    return 1
+
+
+# --- check ----------------------------------------------------------------------------------------------
+
+def _check(args: argparse.Namespace) -> int:
+    from infiniops_py.testing.conformance import run_conformance
+
+    report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples)
+    console = _console()
+    if report.error:
+        console.print(f"[red]{escape(report.error)}[/red]")
+        return 1
+    table = Table(title=f"conformance of {args.provider} on {args.device} ({args.max_examples} examples per row)")
+    for column in ("operator", "dtype", "implementation", "run", "gated", "failed", "worst |err|"):
+        table.add_column(column, justify="right" if column in ("run", "gated", "failed", "worst |err|") else "left")
+    for r in report.ops:
+        failed = f"[red]{r.failed}[/red]" if r.failed else "0"
+        table.add_row(r.op, r.dtype, escape(r.implementation), str(r.examples), str(r.gated), failed,
+                      f"{r.worst:.3g}")
+    console.print(table)
+    if report.gates is not None:
+        console.print(f"gate checks: {report.gates.checked} problems outside the capability, "
+                      f"{len(report.gates.failures)} not rejected with GateError")
+    for r in report.ops:
+        for f in r.failures:
+            console.print(f"[red]FAIL[/red] {r.op} {r.dtype} ({escape(r.implementation)}): {escape(str(f))}")
+    for g in report.gates.failures if report.gates is not None else ():
+        console.print(f"[red]FAIL[/red] gate {escape(str(g))}")
+    console.print("[green]ok[/green]" if report.ok else "[red]FAILED[/red]")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
