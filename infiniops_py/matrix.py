@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from infiniops_py import runtime
+from infiniops_py.capability import CudaAvailable
 from infiniops_py.operators import OPERATORS
 from infiniops_py.registry import Implementation, Provider
 
@@ -95,7 +96,9 @@ def _static_rejections(impl: Implementation, device: str, dtype: str) -> list[st
 
 def _limits(impl: Implementation) -> str:
     parts = [c.describe() for c in impl.capability.constraints if not c.environmental and c.field not in _KEYS]
-    parts += [c.describe() for c in impl.capability.constraints if c.environmental]
+    # every cuda cell needs a CUDA device (the intro says so): listing it on each row is noise
+    parts += [c.describe() for c in impl.capability.constraints
+              if c.environmental and not isinstance(c, CudaAvailable)]
     return f"{impl.name}: " + (", ".join(parts) if parts else "no other limits")
 
 
@@ -169,7 +172,7 @@ def _status(p: ProviderInfo) -> str:
 _INTRO: Final = (
     "A cell is **served** when an implementation of the provider declares the device and dtype (its other "
     "limits are in the last column), else **gated** with the reason. Environment requirements (an import, a "
-    "CUDA device, a compute capability) are listed, not evaluated."
+    "compute capability) are listed, not evaluated; every cuda cell also needs a CUDA device."
 )
 
 
