@@ -1,3 +1,292 @@
-"""Placeholder: the Triton causal_conv1d kernels are being written."""
+"""causal_conv1d and its decode step as Triton kernels (Dao-AILab/causal-conv1d semantics, the contract's
+decisions on ``seq_idx`` runs, initial and final states).
 
-IMPLEMENTATIONS: list = []
+Prefill: a program computes a ``[BLOCK_D, BLOCK_L]`` tile of one row as ``W`` shifted loads of x (the
+overlap hits L1/L2, so memory is read about once), fp32 accumulation, bias and SiLU fused. Either layout is
+read through strides; the tile's long side follows the unit-stride dim so loads stay coalesced. With
+``seq_idx`` a tap ``j`` positions back counts only while ``seq_idx`` has not changed between it and the
+output position (a chain of ``W - 1`` equality tests); positions before 0 read ``initial_states`` and
+belong to the row's first sequence. The last time tile of each row also writes the final states.
+
+Decode: a program owns ``BLOCK_D`` channels of one row: it reads the slot's ``S`` state columns and the
+row's ``L`` new columns, writes the ``L`` outputs, then (after a barrier, since it overwrites what it
+read) the last ``S`` columns back into the slot. A negative or out-of-range slot outputs 0 and touches
+no state.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infiniops_py import Between, Capability, Implementation, OneOf
+from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
+from infiniops_triton._common import PRIORITY, base_constraints
+
+__all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
+
+MAX_STATE_LEN = 1024  # the decode step holds a slot's state columns in registers
+_ELEMS_PER_PROGRAM = 4096
+
+
+@triton.jit
+def _silu(y):
+    return y / (1.0 + tl.exp(-y))
+
+
+@triton.jit
+def _conv_kernel(
+    X,  # *dtype [B, D, L] input, any strides
+    WEIGHT,  # *float [D, W] taps (the last tap multiplies the current position)
+    BIAS,  # *float [D]; unused unless HAS_BIAS
+    SEQ,  # *int32 [B, L] sequence ids; unused unless HAS_SEQ
+    INIT,  # *dtype [B, D, W-1] initial states; unused unless HAS_INIT
+    OUT,  # *dtype [B, D, L] output
+    FINAL,  # *dtype [B, D, W-1] final states to fill; unused unless HAS_FINAL
+    D, L,
+    stride_xb, stride_xd, stride_xl,
+    stride_wd, stride_ww,
+    stride_sb, stride_sl,
+    stride_ib, stride_id, stride_iw,
+    stride_ob, stride_od, stride_ol,
+    stride_fb, stride_fd, stride_fw,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_SEQ: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_FINAL: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_W: tl.constexpr,  # next_power_of_2(W - 1): final-state columns
+):
+    pid_l = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    t = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    t_mask = t < L
+    x_row = X + b * stride_xb + d[:, None] * stride_xd
+    acc = tl.zeros((BLOCK_D, BLOCK_L), dtype=tl.float32)
+    if HAS_SEQ:
+        seq_t = tl.load(SEQ + b * stride_sb + t * stride_sl, mask=t_mask, other=-1)
+        seq_prev = seq_t
+        same = t_mask
+    for j in tl.static_range(W):  # tap j positions back: weight column W-1-j
+        s = t - j
+        v = tl.load(x_row + s[None, :] * stride_xl, mask=d_mask[:, None] & ((s >= 0) & t_mask)[None, :], other=0.0)
+        v = v.to(tl.float32)
+        if HAS_INIT:
+            init_ptrs = INIT + b * stride_ib + d[:, None] * stride_id + (s + W - 1)[None, :] * stride_iw
+            init_mask = d_mask[:, None] & ((s < 0) & (s + W - 1 >= 0) & t_mask)[None, :]
+            v += tl.load(init_ptrs, mask=init_mask, other=0.0).to(tl.float32)
+        if HAS_SEQ:
+            if j > 0:  # the tap counts while the id has not changed (positions < 0 take position 0's id)
+                seq_s = tl.load(SEQ + b * stride_sb + tl.maximum(s, 0) * stride_sl, mask=t_mask, other=-1)
+                same = same & (seq_s == seq_prev)
+                seq_prev = seq_s
+            v = tl.where(same[None, :], v, 0.0)
+        w = tl.load(WEIGHT + d * stride_wd + (W - 1 - j) * stride_ww, mask=d_mask, other=0.0).to(tl.float32)
+        acc += w[:, None] * v
+    if HAS_BIAS:
+        acc += tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)[:, None]
+    if SILU:
+        acc = _silu(acc)
+    if HAS_SEQ:
+        acc = tl.where((seq_t >= 0)[None, :], acc, 0.0)
+    out_ptrs = OUT + b * stride_ob + d[:, None] * stride_od + t[None, :] * stride_ol
+    tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=d_mask[:, None] & t_mask[None, :])
+
+    if HAS_FINAL:  # noqa: SIM102 (a constexpr gate, then a runtime branch)
+        if pid_l == tl.num_programs(0) - 1:
+            # column c holds position p = L - (W-1) + c: x when p >= 0, else the initial state column c + L
+            c = tl.arange(0, BLOCK_W)
+            p = L - (W - 1) + c
+            c_mask = d_mask[:, None] & (c < W - 1)[None, :]
+            v = tl.load(x_row + p[None, :] * stride_xl, mask=c_mask & (p >= 0)[None, :], other=0.0)
+            if HAS_INIT:
+                init_ptrs = INIT + b * stride_ib + d[:, None] * stride_id + (p + W - 1)[None, :] * stride_iw
+                v_init = tl.load(init_ptrs, mask=c_mask & (p < 0)[None, :], other=0.0)
+                v = tl.where((p >= 0)[None, :], v, v_init)
+            if HAS_SEQ:  # keep the columns of the last sequence only
+                keep = c >= 0
+                for k in tl.static_range(W - 1):
+                    q = L - 2 - k  # compare positions q and q + 1 (positions < 0 take position 0's id)
+                    seq_lo = tl.load(SEQ + b * stride_sb + tl.maximum(q, 0) * stride_sl)
+                    seq_hi = tl.load(SEQ + b * stride_sb + tl.maximum(q + 1, 0) * stride_sl)
+                    keep = keep & ((seq_lo == seq_hi) | (q < p))
+                v = tl.where(keep[None, :], v, 0.0)
+            final_ptrs = FINAL + b * stride_fb + d[:, None] * stride_fd + c[None, :] * stride_fw
+            tl.store(final_ptrs, v.to(FINAL.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _update_kernel(
+    X,  # *dtype [B, D, L] new columns, any strides
+    STATE,  # *dtype [slots, D, S] rolling state, updated in place
+    WEIGHT,  # *float [D, W]
+    BIAS,  # *float [D]; unused unless HAS_BIAS
+    INDEX,  # *int [B] slot per row, < 0 for padding; unused unless HAS_INDEX
+    OUT,  # *dtype [B, D, L]
+    D, L, S, slots,
+    stride_xb, stride_xd, stride_xl,
+    stride_cs, stride_cd, stride_cl,
+    stride_wd, stride_ww,
+    stride_ob, stride_od, stride_ol,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INDEX: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    if HAS_INDEX:  # noqa: SIM108 (a constexpr branch: the index pointer exists only then)
+        slot = tl.load(INDEX + b).to(tl.int64)
+    else:
+        slot = b
+    valid = (slot >= 0) & (slot < slots)
+    slot = tl.where(valid, slot, 0)
+    x_row = X + b * stride_xb + d[:, None] * stride_xd
+    state_row = STATE + slot * stride_cs + d[:, None] * stride_cd
+    state_mask = valid & d_mask[:, None]
+
+    # outputs: column q of [state | x] is state column q (q < S) or x column q - S
+    t = tl.arange(0, BLOCK_L)
+    t_mask = t < L
+    acc = tl.zeros((BLOCK_D, BLOCK_L), dtype=tl.float32)
+    for j in tl.static_range(W):
+        q = S + t - j
+        v_state = tl.load(state_row + q[None, :] * stride_cl, mask=state_mask & ((q < S) & t_mask)[None, :], other=0.0)
+        v_x = tl.load(x_row + (q - S)[None, :] * stride_xl, mask=d_mask[:, None] & ((q >= S) & t_mask)[None, :],
+                      other=0.0)
+        w = tl.load(WEIGHT + d * stride_wd + (W - 1 - j) * stride_ww, mask=d_mask, other=0.0).to(tl.float32)
+        acc += w[:, None] * (v_state.to(tl.float32) + v_x.to(tl.float32))
+    if HAS_BIAS:
+        acc += tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)[:, None]
+    if SILU:
+        acc = _silu(acc)
+    acc = tl.where(valid, acc, 0.0)
+    out_ptrs = OUT + b * stride_ob + d[:, None] * stride_od + t[None, :] * stride_ol
+    tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=d_mask[:, None] & t_mask[None, :])
+
+    # new state column c is column L + c of [state | x]: exact copies, no conversion
+    c = tl.arange(0, BLOCK_S)
+    src = L + c
+    c_mask = state_mask & (c < S)[None, :]
+    keep = tl.load(state_row + src[None, :] * stride_cl, mask=c_mask & (src < S)[None, :], other=0.0)
+    new = tl.load(x_row + (src - S)[None, :] * stride_xl, mask=c_mask & (src >= S)[None, :], other=0.0)
+    new = tl.where((src < S)[None, :], keep, new)
+    tl.debug_barrier()  # every read of the slot above happens before any write below
+    tl.store(state_row + c[None, :] * stride_cl, new, mask=c_mask)
+
+
+def _tile(dim: int, other: int, unit_stride_along_d: bool) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_L) of about `_ELEMS_PER_PROGRAM` elements, the long side along the unit stride."""
+    if unit_stride_along_d:
+        block_d = min(triton.next_power_of_2(dim), 64)
+        return block_d, min(triton.next_power_of_2(other), max(1, _ELEMS_PER_PROGRAM // block_d))
+    block_l = min(triton.next_power_of_2(other), 256)
+    return min(triton.next_power_of_2(dim), max(1, _ELEMS_PER_PROGRAM // block_l)), block_l
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    seq_idx: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    out: torch.Tensor,
+    final_states: torch.Tensor | None,
+) -> None:
+    """Depthwise causal conv1d over ``[B, D, L]`` (causal-conv1d's ``causal_conv1d_fn``), fp32 arithmetic.
+
+    Args:
+        x: ``[B, D, L]`` float16/bfloat16/float32, channel-first or a channel-last view.
+        weight: ``[D, W]`` float, ``2 <= W <= 16``; bias: ``[D]`` or None.
+        activation: None or ``"silu"``.
+        seq_idx: int32 ``[B, L]`` or None: taps never cross a change of id; ids < 0 output 0.
+        initial_states: ``[B, D, W-1]`` or None (zeros).
+        out: ``[B, D, L]`` to fill, any strides.
+        final_states: ``[B, D, W-1]`` to fill with the last ``W-1`` inputs (exact copies), or None.
+    """
+    batch, dim, length = x.shape
+    width = weight.shape[1]
+    if batch == 0 or dim == 0 or length == 0:
+        return
+    block_d, block_l = _tile(dim, length, x.stride(1) == 1 and x.stride(2) != 1)
+    dummy = out
+    seq = seq_idx if seq_idx is not None else dummy
+    init = initial_states if initial_states is not None else dummy
+    final = final_states if final_states is not None else dummy
+    grid = (triton.cdiv(length, block_l), triton.cdiv(dim, block_d), batch)
+    _conv_kernel[grid](
+        x, weight, bias if bias is not None else weight, seq, init, out, final, dim, length,
+        *x.stride(), *weight.stride(), *(seq.stride()[:2] if seq_idx is not None else (0, 0)),
+        *(init.stride() if initial_states is not None else (0, 0, 0)), *out.stride(),
+        *(final.stride() if final_states is not None else (0, 0, 0)),
+        W=width, HAS_BIAS=bias is not None, SILU=activation == "silu", HAS_SEQ=seq_idx is not None,
+        HAS_INIT=initial_states is not None, HAS_FINAL=final_states is not None,
+        BLOCK_D=block_d, BLOCK_L=block_l, BLOCK_W=triton.next_power_of_2(width - 1),
+        num_warps=8 if block_d * block_l >= 4096 else 4,
+    )
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    conv_state_indices: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """Decode step(s) against a rolling state (causal-conv1d's ``causal_conv1d_update``), fp32 arithmetic.
+
+    Args:
+        x: ``[B, D, L]`` float16/bfloat16/float32, any strides.
+        conv_state: ``[slots, D, S]``, ``W-1 <= S <= MAX_STATE_LEN``, updated in place (exact copies).
+        weight: ``[D, W]``; bias: ``[D]`` or None; activation: None or ``"silu"``.
+        conv_state_indices: int32/int64 ``[B]`` or None (row b uses slot b); negative or ``>= slots``
+            (unchecked mode): output 0, state untouched.
+        out: ``[B, D, L]`` to fill.
+
+    Raises:
+        ValueError: ``S > MAX_STATE_LEN`` (the capability gates it first).
+    """
+    batch, dim, length = x.shape
+    slots, _, state_len = conv_state.shape
+    if state_len > MAX_STATE_LEN:
+        raise ValueError(f"triton causal_conv1d_update: state length {state_len} > {MAX_STATE_LEN}")
+    if batch == 0 or dim == 0 or length == 0:
+        return
+    block_l = triton.next_power_of_2(length)
+    block_s = triton.next_power_of_2(state_len)
+    block_d = min(triton.next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
+    index = conv_state_indices if conv_state_indices is not None else out
+    _update_kernel[(batch, triton.cdiv(dim, block_d))](
+        x, conv_state, weight, bias if bias is not None else weight, index, out, dim, length, state_len, slots,
+        *x.stride(), *conv_state.stride(), *weight.stride(), *out.stride(),
+        W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation == "silu",
+        HAS_INDEX=conv_state_indices is not None, BLOCK_D=block_d, BLOCK_L=block_l, BLOCK_S=block_s,
+        num_warps=4,
+    )
+
+
+_DTYPES = OneOf("dtype", ("float16", "bfloat16", "float32"))
+_WIDTH = Between("width", MIN_WIDTH, MAX_WIDTH)
+
+IMPLEMENTATIONS = [
+    Implementation("causal_conv1d", "triton", "triton.causal_conv1d",
+                   Capability(*base_constraints(), _DTYPES, _WIDTH), PRIORITY, causal_conv1d),
+    Implementation("causal_conv1d_update", "triton", "triton.causal_conv1d_update",
+                   Capability(*base_constraints(), _DTYPES, _WIDTH,
+                              Between("state_len", 1, MAX_STATE_LEN, fix="use the torch provider")),
+                   PRIORITY, causal_conv1d_update),
+]
