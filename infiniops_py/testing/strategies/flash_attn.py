@@ -1,3 +1,153 @@
-"""Placeholder: the flash_attn strategies are being written."""
+"""Strategies for FlashAttention, after flash-attention's ``test_flash_attn.py`` (varlen and kvcache tests)
+and vLLM's ``test_flash_attn.py``, scaled down for the CPU (at most ~600 query + key tokens per case).
 
-STRATEGIES: dict = {}
+Head dims from flash-attention's sweep; (Sq, Sk) pairs including (1, 147) and (113, 203), Sq > Sk (empty
+causal rows) and small ones; 1 to 4 sequences of random lengths, one of them at the maximum; MHA, GQA and
+MQA; causal; local windows; softcap {0, 50}; paged K/V with block sizes {16, 32, 256} and a shuffled block
+table whose unused entries are 0 or -1 padding, caches in NHD or HND (a strided view) layout. The kvcache
+cases decode 1 to 3 queries per sequence over 0 to 339 cached tokens, appending new k/v or not; cache rows
+past every sequence hold NaN, which must never reach an output.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from infiniops_py.testing.case import Case, CaseContext, randn
+
+__all__ = ["STRATEGIES"]
+
+_HEAD_DIMS = (32, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
+_GQA_RATIOS = (1, 2, 4, 8)
+_BLOCK_SIZES = (16, 32, 256)
+_VARLEN_SHAPES = ((1, 1), (1, 147), (3, 7), (8, 8), (17, 9), (40, 40), (64, 37), (113, 203), (128, 128))
+_CACHED = (0, 5, 20, 128, 147, 339)
+_MAX_TOKENS = 600
+
+
+def _heads(ctx: CaseContext) -> tuple[int, int]:
+    ratio = ctx.pick("gqa_ratio", _GQA_RATIOS)
+    hkv = 1 if ratio == 8 else ctx.draw(st.sampled_from((1, 2)))
+    return ratio * hkv, hkv
+
+
+def _window(ctx: CaseContext, causal: bool, max_sk: int) -> tuple[int, int]:
+    if not ctx.pick("local", (False, True)) or max_sk < 2:
+        return (-1, -1)
+    bound = st.integers(0, max_sk - 1)
+    if causal:
+        return (ctx.draw(bound), -1)
+    left, right = ctx.draw(st.one_of(st.just(-1), bound)), ctx.draw(st.one_of(st.just(-1), bound))
+    return (ctx.draw(bound), right) if left == right == -1 else (left, right)
+
+
+def _flags(ctx: CaseContext) -> tuple[int, int, int, bool, float, int]:
+    """head_dim, Hq, Hkv, causal, softcap, block_size (0: not paged)."""
+    d = ctx.pick("head_dim", _HEAD_DIMS)
+    hq, hkv = _heads(ctx)
+    causal = ctx.pick("causal", (False, True))
+    softcap = 50.0 if ctx.pick("softcap", (False, True)) else 0.0
+    block_size = ctx.pick("block_size", _BLOCK_SIZES) if ctx.pick("paged", (False, True)) else 0
+    return d, hq, hkv, causal, softcap, block_size
+
+
+def _lengths(ctx: CaseContext, n: int, longest: int, low: int = 0) -> list[int]:
+    """`n` random lengths in [low, longest], one of them exactly `longest`."""
+    out = [ctx.draw(st.integers(low, longest)) for _ in range(n)]
+    out[ctx.draw(st.integers(0, n - 1))] = longest
+    return out
+
+
+def _paged_cache(ctx: CaseContext, gen: torch.Generator, lengths: list[int], capacity: int, block_size: int,
+                 hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k/v caches holding `lengths` rows per sequence through a shuffled block table; NaN in unused rows."""
+    used = [-(-n // block_size) for n in lengths]
+    max_blocks = max(-(-capacity // block_size), 1)
+    num_blocks = sum(used) + ctx.draw(st.integers(0, 2))
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    table = torch.full((len(lengths), max_blocks), ctx.draw(st.sampled_from((0, -1))), dtype=torch.int32)
+    filled = torch.full((num_blocks * block_size,), False)
+    for b, (n, m) in enumerate(zip(lengths, used)):
+        blocks, ids = ids[:m], ids[m:]
+        table[b, :m] = torch.tensor(blocks, dtype=torch.int32)
+        rows = (torch.tensor(blocks, dtype=torch.long)[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+        filled[rows] = True
+    hnd = ctx.draw(st.booleans())
+    shape = (num_blocks, hkv, block_size, d) if hnd else (num_blocks, block_size, hkv, d)
+    caches = []
+    for _ in range(2):
+        c = randn(*shape, dtype=ctx.dtype, device=ctx.device, generator=gen)
+        c = c.transpose(1, 2) if hnd else c  # HND storage seen as an NHD view
+        c[(~filled).view(num_blocks, block_size).to(ctx.device)] = float("nan")
+        caches.append(c)
+    return caches[0], caches[1], table.to(ctx.device)
+
+
+def flash_attn_varlen_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    d, hq, hkv, causal, softcap, block_size = _flags(ctx)
+    max_q, max_k = ctx.draw(st.sampled_from(_VARLEN_SHAPES))
+    batch = ctx.draw(st.integers(1, max(1, min(4, _MAX_TOKENS // (max_q + max_k)))))
+    len_q, len_k = _lengths(ctx, batch, max_q), _lengths(ctx, batch, max_k)
+    cu_q = torch.tensor([0, *torch.tensor(len_q).cumsum(0).tolist()], dtype=torch.int32, device=ctx.device)
+    cu_k = torch.tensor([0, *torch.tensor(len_k).cumsum(0).tolist()], dtype=torch.int32, device=ctx.device)
+    q = randn(sum(len_q), hq, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+    table = None
+    if block_size:
+        capacity = max_k + ctx.draw(st.sampled_from((0, block_size)))
+        k, v, table = _paged_cache(ctx, gen, len_k, capacity, block_size, hkv, d)
+    elif ctx.draw(st.booleans()):  # strided views of one packed [total_k, 2, Hkv, D] tensor
+        kv = randn(sum(len_k), 2, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+        k, v = kv[:, 0], kv[:, 1]
+    else:
+        k, v = (randn(sum(len_k), hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen) for _ in range(2))
+    window = _window(ctx, causal, max_k)
+    scale = ctx.draw(st.sampled_from((None, None, 0.3)))
+    kwargs = {"softmax_scale": scale, "causal": causal, "window_size": window, "softcap": softcap,
+              "block_table": table}
+    note = (f"len_q={len_q} len_k={len_k} Hq={hq} Hkv={hkv} D={d} causal={causal} window={window} "
+            f"softcap={softcap} block_size={block_size} scale={scale}")
+    return Case((q, k, v, cu_q, cu_k, max_q, max_k), kwargs, untouched=(0, 1, 2), note=note)
+
+
+def flash_attn_with_kvcache_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    d, hq, hkv, causal, softcap, block_size = _flags(ctx)
+    append = ctx.pick("append", (False, True))
+    sq = ctx.draw(st.integers(1, 3))
+    new = sq if append else 0
+    longest = ctx.draw(st.sampled_from(_CACHED))
+    batch = ctx.draw(st.integers(1, max(1, min(4, _MAX_TOKENS // (longest + new + 1)))))
+    cached = _lengths(ctx, batch, longest)
+    capacity = longest + new + ctx.draw(st.sampled_from((0, 1, 7)))
+    seqlens = torch.tensor(cached, dtype=torch.int32, device=ctx.device)
+    q = randn(batch, sq, hq, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+    table = None
+    if block_size:
+        k_cache, v_cache, table = _paged_cache(ctx, gen, [n + new for n in cached], capacity, block_size, hkv, d)
+    else:
+        k_cache, v_cache = (randn(batch, max(capacity, 1), hkv, d, dtype=torch.float32, device=torch.device("cpu"),
+                                  generator=gen) for _ in range(2))
+        for c in (k_cache, v_cache):
+            for b, n in enumerate(cached):
+                c[b, n + new:] = float("nan")
+        k_cache, v_cache = (c.to(device=ctx.device, dtype=ctx.dtype) for c in (k_cache, v_cache))
+    window = _window(ctx, causal, longest + new)
+    kwargs = {"cache_seqlens": seqlens, "block_table": table, "causal": causal, "window_size": window,
+              "softcap": softcap}
+    if append:
+        kwargs["k"], kwargs["v"] = (randn(batch, new, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+                                    for _ in range(2))
+    note = (f"B={batch} Sq={sq} cached={cached} append={append} Hq={hq} Hkv={hkv} D={d} causal={causal} "
+            f"window={window} softcap={softcap} block_size={block_size} capacity={capacity}")
+    if append:
+        return Case((q, k_cache, v_cache), kwargs, mutated=(1, 2), exact=(1, 2), untouched=(0, "k", "v"),
+                    note=note)
+    return Case((q, k_cache, v_cache), kwargs, untouched=(0, 1, 2), note=note)
+
+
+STRATEGIES = {
+    "flash_attn_varlen": flash_attn_varlen_case,
+    "flash_attn_with_kvcache": flash_attn_with_kvcache_case,
+}
