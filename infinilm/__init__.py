@@ -1,0 +1,25 @@
+"""infinilm: Llama, Qwen2 and Qwen3 Hugging Face checkpoints through `infiniops_py`, with a paged KV cache.
+
+Every Gemm, Add, RmsNorm, FusedQkNorm, paged-cache write and attention of the model runs through the
+capability resolver; the operators a configuration needs are gated (`infinilm.gates`) before any weight
+is read. Entry points: `Engine.from_pretrained`, `SamplingParams`, and the ``infinilm`` console script.
+"""
+
+from __future__ import annotations
+
+from infinilm.config import ConfigError, EngineOptions, ModelConfig
+from infinilm.engine import Engine, StepOutput
+from infinilm.loader import LoadError
+from infinilm.sequence import FinishReason, SamplingParams, Sequence
+
+__all__ = [
+    "ConfigError",
+    "Engine",
+    "EngineOptions",
+    "FinishReason",
+    "LoadError",
+    "ModelConfig",
+    "SamplingParams",
+    "Sequence",
+    "StepOutput",
+]

@@ -1,0 +1,214 @@
+"""Model and engine configuration: what the model layer reads from ``config.json`` and the engine options.
+
+`ModelConfig.from_pretrained` reads ``config.json`` through transformers' `AutoConfig` (LlamaConfig,
+Qwen2Config, Qwen3Config) and keeps the few numbers the model needs; the differences between the three
+families are data here (`qkv_bias`, `o_bias`, `mlp_bias`, `qk_norm`), not code paths. Reading a config
+never touches the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "ConfigError", "EngineOptions", "ModelConfig", "parse_dtype"]
+
+SUPPORTED_MODEL_TYPES: Final = ("llama", "qwen2", "qwen3")
+_STATIC_ROPE_TYPES: Final = ("default", "linear", "llama3", "yarn")
+_DTYPES: Final[dict[str, torch.dtype]] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+class ConfigError(ValueError):
+    """A checkpoint configuration or an engine option the model layer cannot run, with the fix."""
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    """``"bf16"``, ``"bfloat16"``, ``torch.bfloat16`` -> ``torch.bfloat16``.
+
+    Raises:
+        ConfigError: not one of float32, bfloat16, float16.
+    """
+    name = str(value).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ConfigError(f"dtype {value!r} is not supported; use one of float32, bfloat16, float16")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a decoder-only Llama-family model, as the model layer needs it.
+
+    Attributes:
+        model_type: ``llama``, ``qwen2`` or ``qwen3``.
+        qkv_bias / o_bias / mlp_bias: which projections carry a bias (Qwen2: q, k, v only).
+        qk_norm: Qwen3's per-head RMSNorm of q and k over ``head_dim``, before RoPE.
+        dtype: the checkpoint's dtype from the config (``torch_dtype``/``dtype``), float32 when absent.
+        hf_config: the transformers config object (for RoPE variants computed by transformers).
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_type: str
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+    hf_config: Any = field(repr=False, compare=False, default=None)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Read ``<path>/config.json`` (nothing else).
+
+        Raises:
+            ConfigError: no config.json, an unsupported ``model_type``, RoPE type or sliding window.
+        """
+        from transformers import AutoConfig
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
+        return cls.from_hf(AutoConfig.from_pretrained(str(path)))
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> ModelConfig:
+        """Build from a transformers config object (LlamaConfig, Qwen2Config or Qwen3Config).
+
+        Raises:
+            ConfigError: an unsupported model type, RoPE type, sliding window or head layout.
+        """
+        mt = getattr(hf, "model_type", "?")
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(f"model_type={mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if getattr(hf, "use_sliding_window", False):
+            raise ConfigError(f"{mt}: use_sliding_window=True is not supported (fix: set it to false)")
+        rope = _rope_parameters(hf)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in _STATIC_ROPE_TYPES:
+            raise ConfigError(f"{mt}: rope_type={rope_type!r} is not supported; supported: {_STATIC_ROPE_TYPES}")
+        heads, kv_heads = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        if heads % kv_heads:
+            raise ConfigError(f"{mt}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        attention_bias = bool(getattr(hf, "attention_bias", False))
+        dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+        return cls(
+            model_type=mt,
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            rms_norm_eps=float(hf.rms_norm_eps),
+            rope_type=rope_type,
+            rope_theta=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))),
+            max_position_embeddings=hf.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=True if mt == "qwen2" else attention_bias,
+            o_bias=False if mt == "qwen2" else attention_bias,
+            mlp_bias=mt == "llama" and bool(getattr(hf, "mlp_bias", False)),
+            qk_norm=mt == "qwen3",
+            dtype=parse_dtype(dtype) if dtype is not None else torch.float32,
+            eos_token_ids=_ids(getattr(hf, "eos_token_id", None)),
+            hf_config=hf,
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def _rope_parameters(hf: Any) -> dict[str, Any]:
+    # transformers 5 normalizes RoPE settings into `rope_parameters`; 4.x keeps rope_theta + rope_scaling.
+    params = getattr(hf, "rope_parameters", None)
+    if params:
+        return dict(params)
+    return {"rope_theta": getattr(hf, "rope_theta", 10000.0), **(getattr(hf, "rope_scaling", None) or {})}
+
+
+def _ids(value: int | Sequence[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs a model.
+
+    Attributes:
+        device: ``cpu`` or ``cuda`` (``cuda:N``).
+        dtype: compute and weight dtype; None takes the checkpoint's.
+        block_size: tokens per KV-cache block.
+        num_blocks: KV-cache blocks per layer; None sizes the cache from `kv_cache_memory` (or, on CUDA, from
+            `gpu_memory_utilization` of the free memory after the weights load).
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: most tokens (prefill + decode) in one step.
+        max_model_len: longest sequence (prompt + output); None: the config's, capped at 8192.
+        providers: ``(op or None, provider)`` overrides, applied as ``infiniops_py.use`` scopes.
+        qk_norm: ``auto`` (fused where a non-reference provider serves fused_qk_norm), ``fused`` or ``per_head``.
+        cuda_graphs: capture decode steps in CUDA graphs (CUDA only; falls back to eager when capture fails).
+        kv_cache_memory: bytes for the KV cache when `num_blocks` is None and not on CUDA.
+        gpu_memory_utilization: fraction of the device memory the engine may fill (weights + cache).
+        progress: show a progress bar while loading; None: only for checkpoints over 1 GiB.
+    """
+
+    device: str = "cpu"
+    dtype: torch.dtype | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    providers: tuple[tuple[str | None, str], ...] = ()
+    qk_norm: str = "auto"
+    cuda_graphs: bool = True
+    kv_cache_memory: int = 512 << 20
+    gpu_memory_utilization: float = 0.9
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ConfigError(f"block_size={self.block_size} must be positive")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ConfigError(f"num_blocks={self.num_blocks} must be positive")
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ConfigError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.qk_norm not in ("auto", "fused", "per_head"):
+            raise ConfigError(f"qk_norm={self.qk_norm!r} must be one of auto, fused, per_head")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+
+    def resolved_dtype(self, config: ModelConfig) -> torch.dtype:
+        return self.dtype if self.dtype is not None else config.dtype
+
+    def model_len(self, config: ModelConfig) -> int:
+        return self.max_model_len or min(config.max_position_embeddings, 8192)
+
+    def blocks_per_seq(self, config: ModelConfig) -> int:
+        return math.ceil(self.model_len(config) / self.block_size)

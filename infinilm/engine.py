@@ -1,0 +1,178 @@
+"""The engine: gates, load, then one straight data path per step.
+
+``Engine.from_pretrained`` reads the config, runs the gates (`infinilm.gates.plan`, which raises
+`GateError` before any weight is read), allocates the model and loads the weights, then sizes the paged
+KV cache. Each `step` is: schedule -> prepare inputs -> run model -> sample -> postprocess. Requests can be
+added and cancelled between steps; new prefills join the running decodes in the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from infinilm.cache import KVCache
+from infinilm.config import ConfigError, EngineOptions, ModelConfig
+from infinilm.gates import GatePlan, overrides, plan
+from infinilm.loader import load_weights
+from infinilm.models.llama import LlamaModel
+from infinilm.runner import ModelRunner
+from infinilm.sampling import sample
+from infinilm.scheduler import Batch, Scheduler
+from infinilm.sequence import SamplingParams, Sequence
+
+__all__ = ["Engine", "StepOutput"]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One step's result for one sequence: the token it produced, and whether it just finished."""
+
+    seq: Sequence
+    token: int
+    finished: bool
+
+
+class Engine:
+    """A loaded model with its KV cache, scheduler and runner.
+
+    Attributes:
+        plan: the gate plan (which implementation serves each operator problem).
+        graph_status: whether decode steps run as CUDA graphs, and why not when they do not.
+        prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
+    """
+
+    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan, model: LlamaModel) -> None:
+        self.config, self.options, self.plan, self.model = config, options, gate_plan, model
+        self.device = torch.device(options.device)
+        dtype = options.resolved_dtype(config)
+        num_blocks = options.num_blocks or self._auto_blocks(dtype)
+        per_seq = options.blocks_per_seq(config)
+        if num_blocks < per_seq:
+            raise ConfigError(f"num_blocks={num_blocks} cannot hold one sequence of max_model_len="
+                              f"{options.model_len(config)} ({per_seq} blocks of {options.block_size}); "
+                              f"lower max_model_len or give more blocks")
+        self.cache = KVCache(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
+                             config.head_dim, dtype, self.device)
+        self.scheduler = Scheduler(self.cache.allocator, max_num_seqs=options.max_num_seqs,
+                                   max_num_batched_tokens=options.max_num_batched_tokens,
+                                   max_model_len=options.model_len(config), eos_token_ids=config.eos_token_ids)
+        self.runner = ModelRunner(model, self.cache, self.device, per_seq)
+        self.graph_status = "cuda graphs: off (not on CUDA)" if self.device.type != "cuda" else "cuda graphs: off"
+        if self.device.type == "cuda" and options.cuda_graphs:
+            with overrides(options):
+                self.graph_status = self.runner.capture_graphs(options.max_num_seqs)
+        self.prefill_tokens = self.decode_tokens = 0
+        self.prefill_seconds = self.decode_seconds = 0.0
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
+        """Gate, allocate and load a checkpoint directory.
+
+        Raises:
+            ConfigError: an unsupported config or option. GateError: an operator problem no provider serves
+                (raised before any weight is read). LoadError: the checkpoint does not fit the model.
+        """
+        options = options or EngineOptions()
+        config = ModelConfig.from_pretrained(path)
+        gate_plan = plan(config, options)
+        model = cls._build(config, options, gate_plan)
+        load_weights(path, model.targets(), ignored=lambda n: model.ignored(n, config.tie_word_embeddings),
+                     progress=options.progress)
+        return cls(config, options, gate_plan, model)
+
+    @staticmethod
+    def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan) -> LlamaModel:
+        dtype, device = options.resolved_dtype(config), torch.device(options.device)
+        return LlamaModel(config, gate_plan, dtype=dtype, device=device, max_len=options.model_len(config))
+
+    def _auto_blocks(self, dtype: torch.dtype) -> int:
+        c, o = self.config, self.options
+        per_block = KVCache.bytes_per_block(c.num_layers, o.block_size, c.num_kv_heads, c.head_dim, dtype)
+        budget = o.kv_cache_memory
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(free - total * (1.0 - o.gpu_memory_utilization))
+        cap = o.max_num_seqs * o.blocks_per_seq(c)  # more than every sequence at full length is never needed
+        return max(1, min(cap, budget // per_block))
+
+    # -- requests ------------------------------------------------------------------------------------
+    def add_request(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
+        """Queue a prompt (token ids); returns its `Sequence`, which fills as steps run.
+
+        Raises:
+            ValueError: an empty prompt, a token id outside the vocabulary, or a prompt that can never fit.
+        """
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt: token id(s) {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        seq = Sequence(prompt, params or SamplingParams())
+        self.scheduler.add(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> bool:
+        """Cancel a request between steps and free its KV blocks; False when it had already finished."""
+        return self.scheduler.cancel(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- the data path -------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Schedule -> prepare inputs -> run model -> sample -> postprocess; one token per scheduled sequence."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        start = time.perf_counter()
+        with overrides(self.options):
+            logits = self.runner.run(batch)
+        tokens = sample(logits, batch.seqs)
+        self._count(batch, time.perf_counter() - start)
+        finished = {s.id for s in self.scheduler.postprocess(batch, tokens)}
+        return [StepOutput(s, t, s.id in finished) for s, t in zip(batch.seqs, tokens)]
+
+    def _count(self, batch: Batch, seconds: float) -> None:
+        if batch.prefills:
+            self.prefill_tokens += sum(len(s) for s in batch.prefills)
+            self.prefill_seconds += seconds
+        else:
+            self.decode_tokens += len(batch.decodes)
+            self.decode_seconds += seconds
+
+    def stream(self) -> Iterator[StepOutput]:
+        """Run steps until every request has finished, yielding each produced token."""
+        while self.has_work():
+            yield from self.step()
+
+    def generate(self, prompts: Iterable[list[int]], params: SamplingParams | None = None) -> list[list[int]]:
+        """Run `prompts` to completion together; returns each one's generated tokens, in order."""
+        seqs = [self.add_request(p, params) for p in prompts]
+        for _ in self.stream():
+            pass
+        return [s.output for s in seqs]
+
+    def prefill_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Logits ``[len(p), V]`` at every position of each prompt, in one batched prefill.
+
+        Uses (and frees) KV blocks; call it while no request is running.
+
+        Raises:
+            RuntimeError: requests are in flight. CacheError: the prompts need more blocks than are free.
+        """
+        if self.has_work():
+            raise RuntimeError("prefill_logits needs an idle engine")
+        seqs = [Sequence(p, SamplingParams()) for p in prompts]
+        alloc = self.cache.allocator
+        try:
+            for s in seqs:
+                alloc.append(s.block_table, len(s))
+            with overrides(self.options):
+                logits = self.runner.prefill_logits(Batch(prefills=seqs))
+        finally:
+            for s in seqs:
+                alloc.free(s.block_table)
+        return list(logits.split([len(p) for p in prompts]))

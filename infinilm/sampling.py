@@ -1,0 +1,66 @@
+"""Sampling: greedy, and seeded temperature / top-k / top-p (Hugging Face `generate` semantics).
+
+Greedy is ``argmax`` (the first index wins a tie, as in `torch.argmax`). Random sampling scales the logits
+by ``1 / temperature``, keeps the top-k, then the smallest most-likely set whose probability reaches
+top-p (the most likely token always stays), and draws from the softmax with the request's own
+`torch.Generator`, seeded from `SamplingParams.seed`: a seeded request gives the same tokens whatever
+else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from infinilm.sequence import SamplingParams, Sequence
+
+__all__ = ["filter_logits", "sample"]
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set to -inf the entries of `logits` ``[V]`` (float32) outside the top-k and the top-p nucleus."""
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens more likely than it already reach top_p
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter_(0, order, drop), float("-inf"))
+    return logits
+
+
+def _generator(seq: Sequence, device: torch.device) -> torch.Generator:
+    if seq.generator is None:
+        gen = torch.Generator(device=device)
+        if seq.params.seed is not None:
+            gen.manual_seed(seq.params.seed)
+        else:
+            gen.seed()
+        seq.generator = gen
+    return seq.generator
+
+
+def _sample_one(row: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+    logits = filter_logits(row.float() / params.temperature, params.top_k, params.top_p)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)
+
+
+def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
+    """One next token per row of `logits` ``[B, V]`` (any float dtype), row ``b`` for ``seqs[b]``.
+
+    Raises:
+        ValueError: the number of rows differs from the number of sequences.
+    """
+    if logits.shape[0] != len(seqs):
+        raise ValueError(f"logits: {logits.shape[0]} rows for {len(seqs)} sequences")
+    greedy = logits.argmax(dim=-1)
+    random_rows = [b for b, s in enumerate(seqs) if s.params.temperature > 0]
+    if random_rows:
+        greedy = greedy.clone()
+        for b in random_rows:
+            greedy[b] = _sample_one(logits[b], seqs[b].params, _generator(seqs[b], logits.device))[0]
+    return greedy.tolist()

@@ -1,0 +1,137 @@
+"""The scheduler: which sequences run in the next step, with continuous batching and admission control.
+
+Each step first gives every running sequence one decode token (growing its block table when its next
+token starts a new block), then admits waiting sequences, oldest first, as prefills in the same step while
+the token budget, the sequence limit and the free KV blocks allow. A waiting request that does not fit
+stays queued (admission control: never an error, never a partial allocation). When a running sequence
+needs a block and none is free, the newest running sequence is preempted: its blocks are freed and it
+returns to the front of the queue, to be recomputed from its tokens later (vLLM's recompute preemption).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from infinilm.cache import BlockAllocator
+from infinilm.sequence import FinishReason, SeqStatus, Sequence
+
+__all__ = ["Batch", "Scheduler"]
+
+
+@dataclass
+class Batch:
+    """One step's work: decode sequences (one token each) first, then prefill sequences (all their tokens)."""
+
+    decodes: list[Sequence] = field(default_factory=list)
+    prefills: list[Sequence] = field(default_factory=list)
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return self.decodes + self.prefills
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
+
+
+class Scheduler:
+    """Holds the waiting queue and the running set over one block allocator."""
+
+    def __init__(self, allocator: BlockAllocator, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.allocator = allocator
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence.
+
+        Raises:
+            ValueError: the prompt is longer than ``max_model_len - 1`` or needs more blocks than the cache has.
+        """
+        if len(seq) >= self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(seq)} tokens leave no room to generate (max_model_len={self.max_model_len})")
+        if self.allocator.blocks_needed(len(seq) + 1) > self.allocator.num_blocks:
+            raise ValueError(f"prompt: {len(seq)} tokens need more KV blocks than the cache holds "
+                             f"({self.allocator.num_blocks} of {self.allocator.block_size} tokens)")
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        """Pick the next step's batch and reserve the KV blocks it writes."""
+        batch = Batch()
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            need = self.allocator.blocks_needed(len(seq), len(seq.block_table))
+            while not self.allocator.can_allocate(need) and len(self.running) - 1 > i:
+                self._preempt(self.running[-1])
+            if not self.allocator.can_allocate(need):
+                self._preempt(seq)
+                break
+            self.allocator.append(seq.block_table, len(seq))
+            batch.decodes.append(seq)
+            i += 1
+        tokens = len(batch.decodes)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if tokens + len(seq) > self.max_num_batched_tokens:
+                break
+            need = self.allocator.blocks_needed(len(seq))
+            if not self.allocator.can_allocate(need):
+                break
+            self.waiting.popleft()
+            self.allocator.append(seq.block_table, len(seq))
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.prefills.append(seq)
+            tokens += len(seq)
+        return batch
+
+    def postprocess(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
+        """Append each sequence's new token, finish those at EOS or their length limit; returns the finished."""
+        finished = []
+        for seq, token in zip(batch.seqs, tokens, strict=True):
+            seq.num_cached = len(seq)
+            seq.tokens.append(token)
+            p = seq.params
+            if not p.ignore_eos and (token in self.eos_token_ids or token in p.stop_token_ids):
+                self._finish(seq, FinishReason.EOS)
+            elif seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
+                self._finish(seq, FinishReason.LENGTH)
+            else:
+                continue
+            finished.append(seq)
+        return finished
+
+    def cancel(self, seq: Sequence) -> bool:
+        """Stop `seq` wherever it is and free its blocks; False when it had already finished."""
+        if seq.finished:
+            return False
+        if seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+            seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
+        else:
+            self._finish(seq, FinishReason.CANCELLED)
+        return True
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table, seq.num_cached, seq.status = [], 0, SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1

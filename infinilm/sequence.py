@@ -1,0 +1,103 @@
+"""One request's state as it moves through the engine: waiting, running, finished."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FinishReason", "SamplingParams", "SeqStatus", "Sequence"]
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    Attributes:
+        max_new_tokens: stop after this many generated tokens.
+        temperature: 0 is greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
+        top_k: keep the k most likely tokens (0: all).
+        top_p: keep the smallest set of most likely tokens whose probability reaches `top_p` (1.0: all).
+        seed: seeds this request's own generator, so its samples do not depend on the batch it shares.
+        ignore_eos: keep generating past an end-of-sequence token.
+        stop_token_ids: extra tokens that end the request (besides the model's EOS ids).
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+
+
+class Sequence:
+    """A request: its tokens, its KV-cache blocks and its sampling state.
+
+    Attributes:
+        tokens: prompt followed by generated tokens.
+        num_prompt: how many of `tokens` are the prompt.
+        num_cached: how many leading tokens have their K/V in the cache (0 after a preemption).
+        block_table: the cache block ids this sequence owns.
+    """
+
+    __slots__ = ("block_table", "finish_reason", "generator", "id", "num_cached", "num_prompt", "params",
+                 "status", "tokens")
+
+    def __init__(self, prompt: list[int], params: SamplingParams, request_id: int | None = None) -> None:
+        if not prompt:
+            raise ValueError("prompt: needs at least one token")
+        self.id = next(_ids) if request_id is None else request_id
+        self.tokens = list(prompt)
+        self.num_prompt = len(prompt)
+        self.num_cached = 0
+        self.block_table: list[int] = []
+        self.params = params
+        self.status = SeqStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.generator: torch.Generator | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __repr__(self) -> str:
+        return f"<Sequence {self.id} {self.status.value} {self.num_prompt}+{self.num_output} tokens>"
