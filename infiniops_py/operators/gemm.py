@@ -90,7 +90,8 @@ def gemm(
     if out.numel() == 0:
         return out
     key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None)
-    return SPEC.call(key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
+    SPEC.call(key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
+    return out
 
 
 def _check_operand(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:

@@ -50,8 +50,12 @@ def rms_norm(
         _check_out(x, out)
     if x.numel() == 0:
         return out
+    key = (x.device.type, x.dtype, h)
+    if x.dim() == 2:
+        SPEC.call(key, x, weight, eps, out)
+        return out
     x2 = x.view(-1, h) if _viewable(x) else x.reshape(-1, h)
-    SPEC.call((x.device.type, x.dtype, h), x2, weight, eps, out.view(-1, h))
+    SPEC.call(key, x2, weight, eps, out.view(-1, h))
     return out
 
 
@@ -90,6 +94,9 @@ def fused_add_rms_norm(
     if residual.data_ptr() == x.data_ptr():
         raise ContractError(_FUSED, "residual", "is the same memory as x; pass two separate tensors")
     key = (x.device.type, x.dtype, h)
+    if x.dim() == 2:
+        FUSED_SPEC.call(key, x, residual, weight, eps)
+        return x, residual
     if _viewable(x) and _viewable(residual):
         FUSED_SPEC.call(key, x.view(-1, h), residual.view(-1, h), weight, eps)
         return x, residual

@@ -1,0 +1,319 @@
+"""Gemm, RmsNorm, fused add + RmsNorm, FusedQkNorm and the paged-cache write on CPU.
+
+The reference and torch providers against the float64 reference (tolerance table), the contract
+errors (one per kind and entry point, naming the argument), empty inputs and the semantics the peers
+settle: c unread when beta == 0, V untouched, padding slots and padding key rows skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import infiniops_py as io
+from infiniops_py import ContractError, unchecked_indices
+from infiniops_py.testing.compare import compare
+from infiniops_py.testing.tolerances import tolerance
+
+PROVIDERS = ("reference", "torch")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+META = torch.device("meta")
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def _f64(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.to(torch.float64) if tree.is_floating_point() else tree.clone()
+    if isinstance(tree, dict):
+        return {k: _f64(v) for k, v in tree.items()}
+    return tree
+
+
+def _check(op: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, k: int | None = None) -> None:
+    _, message = compare(op, got, ref, tolerance(op, io.operators._base.dtype_name(dtype)), k=k)
+    assert message is None, message
+
+
+def _run(provider: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(the provider's result on `args`, the float64 reference's result on float64 copies)."""
+    args64 = tuple(_f64(a) for a in args)
+    kwargs64 = _f64(kwargs)
+    with io.use("reference"):
+        expected = fn(*args64, **kwargs64)
+    with io.use(provider):
+        got = fn(*args, **kwargs)
+    return got, expected
+
+
+# --- agreement with the float64 reference -----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(("batched", "trans_a", "trans_b"), [(False, False, True), (False, True, False),
+                                                             (True, False, False)])
+def test_gemm_matches_reference(provider: str, dtype: torch.dtype, batched: bool, trans_a: bool, trans_b: bool) -> None:
+    m, n, k = 13, 24, 71
+    lead = (2,) if batched else ()
+    a = _randn(*lead, *((k, m) if trans_a else (m, k)), dtype=dtype, seed=1)
+    b = _randn(*lead, *((n, k) if trans_b else (k, n)), dtype=dtype, seed=2)
+    kwargs = {"c": _randn(m, 1, dtype=dtype, seed=3), "bias": _randn(n, dtype=dtype, seed=4), "alpha": -0.999,
+              "beta": 100.001, "trans_a": trans_a, "trans_b": trans_b}
+    got, expected = _run(provider, io.gemm, (a, b), kwargs)
+    assert got.shape == (*lead, m, n) and got.dtype == dtype and got.is_contiguous()
+    _check("gemm", got, expected, dtype, k=k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_rms_norm_matches_reference(provider: str, dtype: torch.dtype) -> None:
+    h = 769
+    x = _randn(2, 9, 2 * h, dtype=dtype, scale=1 / (2 * h), seed=1)[..., :h]  # strided rows
+    w = (1 + 0.1 * _randn(h, seed=2)).to(dtype)
+    got, expected = _run(provider, io.rms_norm, (x, w), {"eps": 1e-5})
+    assert got.shape == x.shape and got.is_contiguous()
+    _check("rms_norm", got, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_fused_add_rms_norm_matches_reference(provider: str, dtype: torch.dtype) -> None:
+    h = 256
+    x = _randn(7, h, dtype=dtype, scale=1 / (2 * h), seed=1)
+    residual = _randn(7, h, dtype=dtype, scale=1 / (2 * h), seed=2)
+    w = (1 + 0.1 * _randn(h, seed=3)).to(dtype)
+    x64, r64 = x.double(), residual.double()
+    with io.use("reference"):
+        io.fused_add_rms_norm(x64, r64, w.double())
+    with io.use(provider):
+        out = io.fused_add_rms_norm(x, residual, w)
+    assert out[0] is x and out[1] is residual
+    _check("fused_add_rms_norm", residual, r64, dtype)
+    _check("fused_add_rms_norm", x, x64, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_fused_qk_norm_matches_reference_and_leaves_v_untouched(provider: str, dtype: torch.dtype) -> None:
+    t, hq, hkv, d = 5, 16, 4, 128
+    width = (hq + 2 * hkv) * d
+    qkv = _randn(t, width + d, dtype=dtype, seed=1)[:, :width]  # strided rows
+    v_before = qkv[:, (hq + hkv) * d :].clone()
+    q_w, k_w = ((1 + 0.1 * _randn(d, seed=s)).to(dtype) for s in (2, 3))
+    expected = qkv.double()
+    with io.use("reference"):
+        io.fused_qk_norm(expected, q_w.double(), k_w.double(), num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+    with io.use(provider):
+        got = io.fused_qk_norm(qkv, q_w, k_w, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+    assert got is qkv
+    _check("fused_qk_norm", qkv, expected, dtype)
+    v_after = qkv[:, (hq + hkv) * d :]
+    assert torch.equal(v_after.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       v_before.view(torch.int16 if dtype != torch.float32 else torch.int32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("hnd", [False, True], ids=["NHD", "HND"])
+def test_reshape_and_cache_flash_writes_exactly(provider: str, dtype: torch.dtype, hnd: bool) -> None:
+    t, hkv, d, nb, bs = 9, 2, 80, 5, 8
+    qkv = _randn(t, 4 * hkv * d, dtype=dtype, seed=1)  # key/value: strided views of a packed projection
+    key = qkv[:, 2 * hkv * d : 3 * hkv * d].view(t, hkv, d)
+    value = qkv[:, 3 * hkv * d :].view(t, hkv, d)
+    shape = (nb, hkv, bs, d) if hnd else (nb, bs, hkv, d)
+    caches = [_randn(*shape, dtype=dtype, seed=s) for s in (2, 3)]
+    if hnd:
+        caches = [c.transpose(1, 2) for c in caches]
+    slots = torch.tensor([17, -1, 0, 39, 8, 9, -1])  # 7 tokens of the 9 key rows; rows 7 and 8 are padding
+    before = [c.clone() for c in caches]
+    with io.use(provider):
+        io.reshape_and_cache_flash(key, value, caches[0], caches[1], slots)
+    for cache, old, src in zip(caches, before, (key, value)):
+        expected = old.clone()
+        for i, s in enumerate(slots.tolist()):
+            if s >= 0:
+                expected[s // bs, s % bs] = src[i]
+        assert torch.equal(cache, expected)
+
+
+# --- semantics --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_gemm_never_reads_c_when_beta_is_zero(provider: str) -> None:
+    a, b = _randn(6, 5, seed=1), _randn(5, 4, seed=2)
+    c = torch.full((6, 4), math.nan)
+    with io.use(provider):
+        y = io.gemm(a, b, c=c, beta=0.0, alpha=2.0)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, 2 * a @ b)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_gemm_out_may_be_c(provider: str) -> None:
+    a, b, c = _randn(6, 5, seed=1), _randn(5, 4, seed=2), _randn(6, 4, seed=3)
+    expected = 0.5 * a @ b - 2.0 * c
+    with io.use(provider):
+        y = io.gemm(a, b, c=c, alpha=0.5, beta=-2.0, out=c)
+    assert y is c
+    torch.testing.assert_close(c, expected)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_rms_norm_of_unflattenable_rows_and_in_place(provider: str) -> None:
+    h = 64
+    x = _randn(2, 5, h, seed=1)[:, :4]  # [2, 4, H] rows of a [2, 5, H] buffer: no single row stride
+    w = 1 + 0.1 * _randn(h, seed=2)
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    with io.use(provider):
+        torch.testing.assert_close(io.rms_norm(x, w), expected)
+        y = x.contiguous()
+        assert io.rms_norm(y, w, out=y) is y
+    torch.testing.assert_close(y, expected)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_fused_add_rms_norm_on_unflattenable_rows_is_in_place(provider: str) -> None:
+    h = 32
+    x = _randn(2, 5, h, seed=1)[:, :4]
+    residual = _randn(2, 5, h, seed=2)[:, 1:]
+    w = 1 + 0.1 * _randn(h, seed=3)
+    total = x + residual
+    with io.use(provider):
+        io.fused_add_rms_norm(x, residual, w)
+    torch.testing.assert_close(residual, total)
+    torch.testing.assert_close(x, total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_cache_write_skips_unchecked_out_of_range_slots_and_padding_rows(provider: str) -> None:
+    key = torch.full((4, 1, 8), math.nan)  # rows past len(slot_mapping) are padding: never read
+    key[:2] = _randn(2, 1, 8, seed=1)
+    value = key.clone()
+    caches = [_randn(2, 4, 1, 8, seed=s) for s in (2, 3)]
+    before = [c.clone() for c in caches]
+    with unchecked_indices(), io.use(provider):
+        io.reshape_and_cache_flash(key, value, caches[0], caches[1], torch.tensor([8 + 3, 5]))
+    for cache, old in zip(caches, before):
+        assert torch.equal(cache[1, 1], key[1]) and not cache.isnan().any()
+        cache[1, 1] = old[1, 1]
+        assert torch.equal(cache, old)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_empty_inputs_do_nothing(provider: str) -> None:
+    with io.use(provider):
+        assert io.gemm(torch.randn(0, 3), torch.randn(3, 4)).shape == (0, 4)
+        assert io.gemm(torch.randn(2, 0, 3), torch.randn(2, 3, 4), bias=torch.randn(4)).shape == (2, 0, 4)
+        assert io.rms_norm(torch.randn(0, 8), torch.randn(8)).shape == (0, 8)
+        x, r = torch.randn(0, 8), torch.randn(0, 8)
+        got_x, got_r = io.fused_add_rms_norm(x, r, torch.randn(8))
+        assert got_x is x and got_r is r
+        qkv = torch.randn(0, 6 * 4)
+        assert io.fused_qk_norm(qkv, torch.randn(4), torch.randn(4), num_q_heads=2, num_kv_heads=2,
+                                head_dim=4) is qkv
+        cache = torch.randn(2, 4, 1, 8)
+        old = cache.clone()
+        io.reshape_and_cache_flash(torch.randn(3, 1, 8), torch.randn(3, 1, 8), cache, cache.clone(),
+                                   torch.empty(0, dtype=torch.int64))
+        assert torch.equal(cache, old)
+
+
+# --- contract errors: one per kind and entry point, naming the argument -----------------------------------
+
+def _gemm(**over: Any) -> Callable[[], Any]:
+    args = {"a": torch.randn(4, 3), "b": torch.randn(3, 5), "c": None, "bias": None, "trans_b": False, "out": None}
+    args.update(over)
+    return lambda: io.gemm(args.pop("a"), args.pop("b"), **args)
+
+
+def _rms(**over: Any) -> Callable[[], Any]:
+    args = {"x": torch.randn(4, 8), "weight": torch.randn(8), "out": None}
+    args.update(over)
+    return lambda: io.rms_norm(args.pop("x"), args.pop("weight"), **args)
+
+
+def _fused(**over: Any) -> Callable[[], Any]:
+    args = {"x": torch.randn(4, 8), "residual": torch.randn(4, 8), "weight": torch.randn(8)}
+    args.update(over)
+    return lambda: io.fused_add_rms_norm(**args)
+
+
+def _qk(**over: Any) -> Callable[[], Any]:
+    args = {"qkv": torch.randn(3, (4 + 2 * 2) * 8), "q_weight": torch.randn(8), "k_weight": torch.randn(8),
+            "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 8}
+    args.update(over)
+    return lambda: io.fused_qk_norm(args.pop("qkv"), args.pop("q_weight"), args.pop("k_weight"), **args)
+
+
+def _cache(**over: Any) -> Callable[[], Any]:
+    args = {"key": torch.randn(5, 2, 8), "value": torch.randn(5, 2, 8), "key_cache": torch.randn(3, 4, 2, 8),
+            "value_cache": torch.randn(3, 4, 2, 8), "slot_mapping": torch.tensor([0, 5, -1, 11])}
+    args.update(over)
+    return lambda: io.reshape_and_cache_flash(**args)
+
+
+CONTRACT_ERRORS: list[tuple[str, str, Callable[[], Any]]] = [
+    # (kind, argument named, call)
+    ("shape", "b", _gemm(b=torch.randn(4, 5))),
+    ("shape", "bias", _gemm(bias=torch.randn(4))),
+    ("shape", "c", _gemm(c=torch.randn(3, 5), beta=1.0)),
+    ("dtype", "b", _gemm(b=torch.randn(3, 5, dtype=torch.float16))),
+    ("dtype", "a", _gemm(a=torch.randint(0, 3, (4, 3)))),
+    ("device", "b", _gemm(b=torch.randn(3, 5, device=META))),
+    ("strides", "a", _gemm(a=torch.randn(8, 6)[::2, ::2])),
+    ("strides", "out", _gemm(out=torch.randn(5, 4).T)),
+    ("shape", "weight", _rms(weight=torch.randn(7))),
+    ("dtype", "weight", _rms(weight=torch.randn(8, dtype=torch.bfloat16))),
+    ("device", "weight", _rms(weight=torch.randn(8, device=META))),
+    ("strides", "x", _rms(x=torch.randn(8, 4).T)),
+    ("strides", "out", _rms(out=torch.randn(8, 4).T)),
+    ("shape", "residual", _fused(residual=torch.randn(4, 9))),
+    ("dtype", "residual", _fused(residual=torch.randn(4, 8, dtype=torch.float16))),
+    ("device", "residual", _fused(residual=torch.randn(4, 8, device=META))),
+    ("strides", "residual", _fused(residual=torch.randn(8, 4).T)),
+    ("shape", "qkv", _qk(qkv=torch.randn(3, 7 * 8))),
+    ("shape", "k_weight", _qk(k_weight=torch.randn(16))),
+    ("dtype", "q_weight", _qk(q_weight=torch.randn(8, dtype=torch.float16))),
+    ("device", "k_weight", _qk(k_weight=torch.randn(8, device=META))),
+    ("strides", "qkv", _qk(qkv=torch.randn(64, 3).T)),
+    ("value", "head_dim", _qk(head_dim=0)),
+    ("shape", "value_cache", _cache(value_cache=torch.randn(3, 4, 2, 9))),
+    ("shape", "slot_mapping", _cache(slot_mapping=torch.arange(6))),
+    ("dtype", "slot_mapping", _cache(slot_mapping=torch.tensor([0, 1], dtype=torch.int32))),
+    ("dtype", "value", _cache(value=torch.randn(5, 2, 8, dtype=torch.bfloat16))),
+    ("device", "key_cache", _cache(key_cache=torch.randn(3, 4, 2, 8, device=META))),
+    ("strides", "key", _cache(key=torch.randn(5, 8, 2).transpose(1, 2))),
+    ("index", "slot_mapping", _cache(slot_mapping=torch.tensor([0, 12]))),
+]
+
+
+@pytest.mark.parametrize(("kind", "argument", "call"), CONTRACT_ERRORS,
+                         ids=[f"{c.__qualname__.split('.')[0]}-{k}-{a}" for k, a, c in CONTRACT_ERRORS])
+def test_contract_error_names_the_argument(kind: str, argument: str, call: Callable[[], Any]) -> None:
+    with pytest.raises(ContractError) as info:
+        call()
+    assert info.value.argument == argument
+    assert f": {argument}: " in str(info.value)
+
+
+def test_out_of_range_slot_is_skipped_not_raised_when_unchecked() -> None:
+    with unchecked_indices():
+        _cache(slot_mapping=torch.tensor([0, 12]))()
+
+
+# --- the conformance suite on the torch provider, briefly ---------------------------------------------------
+
+def test_torch_provider_conformance() -> None:
+    from infiniops_py.testing.conformance import run_conformance
+
+    ops = ["gemm", "rms_norm", "fused_add_rms_norm", "fused_qk_norm", "reshape_and_cache_flash"]
+    report = run_conformance("torch", ops=ops, max_examples=15)
+    assert report.ok, report.render()
+    assert {r.op for r in report.ops} == set(ops)
