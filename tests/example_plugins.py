@@ -3,7 +3,7 @@
 ``example`` (a working ``add`` provider) and ``broken`` (raises on import) are separate distributions
 with an ``infiniops.providers`` entry point, installed editable with pip. A process that installs them
 cannot import them through entry points until it restarts (pip's editable finders load at start-up), so
-tests that need discovery run in a subprocess after `ensure_installed`.
+`ensure_installed` also puts the plugins' folders on ``sys.path`` after installing them.
 """
 
 from __future__ import annotations
@@ -50,4 +50,7 @@ def ensure_installed() -> None:
                 [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *editable],
                 check=True, capture_output=True,
             )
+            for path in missing:  # what the editable finder would do after a restart
+                if str(path) not in sys.path:
+                    sys.path.append(str(path))
             importlib.invalidate_caches()
