@@ -1,3 +1,101 @@
-"""Placeholder: the Triton selective_scan kernels are being written."""
+"""Selective scan (Mamba-2 chunked SSD) in three Triton launches, and the one-step state update.
 
-IMPLEMENTATIONS: list = []
+The prefill follows the state-space-duality algorithm of Mamba-2 (the semantics of state-spaces/mamba's
+``mamba_chunk_scan_combined``), in fewer launches than its five kernels:
+
+1. `_ssd_chunk_state`: dt processing, the decay cumsum and each chunk's local end state (one kernel);
+2. `_ssd_state_passing`: the state entering each chunk, and the final state;
+3. `_ssd_chunk_scan`: the outputs, with ``C B^T`` recomputed per tile, D and the z gate fused.
+
+``seq_idx`` resets the state wherever it changes between neighbouring tokens (any int32 values, not only
+non-decreasing ones). The result does not depend on ``chunk_size`` beyond rounding; it picks the tiling.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infiniops_py import Between, Capability, Implementation, OneOf
+from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._ssd_chunk_scan import chunk_scan
+from infiniops_triton._ssd_chunk_state import chunk_state
+from infiniops_triton._ssd_state_passing import state_passing
+from infiniops_triton.state_update import IMPLEMENTATIONS as STATE_UPDATE_IMPLEMENTATIONS
+
+__all__ = ["CHUNK_SIZES", "IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "selective_scan"]
+
+CHUNK_SIZES = (16, 32, 64, 128, 256)  # powers of two: one chunk is one set of tiles; 16 is tl.dot's minimum
+MAX_D_STATE = 256  # the chunk-scan kernel holds all of N in one tile
+MAX_HEAD_DIM = 256
+
+
+def selective_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    dt_limit: tuple[float, float],
+    initial_states: torch.Tensor | None,
+    seq_idx: torch.Tensor | None,
+    chunk_size: int,
+    out: torch.Tensor,
+    final_states: torch.Tensor | None,
+) -> None:
+    """Mamba-2 SSD prefill into `out` (and `final_states`), with the operator's calling convention.
+
+    Shapes: x, z, out ``[Bt, L, H, P]``; dt ``[Bt, L, H]``; A ``[H]`` fp32; B, C ``[Bt, L, G, N]``;
+    D ``[H]`` or ``[H, P]``; dt_bias ``[H]``; seq_idx int32 ``[Bt, L]``; states fp32 ``[Bt, H, P, N]``.
+    Any strides. `chunk_size` must be one of `CHUNK_SIZES` (the capability gates the rest).
+
+    Raises:
+        ValueError: `chunk_size` not in `CHUNK_SIZES`, or N or P above 256.
+    """
+    bt, seqlen, nheads, headdim = x.shape
+    dstate = B.shape[-1]
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"triton selective_scan: chunk_size={chunk_size} not in {CHUNK_SIZES}")
+    if dstate > MAX_D_STATE or headdim > MAX_HEAD_DIM:
+        raise ValueError(f"triton selective_scan: d_state={dstate} or head_dim={headdim} above 256")
+    if bt == 0 or seqlen == 0:
+        if final_states is not None:
+            if initial_states is None:
+                final_states.zero_()
+            else:
+                final_states.copy_(initial_states)
+        return
+    nchunks = -(-seqlen // chunk_size)
+    dev = x.device
+    f32 = torch.float32
+    local = torch.empty((bt, nchunks, nheads, headdim, dstate), device=dev, dtype=f32)
+    prev = torch.empty_like(local)
+    per_token = torch.empty((2, bt, nheads, nchunks, chunk_size), device=dev, dtype=f32)  # dt, cumsum
+    carry = torch.empty((bt, nheads, nchunks), device=dev, dtype=f32)
+    seg = None if seq_idx is None else torch.empty((bt, nchunks, chunk_size), device=dev, dtype=torch.int32)
+    chunk_state(x, dt, A, B, dt_bias, dt_softplus, dt_limit, seq_idx, chunk_size,
+                local, per_token[0], per_token[1], seg if seg is not None else carry, carry)
+    state_passing(local, carry, initial_states, prev, final_states)
+    chunk_scan(x, z, B, C, D, prev, per_token[0], per_token[1], seg, chunk_size, out)
+
+
+_FIX_CHUNK = "use chunk_size=256 (the result does not depend on it), or the torch provider"
+
+IMPLEMENTATIONS = [
+    Implementation(
+        "selective_scan", "triton", "triton.ssd_chunked",
+        Capability(
+            *base_constraints(),
+            OneOf("dtype", ("float16", "bfloat16", "float32")),
+            OneOf("chunk_size", CHUNK_SIZES, fix=_FIX_CHUNK),
+            Between("head_dim", 1, MAX_HEAD_DIM),
+            Between("d_state", 1, MAX_D_STATE, fix="use the torch provider for d_state > 256"),
+        ),
+        PRIORITY,
+        selective_scan,
+    ),
+    *STATE_UPDATE_IMPLEMENTATIONS,
+]

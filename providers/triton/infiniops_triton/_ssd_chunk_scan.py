@@ -1,0 +1,224 @@
+"""SSD step 3 of 3: each chunk's outputs from the state entering it and the chunk's own tokens.
+
+For token ``t`` of chunk ``c`` (head ``h``, group ``g``; ``cs``, ``dt``, ``seg`` from step 1, ``S`` the
+state entering the chunk from step 2)::
+
+    y[t] = exp(cs[t]) * [seg[t] == 0] * C[t] . S
+         + sum_{s <= t, seg[s] == seg[t]} (C[t] . B[s]) * exp(cs[t] - cs[s]) * dt[s] * x[s]
+         + D * x[t]
+    y[t] *= silu(z[t])            (when z is given)
+
+One program computes a ``BLOCK_M x BLOCK_P`` tile of y: the ``C . S`` term as one dot, then the causal
+``C B^T`` blocks up to the diagonal, each weighted and multiplied by x. ``C B^T`` is recomputed per head
+instead of stored per group: a dot over N costs less than reading it back from memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infiniops_triton._ssd_common import autotune_configs, dot, dot_mode, interpreting
+
+__all__ = ["chunk_scan"]
+
+
+@triton.jit
+def _causal_block(
+    acc, cm, cs_m, seg_m, offs_m, k0, chunk_len,
+    b_rows,  # [BLOCK_N, 1] pointers to B[row, chunk start, group, n]
+    mask_n,
+    x_cols,  # [1, BLOCK_P] pointers to x[row, chunk start, head, p]
+    mask_p,
+    stride_b_l, stride_x_l,
+    cs_tok,  # this chunk's cumsum (fp32, CHUNK values)
+    dt_tok,  # this chunk's processed dt (fp32, CHUNK values)
+    seg_tok,  # this chunk's segment numbers (int32, CHUNK values; read when HAS_SEQ_IDX)
+    HAS_SEQ_IDX: tl.constexpr,
+    DOT_MODE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``acc`` plus the contribution of the chunk's tokens ``[k0, k0 + BLOCK_K)`` to the rows ``offs_m``."""
+    offs_s = k0 + tl.arange(0, BLOCK_K)
+    mask_s = offs_s < chunk_len
+    bt = tl.load(b_rows + offs_s[None, :] * stride_b_l, mask=mask_n[:, None] & mask_s[None, :], other=0.0)
+    cb = dot(cm, bt, DOT_MODE)  # [BLOCK_M, BLOCK_K] fp32
+    cs_s = tl.load(cs_tok + offs_s, mask=mask_s, other=0.0)
+    dt_s = tl.load(dt_tok + offs_s, mask=mask_s, other=0.0)
+    keep = (offs_m[:, None] >= offs_s[None, :]) & mask_s[None, :]
+    if HAS_SEQ_IDX:
+        seg_s = tl.load(seg_tok + offs_s, mask=mask_s, other=-1)
+        keep &= seg_m[:, None] == seg_s[None, :]
+    # Masked entries get exp(-inf) = 0 before the exponent can overflow (s > t grows).
+    decay = tl.exp(tl.where(keep, cs_m[:, None] - cs_s[None, :], float("-inf")))
+    w = cb * decay * dt_s[None, :]
+    xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_s[:, None] & mask_p[None, :], other=0.0)
+    return acc + dot(w.to(xs.dtype), xs, DOT_MODE)
+
+
+@triton.autotune(
+    configs=autotune_configs(
+        [
+            {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "num_warps": 4, "num_stages": 2},
+            {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 64, "num_warps": 4, "num_stages": 3},
+            {"BLOCK_M": 128, "BLOCK_K": 64, "BLOCK_P": 64, "num_warps": 8, "num_stages": 2},
+            {"BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 64, "num_warps": 4, "num_stages": 2},
+        ],
+        interpreter={"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_P": 16, "num_warps": 4, "num_stages": 1},
+    ),
+    key=["CHUNK", "P", "N", "WORK"],
+)
+@triton.jit
+def _chunk_scan_kernel(
+    x_ptr,  # [Bt, L, H, P], any strides
+    z_ptr,  # [Bt, L, H, P] (read when HAS_Z)
+    out_ptr,  # out: [Bt, L, H, P] in x's dtype
+    b_ptr,  # [Bt, L, G, N]
+    c_ptr,  # [Bt, L, G, N]
+    d_ptr,  # [H] or [H, P] (read when HAS_D; stride_d_p is 0 for [H])
+    prev_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: the state entering each chunk
+    dt_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: processed dt
+    cs_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: chunk-relative cumsum of dt * A
+    seg_ptr,  # [Bt, nchunks, CHUNK] int32 contiguous (read when HAS_SEQ_IDX)
+    L, H, P, N, nchunks, heads_per_group,
+    stride_x_b, stride_x_l, stride_x_h, stride_x_p,
+    stride_z_b, stride_z_l, stride_z_h, stride_z_p,
+    stride_o_b, stride_o_l, stride_o_h, stride_o_p,
+    stride_b_b, stride_b_l, stride_b_g, stride_b_n,
+    stride_c_b, stride_c_l, stride_c_g, stride_c_n,
+    stride_d_h, stride_d_p,
+    WORK,  # autotune key only: log2 of the number of (row, chunk, head) triples
+    CHUNK: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_SEQ_IDX: tl.constexpr,
+    DOT_MODE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= N: the whole state dimension in one tile
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    pid_mp = tl.program_id(0)
+    pid_bc = tl.program_id(1)
+    h = tl.program_id(2)
+    b = pid_bc // nchunks
+    c = pid_bc % nchunks
+    p_tiles = tl.cdiv(P, BLOCK_P)
+    pid_m = pid_mp // p_tiles
+    pid_p = pid_mp % p_tiles
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, L - start)
+    if pid_m * BLOCK_M >= chunk_len:  # past the end of a short last chunk
+        return
+    g = h // heads_per_group
+    b64 = b.to(tl.int64)
+    start64 = start.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_m = offs_m < chunk_len
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    tok_base = ((b64 * H + h) * nchunks + c) * CHUNK
+    cs_m = tl.load(cs_ptr + tok_base + offs_m, mask=mask_m, other=0.0)
+    seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK
+    seg_m = offs_m  # unused without seq_idx
+    if HAS_SEQ_IDX:
+        seg_m = tl.load(seg_base + offs_m, mask=mask_m, other=0)
+
+    cm = tl.load(  # [BLOCK_M, BLOCK_N]
+        c_ptr + b64 * stride_c_b + (start64 + offs_m[:, None]) * stride_c_l + g * stride_c_g
+        + offs_n[None, :] * stride_c_n,
+        mask=mask_m[:, None] & mask_n[None, :], other=0.0,
+    )
+    st = tl.load(  # [BLOCK_N, BLOCK_P]: the entering state, transposed
+        prev_ptr + (((b64 * nchunks + c) * H + h) * P + offs_p[None, :]) * N + offs_n[:, None],
+        mask=mask_n[:, None] & mask_p[None, :], other=0.0,
+    )
+    acc = dot(cm, st.to(cm.dtype), DOT_MODE)
+    scale = tl.exp(cs_m)
+    if HAS_SEQ_IDX:
+        scale = tl.where(seg_m == 0, scale, 0.0)
+    acc *= scale[:, None]
+
+    b_rows = b_ptr + b64 * stride_b_b + start64 * stride_b_l + g * stride_b_g + offs_n[:, None] * stride_b_n
+    x_base = x_ptr + b64 * stride_x_b + start64 * stride_x_l + h * stride_x_h
+    x_cols = x_base + offs_p[None, :] * stride_x_p
+    if INTERPRET:
+        # numpy >= 2.4 cannot turn the interpreter's 1-element scalars into a loop bound: walk every
+        # block of the chunk there (the causal mask zeroes those past the diagonal).
+        for k0 in range(0, CHUNK, BLOCK_K):
+            acc = _causal_block(acc, cm, cs_m, seg_m, offs_m, k0, chunk_len, b_rows, mask_n, x_cols, mask_p,
+                                stride_b_l, stride_x_l, cs_ptr + tok_base, dt_ptr + tok_base, seg_base,
+                                HAS_SEQ_IDX, DOT_MODE, BLOCK_K)
+    else:
+        for k0 in range(0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):
+            acc = _causal_block(acc, cm, cs_m, seg_m, offs_m, k0, chunk_len, b_rows, mask_n, x_cols, mask_p,
+                                stride_b_l, stride_x_l, cs_ptr + tok_base, dt_ptr + tok_base, seg_base,
+                                HAS_SEQ_IDX, DOT_MODE, BLOCK_K)
+
+    mask_mp = mask_m[:, None] & mask_p[None, :]
+    if HAS_D:
+        xm = tl.load(
+            x_base + offs_m[:, None] * stride_x_l + offs_p[None, :] * stride_x_p, mask=mask_mp, other=0.0,
+        ).to(tl.float32)
+        dv = tl.load(d_ptr + h * stride_d_h + offs_p * stride_d_p, mask=mask_p, other=0.0).to(tl.float32)
+        acc += xm * dv[None, :]
+    if HAS_Z:
+        zm = tl.load(
+            z_ptr + b64 * stride_z_b + (start64 + offs_m[:, None]) * stride_z_l + h * stride_z_h
+            + offs_p[None, :] * stride_z_p,
+            mask=mask_mp, other=0.0,
+        ).to(tl.float32)
+        acc *= zm * tl.sigmoid(zm)
+    out = (out_ptr + b64 * stride_o_b + (start64 + offs_m[:, None]) * stride_o_l + h * stride_o_h
+           + offs_p[None, :] * stride_o_p)
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_mp)
+
+
+def chunk_scan(
+    x: torch.Tensor,
+    z: torch.Tensor | None,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    prev: torch.Tensor,
+    dt_proc: torch.Tensor,
+    cs: torch.Tensor,
+    seg: torch.Tensor | None,
+    chunk_size: int,
+    out: torch.Tensor,
+) -> None:
+    """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1 and 2.
+
+    D ``[H]`` or ``[H, P]``; z like x or None; seg None without seq_idx.
+    """
+    bt, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks = prev.shape[1]
+    zt = z if z is not None else x
+    if D is None:
+        d, d_strides = x, (0, 0)
+    else:
+        d, d_strides = D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        tiles = triton.cdiv(chunk_size, meta["BLOCK_M"]) * triton.cdiv(headdim, meta["BLOCK_P"])
+        return (tiles, bt * nchunks, nheads)
+
+    _chunk_scan_kernel[grid](
+        x, zt, out, B, C, d, prev, dt_proc, cs, seg if seg is not None else cs,
+        seqlen, nheads, headdim, dstate, nchunks, nheads // ngroups,
+        *x.stride(), *zt.stride(), *out.stride(), *B.stride(), *C.stride(), *d_strides,
+        (bt * nchunks * nheads).bit_length(),
+        CHUNK=chunk_size,
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_SEQ_IDX=seg is not None,
+        DOT_MODE=dot_mode(x.dtype),
+        INTERPRET=interpreting(),
+        BLOCK_N=max(16, triton.next_power_of_2(dstate)),
+    )

@@ -1,0 +1,195 @@
+"""SSD step 1 of 3: per-chunk dt processing, decay cumsum and the chunk's own end state, in one kernel.
+
+For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` its last token):
+
+- ``dt[t] = clamp(softplus(dt[t] + dt_bias[h]), lo, hi)`` (softplus passes values above 20 through);
+- ``cs[t] = sum_{u <= t, u in chunk} dt[u] * A[h]`` (the chunk-relative decay cumsum);
+- ``seg[t]``: how many ``seq_idx`` changes lie in ``[chunk start, t]`` (a change at the row's first token
+  does not count), so tokens ``s <= t`` are in one sequence exactly when ``seg[s] == seg[t]``;
+- ``local[p, n] = sum_{t: seg[t] == seg[e]} exp(cs[e] - cs[t]) * dt[t] * x[t, p] * B[t, n]``: the state
+  at the chunk's end when the chunk starts from zero;
+- ``carry = exp(cs[e])`` when no ``seq_idx`` change lies in the chunk, else 0: the factor by which the
+  state entering the chunk survives to its end.
+
+The chunk is walked in blocks of tokens, rescaling the running state by each block's decay, so every
+exponent is a decay over tokens already seen (never a growth that could overflow). ``dt``, ``cs`` and
+``seg`` per token are stored for the chunk-scan kernel by the programs of the first (p, n) tile only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infiniops_triton._ssd_common import autotune_configs, dot, dot_mode
+
+__all__ = ["chunk_state"]
+
+
+@triton.autotune(
+    configs=autotune_configs(
+        [
+            {"BLOCK_P": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2},
+            {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+            {"BLOCK_P": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+        ],
+        interpreter={"BLOCK_P": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1},
+    ),
+    key=["CHUNK", "P", "N", "WORK"],
+)
+@triton.jit
+def _chunk_state_kernel(
+    x_ptr,  # [Bt, L, H, P] input, any strides
+    dt_ptr,  # [Bt, L, H] raw dt
+    a_ptr,  # [H] fp32
+    b_ptr,  # [Bt, L, G, N]
+    dt_bias_ptr,  # [H] (read when HAS_DT_BIAS)
+    seq_idx_ptr,  # [Bt, L] int32 (read when HAS_SEQ_IDX)
+    states_ptr,  # out: [Bt, nchunks, H, P, N] fp32 contiguous, each chunk's local end state
+    dt_out_ptr,  # out: [Bt, H, nchunks, CHUNK] fp32 contiguous, processed dt
+    cs_out_ptr,  # out: [Bt, H, nchunks, CHUNK] fp32 contiguous, chunk-relative cumsum of dt * A
+    seg_out_ptr,  # out: [Bt, nchunks, CHUNK] int32 contiguous (written when HAS_SEQ_IDX)
+    carry_ptr,  # out: [Bt, H, nchunks] fp32 contiguous
+    L, H, P, N, nchunks, heads_per_group,
+    stride_x_b, stride_x_l, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_l, stride_dt_h,
+    stride_b_b, stride_b_l, stride_b_g, stride_b_n,
+    stride_si_b, stride_si_l,
+    dt_lo, dt_hi,
+    WORK,  # autotune key only: log2 of the number of (row, chunk, head) triples
+    CHUNK: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_SEQ_IDX: tl.constexpr,
+    DOT_MODE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_pn = tl.program_id(0)
+    pid_bc = tl.program_id(1)
+    h = tl.program_id(2)
+    b = pid_bc // nchunks
+    c = pid_bc % nchunks
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pid_p = pid_pn // n_tiles
+    pid_n = pid_pn % n_tiles
+    g = h // heads_per_group
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, L - start)
+    first_tile = pid_pn == 0
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    b64 = b.to(tl.int64)
+    x_base = x_ptr + b64 * stride_x_b + start.to(tl.int64) * stride_x_l + h * stride_x_h
+    dt_base = dt_ptr + b64 * stride_dt_b + start.to(tl.int64) * stride_dt_l + h * stride_dt_h
+    b_base = b_ptr + b64 * stride_b_b + start.to(tl.int64) * stride_b_l + g * stride_b_g
+    si_base = seq_idx_ptr + b64 * stride_si_b + start.to(tl.int64) * stride_si_l
+    tok_base = ((b64 * H + h) * nchunks + c) * CHUNK  # into dt_out / cs_out
+    a = tl.load(a_ptr + h).to(tl.float32)
+    if HAS_DT_BIAS:
+        bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+
+    acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    cs_prefix = 0.0
+    seg_prefix = 0
+    for k0 in range(0, CHUNK, BLOCK_K):  # a static trip count; a short last chunk masks its tail
+        tok = k0 + offs_k
+        mask_k = tok < chunk_len
+        dt = tl.load(dt_base + tok * stride_dt_l, mask=mask_k, other=0.0).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt += bias
+        if DT_SOFTPLUS:
+            dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
+        dt = tl.minimum(tl.maximum(dt, dt_lo, propagate_nan=tl.PropagateNan.ALL), dt_hi,
+                        propagate_nan=tl.PropagateNan.ALL)
+        dt = tl.where(mask_k, dt, 0.0)
+        cs = cs_prefix + tl.cumsum(dt * a, axis=0)
+        cs_end = cs_prefix + tl.sum(dt * a, axis=0)
+        weight = tl.exp(cs_end - cs) * dt
+        survive = tl.exp(cs_end - cs_prefix)  # decay of the running state across this block
+        tl.store(dt_out_ptr + tok_base + tok, dt, mask=mask_k & first_tile)
+        tl.store(cs_out_ptr + tok_base + tok, cs, mask=mask_k & first_tile)
+        if HAS_SEQ_IDX:
+            # A change at token t: seq_idx[t] != seq_idx[t - 1] (never at the row's first token).
+            cur = tl.load(si_base + tok * stride_si_l, mask=mask_k, other=0)
+            prev_ok = mask_k & (start + tok > 0)
+            prev = tl.load(si_base + (tok - 1) * stride_si_l, mask=prev_ok, other=0)
+            change = (prev_ok & (cur != prev)).to(tl.int32)
+            seg = seg_prefix + tl.cumsum(change, axis=0)
+            seg_end = seg_prefix + tl.sum(change, axis=0)
+            weight = tl.where(seg == seg_end, weight, 0.0)
+            survive = tl.where(seg_end == seg_prefix, survive, 0.0)
+            store_seg = mask_k & first_tile & (h == 0)
+            tl.store(seg_out_ptr + (b64 * nchunks + c) * CHUNK + tok, seg, mask=store_seg)
+            seg_prefix = seg_end
+        cs_prefix = cs_end
+
+        mask_p = offs_p < P
+        mask_n = offs_n < N
+        xt = tl.load(  # [BLOCK_P, BLOCK_K]: x transposed
+            x_base + tok[None, :] * stride_x_l + offs_p[:, None] * stride_x_p,
+            mask=mask_p[:, None] & mask_k[None, :], other=0.0,
+        )
+        bm = tl.load(  # [BLOCK_K, BLOCK_N]
+            b_base + tok[:, None] * stride_b_l + offs_n[None, :] * stride_b_n,
+            mask=mask_k[:, None] & mask_n[None, :], other=0.0,
+        )
+        bw = (bm.to(tl.float32) * weight[:, None]).to(xt.dtype)
+        acc = acc * survive + dot(xt, bw, DOT_MODE)
+
+    offs_st = (((b64 * nchunks + c) * H + h) * P + offs_p[:, None]) * N + offs_n[None, :]
+    tl.store(states_ptr + offs_st, acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
+    carry = tl.exp(cs_prefix)
+    if HAS_SEQ_IDX:
+        carry = tl.where(seg_prefix == 0, carry, 0.0)
+    tl.store(carry_ptr + (b64 * H + h) * nchunks + c, carry, mask=first_tile)
+
+
+def chunk_state(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    dt_limit: tuple[float, float],
+    seq_idx: torch.Tensor | None,
+    chunk_size: int,
+    states: torch.Tensor,
+    dt_out: torch.Tensor,
+    cs_out: torch.Tensor,
+    seg_out: torch.Tensor,
+    carry: torch.Tensor,
+) -> None:
+    """Launch step 1 over every (chunk, row, head); fills `states`, `dt_out`, `cs_out`, `seg_out`, `carry`.
+
+    Shapes: x ``[Bt, L, H, P]``, dt ``[Bt, L, H]``, A ``[H]`` fp32, B ``[Bt, L, G, N]``, seq_idx int32
+    ``[Bt, L]``; outputs fp32 as in the kernel's pointer comments (`seg_out` int32, unused without seq_idx).
+    """
+    bt, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks = states.shape[1]
+    si = seq_idx if seq_idx is not None else seg_out
+    si_strides = (si.stride(0), si.stride(1)) if seq_idx is not None else (0, 0)
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        tiles = triton.cdiv(headdim, meta["BLOCK_P"]) * triton.cdiv(dstate, meta["BLOCK_N"])
+        return (tiles, bt * nchunks, nheads)
+
+    _chunk_state_kernel[grid](
+        x, dt, A, B, dt_bias if dt_bias is not None else A, si,
+        states, dt_out, cs_out, seg_out, carry,
+        seqlen, nheads, headdim, dstate, nchunks, nheads // ngroups,
+        *x.stride(), *dt.stride(), *B.stride(), *si_strides,
+        float(dt_limit[0]), float(dt_limit[1]),
+        (bt * nchunks * nheads).bit_length(),
+        CHUNK=chunk_size,
+        HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus),
+        HAS_SEQ_IDX=seq_idx is not None,
+        DOT_MODE=dot_mode(x.dtype),
+    )

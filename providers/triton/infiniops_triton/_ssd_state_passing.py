@@ -1,0 +1,112 @@
+"""SSD step 2 of 3: pass the state from chunk to chunk.
+
+``S_{-1}`` is the initial state (or 0) and ``S_c = carry[c] * S_{c-1} + local[c]`` (both from step 1).
+The kernel writes ``S_{c-1}``, the state entering chunk ``c``, for the chunk-scan kernel, and the last
+``S`` as the final state. Each program owns one block of the flattened ``P * N`` state of one (row,
+head) and takes the chunks ``CHUNKS_PER_STEP`` at a time: one load of that many chunks' blocks (so many
+loads are in flight even at batch 1), a linear-recurrence scan over them in registers, one store.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infiniops_triton._ssd_common import interpreting
+
+__all__ = ["state_passing"]
+
+
+@triton.jit
+def _linear_combine(a1, b1, a2, b2):
+    # (a1, b1) then (a2, b2), as maps S -> a * S + b.
+    return a1 * a2, a2 * b1 + b2
+
+
+@triton.jit
+def _state_passing_kernel(
+    local_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: each chunk's local end state
+    carry_ptr,  # [Bt, H, nchunks] fp32 contiguous
+    init_ptr,  # [Bt, H, P, N] fp32 initial states (read when HAS_INIT), any strides
+    prev_ptr,  # out: [Bt, nchunks, H, P, N] fp32 contiguous: the state entering each chunk
+    final_ptr,  # out: [Bt, H, P, N] fp32 final states (written when HAS_FINAL), any strides
+    H, P, N, nchunks,
+    stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+    stride_final_b, stride_final_h, stride_final_p, stride_final_n,
+    HAS_INIT: tl.constexpr,
+    HAS_FINAL: tl.constexpr,
+    CHUNKS_PER_STEP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    size = P * N
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < size
+    p = offs // N
+    n = offs % N
+    if HAS_INIT:
+        init = init_ptr + b * stride_init_b + h * stride_init_h + p * stride_init_p + n * stride_init_n
+        state = tl.load(init, mask=mask, other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros((BLOCK,), dtype=tl.float32)
+    row_stride = H.to(tl.int64) * size  # from one chunk to the next in local/prev
+    base = (b * nchunks * H + h) * size + offs
+    tl.store(prev_ptr + base, state, mask=mask)
+    rows = tl.arange(0, CHUNKS_PER_STEP)
+    c0 = 0
+    while c0 < nchunks:  # serial anyway; `while` also runs under the interpreter with numpy >= 2.4
+        chunk = c0 + rows
+        valid = chunk < nchunks
+        tile = base[None, :] + chunk[:, None].to(tl.int64) * row_stride
+        local = tl.load(local_ptr + tile, mask=valid[:, None] & mask[None, :], other=0.0)
+        carry = tl.load(carry_ptr + (b * H + h) * nchunks + chunk, mask=valid, other=1.0)  # padding: identity
+        carry = tl.broadcast_to(carry[:, None], (CHUNKS_PER_STEP, BLOCK))
+        carry, local = tl.associative_scan((carry, local), 0, _linear_combine)
+        ends = carry * state[None, :] + local  # S_c for each chunk c of the step
+        store_ok = (chunk + 1 < nchunks)[:, None] & mask[None, :]
+        tl.store(prev_ptr + tile + row_stride, ends, mask=store_ok)
+        state = tl.sum(tl.where(rows[:, None] == CHUNKS_PER_STEP - 1, ends, 0.0), axis=0)
+        c0 += CHUNKS_PER_STEP
+    if HAS_FINAL:
+        final = final_ptr + b * stride_final_b + h * stride_final_h + p * stride_final_p + n * stride_final_n
+        tl.store(final, state, mask=mask)
+
+
+def state_passing(
+    local: torch.Tensor,
+    carry: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    prev: torch.Tensor,
+    final_states: torch.Tensor | None,
+) -> None:
+    """Fill `prev` with the state entering each chunk, and `final_states` (when given) with the last state.
+
+    `local` and `prev` fp32 contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
+    `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` or None.
+    """
+    bt, nchunks, nheads, headdim, dstate = local.shape
+    size = headdim * dstate
+    if interpreting():
+        block, step = 64, 4
+    else:
+        # 8 chunks x 256 states = 8 KB loaded per step and program: at batch 1 and H=24 that is
+        # 768 programs keeping ~6 MB in flight, enough to cover the memory latency of the serial walk.
+        block, step = min(256, triton.next_power_of_2(size)), 8
+    init = initial_states if initial_states is not None else local
+    final = final_states if final_states is not None else local
+    init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
+    final_strides = final_states.stride() if final_states is not None else (0, 0, 0, 0)
+    grid = (triton.cdiv(size, block), bt, nheads)
+    _state_passing_kernel[grid](
+        local, carry, init, prev, final,
+        nheads, headdim, dstate, nchunks,
+        *init_strides, *final_strides,
+        HAS_INIT=initial_states is not None,
+        HAS_FINAL=final_states is not None,
+        CHUNKS_PER_STEP=step,
+        BLOCK=block,
+        num_warps=4,
+    )

@@ -1,0 +1,166 @@
+"""`selective_state_update`: one Mamba-2 decode step on fp32 states gathered by slot, in place.
+
+For each row ``b`` with slot ``i = state_batch_indices[b]`` (or ``b``), head ``h`` (group ``g``)::
+
+    dt = softplus(dt[b, h] + dt_bias[h])          (softplus and bias when asked)
+    state[i, h] = exp(dt * A[h]) * state[i, h] + dt * x[b, h] (outer) B[b, g]
+    out[b, h]   = state[i, h] @ C[b, g] + D[h] * x[b, h],  times silu(z[b, h]) when z is given
+
+It is one step of `selective_scan` (state-spaces/mamba's ``selective_state_update`` with scalar A per
+head). A row whose slot is negative (padding) or out of range (only possible with unchecked indices) reads
+and writes no state and gets a zero output. The state is read once and written once: the kernel is bound
+by those bytes, so each program streams one contiguous ``BLOCK_P x N`` fp32 tile of one (row, head).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infiniops_py import Between, Capability, Implementation, OneOf
+from infiniops_triton._common import PRIORITY, base_constraints
+
+__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "selective_state_update"]
+
+MAX_D_STATE = 256  # one program holds a whole state row (N values) in registers
+
+
+@triton.jit
+def _state_update_kernel(
+    state_ptr,  # [slots, H, P, N] fp32, updated in place; any strides
+    x_ptr,  # [B, H, P]
+    dt_ptr,  # [B, H]
+    a_ptr,  # [H] fp32
+    b_ptr,  # [B, G, N]
+    c_ptr,  # [B, G, N]
+    d_ptr,  # [H] or [H, P] (read when HAS_D; stride_d_p is 0 for [H])
+    z_ptr,  # [B, H, P] (read when HAS_Z)
+    dt_bias_ptr,  # [H] (read when HAS_DT_BIAS)
+    index_ptr,  # [B] int32/int64 slots (read when HAS_INDICES)
+    out_ptr,  # out: [B, H, P] in x's dtype
+    slots, P, N, heads_per_group,
+    stride_s_slot, stride_s_h, stride_s_p, stride_s_n,
+    stride_x_b, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_h,
+    stride_b_b, stride_b_g, stride_b_n,
+    stride_c_b, stride_c_g, stride_c_n,
+    stride_d_h, stride_d_p,
+    stride_z_b, stride_z_h, stride_z_p,
+    stride_o_b, stride_o_h, stride_o_p,
+    stride_index,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    g = h // heads_per_group
+    slot = tl.load(index_ptr + b * stride_index).to(tl.int64) if HAS_INDICES else b
+    live = (slot >= 0) & (slot < slots)
+    slot = tl.where(live, slot, 0)  # never form an address outside the state tensor
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask = mask_p[:, None] & mask_n[None, :] & live
+
+    dt = tl.load(dt_ptr + b * stride_dt_b + h * stride_dt_h).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt += tl.load(dt_bias_ptr + h).to(tl.float32)
+    if DT_SOFTPLUS:
+        dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
+    decay = tl.exp(dt * tl.load(a_ptr + h).to(tl.float32))
+
+    s_ptrs = (state_ptr + slot * stride_s_slot + h * stride_s_h + offs_p[:, None] * stride_s_p
+              + offs_n[None, :] * stride_s_n)
+    s = tl.load(s_ptrs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
+    x = x.to(tl.float32)
+    bv = tl.load(b_ptr + b * stride_b_b + g * stride_b_g + offs_n * stride_b_n, mask=mask_n, other=0.0)
+    cv = tl.load(c_ptr + b * stride_c_b + g * stride_c_g + offs_n * stride_c_n, mask=mask_n, other=0.0)
+    s = s * decay + (dt * x)[:, None] * bv.to(tl.float32)[None, :]
+    tl.store(s_ptrs, s, mask=mask)
+
+    y = tl.sum(s * cv.to(tl.float32)[None, :], axis=1)
+    if HAS_D:
+        y += x * tl.load(d_ptr + h * stride_d_h + offs_p * stride_d_p, mask=mask_p, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
+        z = z.to(tl.float32)
+        y *= z * tl.sigmoid(z)
+    y = tl.where(live, y, 0.0)
+    tl.store(out_ptr + b * stride_o_b + h * stride_o_h + offs_p * stride_o_p,
+             y.to(out_ptr.dtype.element_ty), mask=mask_p)
+
+
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    state_batch_indices: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """One decode step: update `state` in place and write `out`, with the operator's calling convention.
+
+    Shapes: state fp32 ``[slots, H, P, N]``; x, z, out ``[B, H, P]``; dt ``[B, H]``; A ``[H]`` fp32;
+    B, C ``[B, G, N]``; D ``[H]`` or ``[H, P]``; dt_bias ``[H]``; state_batch_indices int ``[B]``. Any
+    strides, including zero strides (a "tied" dt, D or z).
+
+    Raises:
+        ValueError: N above `MAX_D_STATE` (the capability gates it first).
+    """
+    batch, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[1], B.shape[2]
+    if dstate > MAX_D_STATE:
+        raise ValueError(f"triton selective_state_update: d_state={dstate} above {MAX_D_STATE}")
+    if batch == 0:
+        return
+    block_n = max(16, triton.next_power_of_2(dstate))
+    # 2048 fp32 per program (8 KB read, 8 KB written): thousands of programs at batch 64, H=24, P=64.
+    block_p = max(1, min(triton.next_power_of_2(headdim), 2048 // block_n))
+    d, d_strides = (x, (0, 0)) if D is None else (D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0))
+    zt = z if z is not None else x
+    index = state_batch_indices if state_batch_indices is not None else dt
+    grid = (triton.cdiv(headdim, block_p), batch, nheads)
+    _state_update_kernel[grid](
+        state, x, dt, A, B, C, d, zt, dt_bias if dt_bias is not None else A, index, out,
+        state.shape[0], headdim, dstate, nheads // ngroups,
+        *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *d_strides,
+        *zt.stride(), *out.stride(), index.stride(0),
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus),
+        HAS_INDICES=state_batch_indices is not None,
+        BLOCK_P=block_p,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+
+
+IMPLEMENTATIONS = [
+    Implementation(
+        "selective_state_update", "triton", "triton.state_update",
+        Capability(
+            *base_constraints(),
+            OneOf("dtype", ("float16", "bfloat16", "float32")),
+            Between("d_state", 1, MAX_D_STATE, fix="use the torch provider for d_state > 256"),
+        ),
+        PRIORITY,
+        selective_state_update,
+    ),
+]
