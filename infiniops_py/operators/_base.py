@@ -217,8 +217,8 @@ def check_index_range(op: str, name: str, index: torch.Tensor, high: int, *, all
     """
     if index.numel() == 0 or not is_checked(index.device):
         return
-    hi = int(index.max())
-    lo = int(index.min())
+    lo_t, hi_t = torch.aminmax(index)
+    lo, hi = int(lo_t), int(hi_t)
     if hi >= high or (lo < 0 and not allow_negative):
         bad = hi if hi >= high else lo
         rule = f"< {high} (negative values are padding)" if allow_negative else f"in [0, {high - 1}]"

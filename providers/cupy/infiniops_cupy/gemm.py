@@ -18,14 +18,14 @@ __all__ = ["IMPLEMENTATIONS", "gemm"]
 
 _EPILOGUE = r"""
 extern "C" __global__ void fill_epilogue(SCALAR* __restrict__ out, const SCALAR* __restrict__ c,
-                                         long long c_m, long long c_n, float beta,
+                                         long long c_b, long long c_m, long long c_n, float beta,
                                          const SCALAR* __restrict__ bias, long long rows, long long m_size,
                                          long long cols) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;   // over batch * M * N
     if (i >= rows * cols) return;
-    const long long m = (i / cols) % m_size, n = i % cols;                  // c is shared across the batch
+    const long long bt = i / (m_size * cols), m = (i / cols) % m_size, n = i % cols;
     float v = bias ? to_f(bias[n]) : 0.0f;
-    if (c) v += beta * to_f(c[m * c_m + n * c_n]);
+    if (c) v += beta * to_f(c[bt * c_b + m * c_m + n * c_n]);  // c: a view expanded to out's shape
     out[i] = from_f<SCALAR>(v);
 }
 """
@@ -50,11 +50,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
         prefill = c is not None or bias is not None
         if prefill:
             rows = batch * m
-            cm = None if c is None else c.expand(m, n)
+            cs = (0, 0, 0) if c is None else ((0, *c.stride()) if c.dim() == 2 else c.stride())
             fn = module(_EPILOGUE, SCALAR_TYPES[out.dtype]).get_function("fill_epilogue")
             fn(((rows * n + 255) // 256,), (256,), (
-                as_cupy(out), as_cupy(cm), np.int64(0 if cm is None else cm.stride(0)),
-                np.int64(0 if cm is None else cm.stride(1)), np.float32(beta), as_cupy(bias),
+                as_cupy(out), as_cupy(c), np.int64(cs[0]), np.int64(cs[1]), np.int64(cs[2]), np.float32(beta),
+                as_cupy(bias),
                 np.int64(rows), np.int64(m), np.int64(n)))
         if k == 0:
             if not prefill:
