@@ -191,15 +191,18 @@ class CudaAvailable(Constraint):
     """
 
     environmental = True
-    __slots__ = ("field",)
+    __slots__ = ("always", "field")
 
-    def __init__(self) -> None:
+    def __init__(self, *, always: bool = False) -> None:
+        """`always`: reject every problem, whatever its device, when the machine has no CUDA device (for
+        providers that cannot work at all without one, such as CuPy)."""
         self.field = "device"
+        self.always = always
 
     def reject(self, problem: Problem) -> Rejection | None:
-        if problem.device_type != "cuda" or _cuda_available():
+        if (problem.device_type != "cuda" and not self.always) or _cuda_available():
             return None
-        return Rejection("cuda", "device", "cuda", "is not present on this machine",
+        return Rejection("cuda", "device", "cuda", "is not present on this machine (no CUDA device)",
                          "run on a machine with a CUDA GPU, or use device_type=cpu")
 
     def describe(self) -> str:
