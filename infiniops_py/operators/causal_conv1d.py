@@ -170,7 +170,8 @@ def _empty_final_states(final_states: torch.Tensor | None, initial_states: torch
 def run_ids(seq_idx: torch.Tensor) -> torch.Tensor:
     """int64 [B, L] run numbers: ``r[t] == r[s]`` exactly when `seq_idx` does not change between s and t."""
     changes = (seq_idx[:, 1:] != seq_idx[:, :-1]).long()
-    return torch.cat([torch.zeros_like(changes[:, :1]), changes.cumsum(1)], dim=1)
+    first = torch.zeros(seq_idx.shape[0], min(seq_idx.shape[1], 1), dtype=torch.long, device=seq_idx.device)
+    return torch.cat([first, changes.cumsum(1)], dim=1)
 
 
 def reference(

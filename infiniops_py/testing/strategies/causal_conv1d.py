@@ -1,3 +1,106 @@
-"""Placeholder: the causal_conv1d strategies are being written."""
+"""Strategies for causal_conv1d and its decode step, after causal-conv1d's ``tests/test_causal_conv1d.py``.
 
-STRATEGIES: dict = {}
+The peer's grid scaled down: dims up to 128 (odd ones too), lengths 1..300 with the peer's odd ones (129,
+151), widths {2, 3, 4} (and a few wider ones the contract allows), bias, silu, channel-last views,
+initial/final states, ``seq_idx`` packing several sequences with trailing -1 padding; the update with a
+state length in [W-1, W+3], one or a few new tokens, slots gathered through indices with -1 padding, and
+the vLLM state layout (a transposed view). Final and updated conv states are copies of inputs: exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from infiniops_py.testing.case import Case, CaseContext, randn
+
+__all__ = ["STRATEGIES", "padded_indices", "segments"]
+
+_WIDTHS = (2, 3, 4, 5, 8)
+_DIMS = (1, 8, 48, 64, 96, 127, 128)
+_LENGTHS = (1, 2, 3, 8, 31, 64, 129, 151, 300)
+_FLAGS = (False, True)
+
+
+def segments(gen: torch.Generator, batch: int, length: int, count: int, padding: bool) -> torch.Tensor:
+    """int32 [batch, length] sequence ids: `count` runs per row cut at random points, numbered from 0;
+    with `padding`, up to a quarter of each row's tail is -1."""
+    rows = []
+    for _ in range(batch):
+        ids = torch.zeros(length, dtype=torch.int32)
+        for start in (torch.randperm(max(length - 1, 0), generator=gen)[: count - 1] + 1).tolist():
+            ids[start:] += 1
+        if padding:
+            pad = int(torch.randint(0, length // 4 + 1, (1,), generator=gen))
+            ids[length - pad:] = -1
+        rows.append(ids)
+    return torch.stack(rows)
+
+
+def padded_indices(gen: torch.Generator, batch: int, slots: int, padding: float) -> torch.Tensor:
+    """int64 [batch] distinct slots in [0, slots), each replaced by -1 with probability `padding`."""
+    index = torch.randperm(slots, generator=gen)[:batch]
+    return index.masked_fill(torch.rand(batch, generator=gen) < padding, -1)
+
+
+def causal_conv1d_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    width = ctx.pick("width", _WIDTHS)
+    has_bias, silu = ctx.pick("has_bias", _FLAGS), ctx.pick("silu", _FLAGS)
+    channel_last = ctx.pick("channel_last", _FLAGS)
+    has_seq_idx, has_init = ctx.pick("has_seq_idx", _FLAGS), ctx.pick("has_initial_states", _FLAGS)
+    final = ctx.pick("return_final_states", _FLAGS)
+    batch, dim = ctx.draw(st.integers(1, 3)), ctx.draw(st.sampled_from(_DIMS))
+    length = ctx.draw(st.one_of(st.sampled_from(_LENGTHS), st.integers(1, 300)))
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return randn(*shape, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)
+
+    x = rand(batch, length, dim).transpose(1, 2) if channel_last else rand(batch, dim, length)
+    weight = rand(dim, width, scale=width**-0.5)
+    bias = rand(dim) if has_bias else None
+    kwargs: dict[str, object] = {"activation": "silu" if silu else None}
+    note = f"B={batch} D={dim} L={length} W={width}{' channel-last' if channel_last else ''}"
+    if has_seq_idx:
+        count = ctx.draw(st.integers(1, 4))
+        kwargs["seq_idx"] = segments(gen, batch, length, count, ctx.draw(st.booleans())).to(ctx.device)
+        note += f" seq_idx({count} runs)"
+    if has_init:
+        init = rand(batch, width - 1, dim).transpose(1, 2) if channel_last else rand(batch, dim, width - 1)
+        kwargs["initial_states"] = init
+        note += " initial_states"
+    if final:
+        kwargs["return_final_states"] = True
+        note += " final_states"
+    return Case((x, weight, bias), kwargs, exact=(1,) if final else (), untouched=(0,), note=note)
+
+
+def causal_conv1d_update_case(ctx: CaseContext) -> Case:
+    gen = ctx.generator()
+    width = ctx.pick("width", _WIDTHS)
+    state_len = ctx.pick("state_len", tuple(range(width - 1, width + 4)))
+    has_bias, silu = ctx.pick("has_bias", _FLAGS), ctx.pick("silu", _FLAGS)
+    has_indices = ctx.pick("has_indices", _FLAGS)
+    batch, dim = ctx.draw(st.integers(1, 4)), ctx.draw(st.sampled_from(_DIMS))
+    length = ctx.draw(st.sampled_from((None, None, 1, 2, 4)))  # None: one token, x [B, D]
+    slots = batch + (ctx.draw(st.integers(0, 4)) if has_indices else 0)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return randn(*shape, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)
+
+    x = rand(batch, dim) if length is None else rand(batch, dim, length)
+    vllm_layout = ctx.draw(st.booleans())
+    conv_state = rand(slots, state_len, dim).transpose(1, 2) if vllm_layout else rand(slots, dim, state_len)
+    weight = rand(dim, width, scale=width**-0.5)
+    bias = rand(dim) if has_bias else None
+    kwargs: dict[str, object] = {"activation": "silu" if silu else None}
+    note = (f"B={batch} D={dim} L={length or '-'} W={width} S={state_len} slots={slots}"
+            f"{' state[slots, S, D]^T' if vllm_layout else ''}")
+    if has_indices:
+        index = padded_indices(gen, batch, slots, ctx.draw(st.sampled_from((0.0, 0.25, 0.5))))
+        kwargs["conv_state_indices"] = index.to(torch.int32).to(ctx.device)
+        note += f" padding={int((index < 0).sum())}"
+    return Case((x, conv_state, weight, bias), kwargs, mutated=(1,), exact=(1,), untouched=(0,), note=note)
+
+
+STRATEGIES = {"causal_conv1d": causal_conv1d_case, "causal_conv1d_update": causal_conv1d_update_case}
