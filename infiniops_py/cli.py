@@ -73,10 +73,15 @@ def _providers(args: argparse.Namespace) -> int:
     table = Table(title="InfiniOps-Py providers")
     for column in ("provider", "version", "source", "implementations", "status"):
         table.add_column(column)
-    for p in sorted(runtime.providers(), key=lambda p: (p.name == "reference", p.name)):
-        status = f"[red]failed to load: {escape(p.error)}[/red]" if p.error else "[green]loaded[/green]"
+    found = sorted(runtime.providers(), key=lambda p: (p.name == "reference", p.name))
+    for p in found:
+        status = "[red]failed to load (below)[/red]" if p.error else "[green]loaded[/green]"
         table.add_row(escape(p.name), escape(p.version), escape(p.source), str(len(p.implementations)), status)
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    for p in found:
+        if p.error:  # one unwrapped line each: errors are long and get copied into bug reports
+            console.print(f"[red]{escape(p.name)} failed to load:[/red] {escape(p.error)}", soft_wrap=True)
     return 0
 
 
