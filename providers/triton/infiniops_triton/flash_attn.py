@@ -1,3 +1,290 @@
-"""Placeholder: the Triton flash_attn kernels are being written."""
+"""FlashAttention in Triton: varlen prefill and decode over a (paged) KV cache (flash-attention semantics).
 
-IMPLEMENTATIONS: list = []
+``flash_attn_varlen`` runs `attn_fwd_kernel` (FlashAttention-2 forward, Hopper-tuned: 128-row query
+blocks, exp2 with log2(e) folded into the scale, causal blocks split into an unmasked part and the
+diagonal, lazy rescale, longest blocks first). ``flash_attn_with_kvcache`` appends the new k/v into the
+cache, then runs the split-K decode kernel (all GQA heads of a kv head per program, so the cache is read
+once) and, for long contexts on a small batch, the combine kernel.
+
+Both follow the contract of `infiniops_py.operators.flash_attn` (bottom-right causal mask, GQA head
+``h // (Hq // Hkv)``, windows, softcap, rows that see no key output 0, out-of-range block ids skipped).
+Tested: float16, bfloat16 and float32 (fp32 dots in IEEE precision, no TF32), head dims `HEAD_DIMS`,
+paged block sizes `BLOCK_SIZES`, any GQA ratio. On CUDA the block sizes are autotuned per head dim;
+under ``TRITON_INTERPRET=1`` one small configuration runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any, Final
+
+import torch
+import triton
+
+from infiniops_py import Capability, Implementation, OneOf
+from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel
+from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel
+
+__all__ = ["BLOCK_SIZES", "HEAD_DIMS", "IMPLEMENTATIONS", "flash_attn_varlen", "flash_attn_with_kvcache"]
+
+HEAD_DIMS: Final = (32, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
+BLOCK_SIZES: Final = (16, 32, 64, 128, 256)  # paged block sizes (0 = contiguous K/V)
+MAX_HEAD_DIM: Final = 256
+_GROUP: Final = 8  # (sequence, head) pairs whose query blocks are interleaved, longest first
+_SMEM_BUDGET: Final = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
+_INTERPRET_PREFILL: Final = {"BLOCK_M": 16, "BLOCK_N": 16, "LAZY": True}
+_INTERPRET_DECODE_BLOCK_N: Final = 16
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# --- prefill ---------------------------------------------------------------------------------------
+
+
+def _prefill_smem(cfg: triton.Config, block_d: int, elem: int) -> int:
+    """Shared memory of a configuration: the Q tile plus `num_stages` K and V tiles."""
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    return (bm * block_d + cfg.num_stages * 2 * bn * block_d) * elem
+
+
+def _prune_prefill(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """Keep the configurations that fit in shared memory; the common path (bf16/fp16, no paging, no window,
+    no softcap) tries them all, every other path takes the first that fits (less compile time)."""
+    elem = named_args["Q"].element_size()
+    fits = [c for c in configs if _prefill_smem(c, kwargs["BLOCK_D"], elem) <= _SMEM_BUDGET] or configs[-1:]
+    common = elem == 2 and not (kwargs["PAGED"] or kwargs["SOFTCAP"] or kwargs["HAS_LEFT"])
+    return fits if common else fits[:1]
+
+
+def _prefill_configs() -> list[triton.Config]:
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY); the last one fits every head dim and dtype.
+    shapes = [(128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 8, 3, False), (64, 64, 4, 3, True),
+              (64, 32, 4, 2, True)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy}, num_warps=w, num_stages=s)
+            for bm, bn, w, s, lazy in shapes]
+
+
+_attn_fwd_tuned = triton.autotune(
+    _prefill_configs(), key=["HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "PAGED"],
+    prune_configs_by={"early_config_prune": _prune_prefill},
+)(attn_fwd_kernel)
+
+
+def _scales(q: torch.Tensor, softmax_scale: float, softcap: float) -> tuple[torch.Tensor, float, float]:
+    """(q, qk_scale, softcap_scale) in the kernels' log2 units; a negative scale moves its sign into q,
+    so the kernels may assume ``qk_scale >= 0`` (the max of the scores commutes with it)."""
+    if softmax_scale < 0:
+        q, softmax_scale = -q, -softmax_scale
+    if softcap > 0:
+        return q, softcap * LOG2E, softmax_scale / softcap
+    return q, softmax_scale * LOG2E, 0.0
+
+
+def _window(causal: bool, window_size: tuple[int, int]) -> tuple[bool, bool, int, int]:
+    """(HAS_LEFT, HAS_RIGHT, left, right): causal is a right window of 0."""
+    left, right = window_size
+    has_right = causal or right >= 0
+    return left >= 0, has_right, max(left, 0), 0 if causal else max(right, 0)
+
+
+def _check_head_dim(op: str, d: int) -> int:
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"triton {op}: head_dim {d} > {MAX_HEAD_DIM} (the accumulator lives in registers); "
+                         "use the torch provider")
+    return max(16, triton.next_power_of_2(d))
+
+
+def flash_attn_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_size: tuple[int, int],
+    softcap: float, block_table: torch.Tensor | None, out: torch.Tensor, *, config: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """Varlen attention (flash-attention ``flash_attn_varlen_func``), the contract's calling convention.
+
+    q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` or paged ``[num_pages, block_size, Hkv, D]`` with
+    `block_table` int32 ``[B, max_blocks]``; cu_seqlens int32 ``[B + 1]``; writes and returns `out`
+    ``[total_q, Hq, D]``. `config` forces ``BLOCK_M``/``BLOCK_N``/``LAZY`` (plus optional ``num_warps``,
+    ``num_stages``) instead of autotuning; the interpreter always uses a small fixed one.
+
+    Raises:
+        ValueError: head_dim > 256.
+    """
+    block_d = _check_head_dim("flash_attn_varlen", q.shape[-1])
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch <= 0 or q.shape[0] == 0 or max_seqlen_q == 0:
+        return out
+    num_heads_q, head_dim = q.shape[1], q.shape[2]
+    paged = block_table is not None
+    q, qk_scale, softcap_scale = _scales(q, softmax_scale, softcap)
+    has_left, has_right, left, right = _window(causal, window_size)
+    if paged:
+        kb, kt, kh, vb, vt, vh = *k.stride()[:3], *v.stride()[:3]
+        table, stride_btb, max_blocks, num_pages, page = block_table, block_table.stride(0), block_table.shape[1], \
+            k.shape[0], k.shape[1]
+    else:
+        kb, kt, kh, vb, vt, vh = 0, k.stride(0), k.stride(1), 0, v.stride(0), v.stride(1)
+        table, stride_btb, max_blocks, num_pages, page = cu_seqlens_k, 0, 0, 0, 1
+    num_bh = batch * num_heads_q
+    args = (q, k, v, out, cu_seqlens_q, cu_seqlens_k, table, q.stride(0), q.stride(1), kb, kt, kh, vb, vt, vh,
+            out.stride(0), out.stride(1), stride_btb, num_bh, num_heads_q, num_heads_q // k.shape[-2], max_seqlen_q,
+            max_blocks, num_pages, qk_scale, softcap_scale, left, right)
+    meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": _GROUP, "HAS_LEFT": has_left, "HAS_RIGHT": has_right,
+            "SOFTCAP": softcap > 0, "PAGED": paged, "PAGE_SIZE": page,
+            "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    if config is None and _interpreting():
+        config = _INTERPRET_PREFILL
+    if config is None:
+        def grid(m: dict[str, Any]) -> tuple[int]:
+            return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
+
+        _attn_fwd_tuned[grid](*args, **meta)
+    else:
+        attn_fwd_kernel[(num_bh * triton.cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
+    return out
+
+
+# --- decode ----------------------------------------------------------------------------------------
+
+
+def _decode_configs() -> list[triton.Config]:
+    # (BLOCK_N, num_warps, num_stages); the last one fits every head dim and dtype.
+    shapes = [(64, 4, 3), (128, 4, 2), (32, 4, 4), (32, 4, 2)]
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
+
+
+def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    elem = named_args["Q"].element_size()
+    block_d = kwargs["BLOCK_D"]
+    fits = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * block_d * elem <= _SMEM_BUDGET]
+    return fits or configs[-1:]
+
+
+_decode_tuned = triton.autotune(
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "NUM_SPLITS"],
+    prune_configs_by={"early_config_prune": _prune_decode},
+)(decode_split_kernel)
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int) -> int:
+    """How many programs share the keys of one (sequence, kv head, row tile) (FlashAttention-2's heuristic).
+
+    Aims at two resident programs per SM: with `programs` tiles, pick the smallest split count whose last
+    wave is at least 85% as full as the best one's, each split keeping at least `min_keys` keys.
+    """
+    slots = 2 * num_sms
+    if programs >= 0.8 * slots:
+        return 1
+    most = max(1, min(64, capacity // min_keys))
+
+    def efficiency(s: int) -> float:
+        waves = programs * s / slots
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor | None, softmax_scale: float,
+    causal: bool, window_size: tuple[int, int], softcap: float, out: torch.Tensor, *, splits: int | None = None,
+) -> torch.Tensor:
+    """Decode attention over a KV cache (flash-attention ``flash_attn_with_kvcache``), the contract's
+    calling convention.
+
+    q ``[B, Sq, Hq, D]``; caches ``[B, S_max, Hkv, D]`` or paged ``[num_pages, block_size, Hkv, D]`` with
+    `block_table` int32 ``[B, max_blocks]``; `cache_seqlens` int32 ``[B]``; new `k`/`v` ``[B, Sq_new, Hkv, D]``
+    are first written at ``cache_seqlens[b] + t`` (in place, positions outside the cache skipped). Writes
+    and returns `out` ``[B, Sq, Hq, D]``. `splits` forces the split-K count (default: `num_splits`).
+
+    Raises:
+        ValueError: head_dim > 256, or `splits` < 1.
+    """
+    block_d = _check_head_dim("flash_attn_with_kvcache", q.shape[-1])
+    batch, q_len, num_heads_q, head_dim = q.shape
+    num_heads_kv = k_cache.shape[2]
+    paged = block_table is not None
+    if paged:
+        table, stride_btb, max_blocks, num_pages, page = block_table, block_table.stride(0), block_table.shape[1], \
+            k_cache.shape[0], k_cache.shape[1]
+        capacity = max_blocks * page
+    else:
+        table, stride_btb, max_blocks, num_pages, page = cache_seqlens, 0, 0, 0, 1
+        capacity = k_cache.shape[1]
+    new_len = 0 if k is None else k.shape[1]
+    if k is not None and v is not None and batch * new_len > 0:
+        append_kv_kernel[(batch * new_len,)](
+            k, v, k_cache, v_cache, cache_seqlens, table, *k.stride()[:3], *v.stride()[:3],
+            *k_cache.stride()[:3], *v_cache.stride()[:3], stride_btb, new_len, num_heads_kv, capacity, max_blocks,
+            num_pages, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads_kv), BLOCK_D=block_d, PAGED=paged,
+            PAGE_SIZE=page,
+        )
+    if batch * q_len == 0:
+        return out
+    q, qk_scale, softcap_scale = _scales(q, softmax_scale, softcap)
+    has_left, has_right, left, right = _window(causal, window_size)
+    group = num_heads_q // num_heads_kv
+    rows = group * q_len
+    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    num_m_tiles = triton.cdiv(rows, block_m)
+    programs = batch * num_heads_kv * num_m_tiles
+    interpreting = _interpreting()
+    if splits is None:
+        sms = 4 if interpreting or not q.is_cuda else _num_sms(q.device.index or 0)
+        splits = num_splits(programs, capacity, sms, 4 * (_INTERPRET_DECODE_BLOCK_N if interpreting else 64))
+    if splits < 1:
+        raise ValueError(f"triton flash_attn_with_kvcache: splits must be >= 1, got {splits}")
+    if splits > 1:
+        o_part = torch.empty((batch, q_len, num_heads_q, splits, head_dim), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((batch, q_len, num_heads_q, splits), dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = out
+    args = (q, k_cache, v_cache, cache_seqlens, table, out, o_part, lse_part, *q.stride()[:3],
+            *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, num_heads_kv, num_heads_q,
+            q_len, group, new_len, capacity, max_blocks, num_pages, num_m_tiles, qk_scale, softcap_scale, left, right)
+    meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "NUM_SPLITS": splits,
+            "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
+            "PAGE_SIZE": page, "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    grid = (programs, splits)
+    if interpreting:
+        decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
+    else:
+        _decode_tuned[grid](*args, **meta)
+    if splits > 1:
+        combine_kernel[(batch * q_len * num_heads_q,)](
+            o_part, lse_part, out, *out.stride()[:3], q_len, num_heads_q, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+        )
+    return out
+
+
+# --- capabilities ----------------------------------------------------------------------------------
+
+
+def _capability() -> Capability:
+    return Capability(
+        *base_constraints(),
+        OneOf("dtype", ("float16", "bfloat16", "float32"), fix="cast to float16/bfloat16/float32, or use the torch "
+              "provider"),
+        OneOf("head_dim", HEAD_DIMS, fix="use the torch provider for this head dim"),
+        OneOf("block_size", (0, *BLOCK_SIZES), fix="use a paged block size in {16, 32, 64, 128, 256}, or the torch "
+              "provider"),
+    )
+
+
+IMPLEMENTATIONS = [
+    Implementation("flash_attn_varlen", "triton", "triton.flash_attn_varlen", _capability(), PRIORITY,
+                   flash_attn_varlen),
+    Implementation("flash_attn_with_kvcache", "triton", "triton.flash_attn_with_kvcache", _capability(), PRIORITY,
+                   flash_attn_with_kvcache),
+]

@@ -1,0 +1,176 @@
+"""Triton kernels of ``flash_attn_with_kvcache``: append the new k/v, split-K attention, combine the splits.
+
+Decode reads the whole KV cache for a handful of queries, so it is bound by memory bandwidth. One program
+handles one (sequence, kv head, key split) and *all* the query rows of that kv head at once (the
+``Hq // Hkv`` GQA heads times the ``Sq`` queries, packed as rows of one tile), so every K/V byte is read
+once. Long contexts are split over ``NUM_SPLITS`` programs to fill the GPU; each writes its normalized
+partial output and its log-sum-exp (base 2), and `combine_kernel` merges them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from infiniops_triton._flash_attn_kernels import NEG_BIG, kv_offsets, softcapped
+
+__all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel"]
+
+
+@triton.jit
+def append_kv_kernel(
+    KNew, VNew,  # [B, Sq_new, Hkv, D] new keys / values (any strides but the last)
+    KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D], written in place
+    CacheSeqlens,  # int32 [B] tokens already cached: new token t of sequence b goes to position len_b + t
+    BlockTable,  # int32 [B, max_blocks] (PAGED only)
+    stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_btb,
+    new_len, num_heads_kv, capacity, max_blocks, num_pages,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    """One program per new token: copies its Hkv x D keys and values; a position outside the cache is skipped."""
+    pid = tl.program_id(0)
+    b = pid // new_len
+    t = pid % new_len
+    pos = tl.load(CacheSeqlens + b) + t
+    ok = (pos >= 0) & (pos < capacity)
+    pos = tl.where(ok, pos, 0)
+    if PAGED:
+        page = tl.load(BlockTable + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE, mask=ok, other=-1)
+        ok = ok & (page >= 0) & (page < num_pages)
+        page = tl.where(ok, page, 0).to(tl.int64)
+        k_row = page * stride_kb + (pos % PAGE_SIZE) * stride_kt
+        v_row = page * stride_vb + (pos % PAGE_SIZE) * stride_vt
+    else:
+        k_row = b.to(tl.int64) * stride_kb + pos.to(tl.int64) * stride_kt
+        v_row = b.to(tl.int64) * stride_vb + pos.to(tl.int64) * stride_vt
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < num_heads_kv) & (offs_d[None, :] < HEAD_DIM)
+    src_k = b.to(tl.int64) * stride_nb + t * stride_nt + offs_h[:, None] * stride_nh + offs_d[None, :]
+    src_v = b.to(tl.int64) * stride_vnb + t * stride_vnt + offs_h[:, None] * stride_vnh + offs_d[None, :]
+    k = tl.load(KNew + src_k, mask=mask)
+    v = tl.load(VNew + src_v, mask=mask)
+    tl.store(KCache + k_row + offs_h[:, None] * stride_kh + offs_d[None, :], k, mask=mask & ok)
+    tl.store(VCache + v_row + offs_h[:, None] * stride_vh + offs_d[None, :], v, mask=mask & ok)
+
+
+@triton.jit
+def decode_split_kernel(
+    Q,  # [B, Sq, Hq, D] queries (last stride 1)
+    KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D]
+    CacheSeqlens,  # int32 [B]: sequence b attends to cache_seqlens[b] + new_len keys
+    BlockTable,  # int32 [B, max_blocks] (PAGED only)
+    Out,  # [B, Sq, Hq, D] output (NUM_SPLITS == 1)
+    OPart,  # fp32 [B, Sq, Hq, NUM_SPLITS, D] normalized partial outputs (NUM_SPLITS > 1)
+    LsePart,  # fp32 [B, Sq, Hq, NUM_SPLITS] partial log2-sum-exp2, -inf for a split that saw no key
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_ot, stride_oh, stride_btb,
+    num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_m_tiles,
+    qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    tile = pid % num_m_tiles
+    bh = pid // num_m_tiles
+    b = bh // num_heads_kv
+    h_kv = bh % num_heads_kv
+
+    kv_len = tl.minimum(tl.maximum(tl.load(CacheSeqlens + b) + new_len, 0), capacity)
+    q_off = kv_len - q_len
+
+    # Row r of the tile is query i = r % Sq of GQA head g = r // Sq of this kv head.
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < kv_group * q_len
+    g = rows // q_len
+    i = rows % q_len
+    h = h_kv * kv_group + g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q_ptrs = Q + b.to(tl.int64) * stride_qb + i[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
+
+    # The tile's key range, then this split's even share of its key blocks.
+    hi = kv_len
+    if HAS_RIGHT:
+        i_last = tl.max(tl.where(row_ok, i, 0), 0)
+        hi = tl.minimum(hi, tl.maximum(i_last + q_off + window_right + 1, 0))
+    lo = 0
+    if HAS_LEFT:
+        i_first = tl.min(tl.where(row_ok, i, q_len), 0)
+        lo = tl.maximum(i_first + q_off - window_left, 0) // BLOCK_N * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), NUM_SPLITS) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(hi, start + per_split)
+
+    K = KCache + h_kv.to(tl.int64) * stride_kh
+    V = VCache + h_kv.to(tl.int64) * stride_vh
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = i[:, None] + q_off
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks,
+                                         num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
+        if not PAGED:
+            k_off += b.to(tl.int64) * stride_kb
+            v_off += b.to(tl.int64) * stride_vb
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+        s = softcapped(tl.dot(q, tl.trans(k), input_precision=PRECISION), qk_scale, softcap_scale, SOFTCAP)
+        keep = valid[None, :]
+        if HAS_RIGHT:
+            keep = keep & (offs_n[None, :] <= diag + window_right)
+        if HAS_LEFT:
+            keep = keep & (offs_n[None, :] >= diag - window_left)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    mask = row_ok[:, None] & d_ok
+    if NUM_SPLITS == 1:
+        o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
+    else:
+        part = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * NUM_SPLITS + split
+        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
+        tl.store(LsePart + part, lse, mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(
+    OPart,  # fp32 [B, Sq, Hq, NUM_SPLITS, D] normalized partial outputs
+    LsePart,  # fp32 [B, Sq, Hq, NUM_SPLITS] their log2-sum-exp2 (-inf: the split saw no key)
+    Out,  # [B, Sq, Hq, D] output
+    stride_ob, stride_ot, stride_oh, q_len, num_heads_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """One program per output row (b, i, h): ``out = sum_s w_s o_s / sum_s w_s``, ``w_s = exp2(lse_s - max)``."""
+    row = tl.program_id(0).to(tl.int64)
+    h = row % num_heads_q
+    i = (row // num_heads_q) % q_len
+    b = row // (num_heads_q * q_len)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    lse = tl.load(LsePart + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp2(lse - top)
+    o = tl.load(OPart + (row * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(Out + b * stride_ob + i * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)

@@ -1,0 +1,240 @@
+"""Triton kernels of the varlen FlashAttention forward (prefill), and the pieces the decode kernels share.
+
+One program computes ``BLOCK_M`` query rows of one (sequence, query head) with the online softmax of
+FlashAttention-2, in base 2: the launcher folds ``log2(e)`` into the score scale so the kernel calls
+``exp2``. The key range of a program is split in three loops: the keys below the sliding window's fully
+visible part (masked), the fully visible keys (no mask arithmetic at all) and the diagonal / window edge /
+sequence end (masked). The rescale of the accumulator is lazy (FlashAttention-4's trick): it happens only
+when some row's running max grows by more than ``_RESCALE_LOG2`` (a factor 256), which fp32 accumulators
+absorb without loss; the final division by the row sum makes the result exact either way.
+
+Programs run longest first: within each group of ``GROUP`` (sequence, head) pairs, the program id walks
+the query blocks from the last (the most keys under a causal mask) to the first, and the heads of a group
+run side by side so their keys stay in L2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["LOG2E", "attn_fwd_kernel", "kv_offsets", "softcapped", "tanh"]
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+
+# Skip the accumulator rescale until some row's max grew by more than 2**8 (log2 units); fp32 holds it.
+_RESCALE_LOG2 = tl.constexpr(8.0)
+# A finite "minus infinity" for the running max: a row that has seen only masked keys keeps it, and
+# exp2(-inf - _NEG_BIG) == 0 instead of the NaN that exp2(-inf - (-inf)) would give.
+NEG_BIG = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def tanh(x):
+    """tanh through exp2, no libdevice needed; |x| is clamped at 20, where tanh is 1 in fp32."""
+    x = tl.minimum(tl.maximum(x, -20.0), 20.0)
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def softcapped(qk, qk_scale, softcap_scale, SOFTCAP: tl.constexpr):
+    """Scores in log2 units: ``qk * scale * log2e``, or ``softcap * tanh(qk * scale / softcap) * log2e``.
+
+    With SOFTCAP the launcher passes ``qk_scale = softcap * log2e`` and ``softcap_scale = scale / softcap``.
+    """
+    if SOFTCAP:
+        return tanh(qk * softcap_scale) * qk_scale
+    else:
+        return qk * qk_scale
+
+
+@triton.jit
+def kv_offsets(
+    BlockTable,  # int32 [B, max_blocks]: the pages of sequence b (read when PAGED)
+    b, n, kv_start, kv_len, stride_btb, max_blocks, num_pages,
+    stride_kb, stride_kt, stride_vb, stride_vt,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    """Element offsets (int64) of the K and V rows of keys `n` of sequence `b`, and which keys exist.
+
+    Contiguous: key n is row ``kv_start + n``. Paged: key n lives in page ``block_table[b, n // PAGE_SIZE]``
+    at slot ``n % PAGE_SIZE``; a page index outside ``[0, num_pages)`` (possible only with unchecked
+    indices) marks its keys missing, so they are never read and never attended to.
+    """
+    inside = (n >= 0) & (n < kv_len)
+    if PAGED:
+        col = n // PAGE_SIZE
+        page = tl.load(BlockTable + b.to(tl.int64) * stride_btb + col, mask=inside & (col < max_blocks), other=-1)
+        valid = inside & (page >= 0) & (page < num_pages)
+        page = tl.where(valid, page, 0).to(tl.int64)
+        slot = (n % PAGE_SIZE).to(tl.int64)
+        return page * stride_kb + slot * stride_kt, page * stride_vb + slot * stride_vt, valid
+    else:
+        row = kv_start + n.to(tl.int64)
+        return row * stride_kt, row * stride_vt, inside
+
+
+@triton.jit
+def _attn_block(
+    acc, l_i, m_i, q, K, V, BlockTable,  # K/V: the kv head's base pointers
+    start_n, offs_m, offs_d, b, kv_start, kv_len, q_off,
+    stride_btb, max_blocks, num_pages, stride_kb, stride_kt, stride_vb, stride_vt,
+    qk_scale, softcap_scale, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One key block of the online softmax; MASKED=False is the fully visible fast path."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, kv_start, kv_len, stride_btb, max_blocks, num_pages,
+                                     stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
+    if MASKED or PAGED or not EVEN_D:
+        kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(K + k_off[:, None] + offs_d[None, :])
+        v = tl.load(V + v_off[:, None] + offs_d[None, :])
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if MASKED or PAGED or SOFTCAP:
+        s = softcapped(qk, qk_scale, softcap_scale, SOFTCAP)
+        if MASKED or PAGED:
+            keep = valid[None, :]
+            if MASKED:
+                diag = offs_m[:, None] + q_off  # query i aligned bottom-right: key i + Sk - Sq is its diagonal
+                if HAS_RIGHT:
+                    keep = keep & (offs_n[None, :] <= diag + window_right)
+                if HAS_LEFT:
+                    keep = keep & (offs_n[None, :] >= diag - window_left)
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale >= 0: max commutes with the scale
+    if LAZY:
+        if tl.max(m_new - m_i, 0) > _RESCALE_LOG2:
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+    else:
+        alpha = tl.exp2(m_i - m_new)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    if MASKED or PAGED or SOFTCAP:  # noqa: SIM108 (a constexpr branch: `s` exists only here)
+        p = tl.exp2(s - m_i[:, None])
+    else:
+        p = tl.exp2(qk * qk_scale - m_i[:, None])  # one FMA per score
+    l_i += tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_loop(
+    acc, l_i, m_i, q, K, V, BlockTable, lo, hi,
+    offs_m, offs_d, b, kv_start, kv_len, q_off,
+    stride_btb, max_blocks, num_pages, stride_kb, stride_kt, stride_vb, stride_vt,
+    qk_scale, softcap_scale, window_left, window_right,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
+):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, K, V, BlockTable, start_n, offs_m, offs_d, b, kv_start, kv_len, q_off,
+            stride_btb, max_blocks, num_pages, stride_kb, stride_kt, stride_vb, stride_vt,
+            qk_scale, softcap_scale, window_left, window_right,
+            HEAD_DIM, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION,
+        )
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    Q,  # [total_q, Hq, D] queries (last stride 1)
+    K,  # [total_k, Hkv, D] keys, or paged [num_pages, PAGE_SIZE, Hkv, D]
+    V,  # like K
+    Out,  # [total_q, Hq, D] output
+    CuQ,  # int32 [B + 1] cumulative query lengths
+    CuK,  # int32 [B + 1] cumulative key lengths (lengths only, when PAGED)
+    BlockTable,  # int32 [B, max_blocks] pages of each sequence (PAGED only)
+    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_btb,
+    num_bh, num_heads_q, kv_group, max_seqlen_q, max_blocks, num_pages,
+    qk_scale,  # log2 units: softmax_scale * log2(e), or softcap * log2(e) with SOFTCAP
+    softcap_scale,  # softmax_scale / softcap (SOFTCAP only)
+    window_left, window_right,  # keys [i + Sk - Sq - left, i + Sk - Sq + right]; right = 0 when causal
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # Longest first, GROUP (sequence, head) pairs at a time.
+    pid = tl.program_id(0)
+    num_m_blocks = tl.cdiv(max_seqlen_q, BLOCK_M)
+    group = pid // (GROUP * num_m_blocks)
+    first = group * GROUP
+    group_size = tl.minimum(num_bh - first, GROUP)
+    r = pid - group * GROUP * num_m_blocks
+    start_m = num_m_blocks - 1 - r // group_size
+    bh = first + r % group_size
+    b = bh // num_heads_q
+    h = bh % num_heads_q
+    h_kv = h // kv_group
+
+    q_start = tl.load(CuQ + b)
+    q_len = tl.load(CuQ + b + 1) - q_start
+    if start_m * BLOCK_M >= q_len:
+        return
+    kv_start = tl.load(CuK + b).to(tl.int64)
+    kv_len = (tl.load(CuK + b + 1) - kv_start).to(tl.int32)
+    q_off = kv_len - q_len  # bottom-right alignment
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q_ptrs = Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    K += h_kv.to(tl.int64) * stride_kh
+    V += h_kv.to(tl.int64) * stride_vh
+
+    # Key range [lo, hi) of the block, and its fully visible part [full_lo, full_hi).
+    m_first = start_m * BLOCK_M
+    m_last = tl.minimum(m_first + BLOCK_M, q_len) - 1
+    hi = kv_len
+    full_hi = kv_len
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, tl.maximum(m_last + q_off + window_right + 1, 0))
+        full_hi = tl.minimum(full_hi, tl.maximum(m_first + q_off + window_right + 1, 0))
+    lo = 0
+    full_lo = 0
+    if HAS_LEFT:
+        lo = tl.maximum(m_first + q_off - window_left, 0) // BLOCK_N * BLOCK_N
+        full_lo = tl.cdiv(tl.maximum(m_last + q_off - window_left, 0), BLOCK_N) * BLOCK_N
+    full_hi = lo + tl.maximum(full_hi - lo, 0) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), full_hi)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    if HAS_LEFT:
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, K, V, BlockTable, lo, full_lo,
+            offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
+            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION)
+    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, K, V, BlockTable, full_lo, full_hi,
+            offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
+            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
+            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION)
+    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, K, V, BlockTable, full_hi, hi,
+            offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
+            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION)
+
+    # A row that saw no key has l == 0 and acc == 0: it outputs 0.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_ptrs = Out + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
