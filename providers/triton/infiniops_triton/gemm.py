@@ -179,6 +179,8 @@ def gemm(
     batches = out3.shape[0]
     if m == 0 or n == 0 or batches == 0:
         return out
+    if c is not None and c.data_ptr() == out.data_ptr():
+        c = c.clone()  # out=c: the autotuner may run the kernel several times, each must read the original c
     c_view = out3 if c is None else c.expand(out3.shape)
     bias_arg = out if bias is None else bias
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), batches)  # noqa: E731

@@ -1,0 +1,22 @@
+"""The Triton provider on the CPU: runs tests/triton_interp in a subprocess under the Triton interpreter.
+
+The interpreter switch (``TRITON_INTERPRET=1``, ``INFINIOPS_TRITON_INTERPRET_CPU=1``) must be set before
+Triton defines any kernel, so these tests cannot share this process; see tests/triton_interp/conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+FOLDER = Path(__file__).parent / "triton_interp"
+
+
+def test_triton_kernels_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "INFINIOPS_TRITON_INTERPRET_CPU": "1"}
+    cmd = [sys.executable, "-m", "pytest", str(FOLDER), "-q", "-p", "no:cacheprovider",
+           "--rootdir", str(FOLDER.parent.parent)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-20000:]}\n{run.stderr[-5000:]}"
