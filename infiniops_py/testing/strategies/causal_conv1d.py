@@ -16,7 +16,7 @@ from infiniops_py.testing.case import Case, CaseContext, randn
 
 __all__ = ["STRATEGIES", "padded_indices", "segments"]
 
-_WIDTHS = (2, 3, 4, 5, 8)
+_WIDTHS = (2, 3, 4, 5, 8, 16)
 _DIMS = (1, 8, 48, 64, 96, 127, 128)
 _LENGTHS = (1, 2, 3, 8, 31, 64, 129, 151, 300)
 _FLAGS = (False, True)
