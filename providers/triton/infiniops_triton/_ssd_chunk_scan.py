@@ -19,42 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._ssd_common import autotune_configs, dot, dot_mode, interpreting
+from infiniops_triton._ssd_common import autotune_configs, dot_precision, fit_to_chunk
 
 __all__ = ["chunk_scan"]
-
-
-@triton.jit
-def _causal_block(
-    acc, cm, cs_m, seg_m, offs_m, k0, chunk_len,
-    b_rows,  # [BLOCK_N, 1] pointers to B[row, chunk start, group, n]
-    mask_n,
-    x_cols,  # [1, BLOCK_P] pointers to x[row, chunk start, head, p]
-    mask_p,
-    stride_b_l, stride_x_l,
-    cs_tok,  # this chunk's cumsum (fp32, CHUNK values)
-    dt_tok,  # this chunk's processed dt (fp32, CHUNK values)
-    seg_tok,  # this chunk's segment numbers (int32, CHUNK values; read when HAS_SEQ_IDX)
-    HAS_SEQ_IDX: tl.constexpr,
-    DOT_MODE: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """``acc`` plus the contribution of the chunk's tokens ``[k0, k0 + BLOCK_K)`` to the rows ``offs_m``."""
-    offs_s = k0 + tl.arange(0, BLOCK_K)
-    mask_s = offs_s < chunk_len
-    bt = tl.load(b_rows + offs_s[None, :] * stride_b_l, mask=mask_n[:, None] & mask_s[None, :], other=0.0)
-    cb = dot(cm, bt, DOT_MODE)  # [BLOCK_M, BLOCK_K] fp32
-    cs_s = tl.load(cs_tok + offs_s, mask=mask_s, other=0.0)
-    dt_s = tl.load(dt_tok + offs_s, mask=mask_s, other=0.0)
-    keep = (offs_m[:, None] >= offs_s[None, :]) & mask_s[None, :]
-    if HAS_SEQ_IDX:
-        seg_s = tl.load(seg_tok + offs_s, mask=mask_s, other=-1)
-        keep &= seg_m[:, None] == seg_s[None, :]
-    # Masked entries get exp(-inf) = 0 before the exponent can overflow (s > t grows).
-    decay = tl.exp(tl.where(keep, cs_m[:, None] - cs_s[None, :], float("-inf")))
-    w = cb * decay * dt_s[None, :]
-    xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_s[:, None] & mask_p[None, :], other=0.0)
-    return acc + dot(w.to(xs.dtype), xs, DOT_MODE)
 
 
 @triton.autotune(
@@ -68,6 +35,7 @@ def _causal_block(
         interpreter={"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_P": 16, "num_warps": 4, "num_stages": 1},
     ),
     key=["CHUNK", "P", "N", "WORK"],
+    prune_configs_by={"early_config_prune": fit_to_chunk},
 )
 @triton.jit
 def _chunk_scan_kernel(
@@ -93,8 +61,7 @@ def _chunk_scan_kernel(
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
-    DOT_MODE: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,  # >= N: the whole state dimension in one tile
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -124,9 +91,8 @@ def _chunk_scan_kernel(
     mask_n = offs_n < N
     tok_base = ((b64 * H + h) * nchunks + c) * CHUNK
     cs_m = tl.load(cs_ptr + tok_base + offs_m, mask=mask_m, other=0.0)
-    seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK
-    seg_m = offs_m  # unused without seq_idx
     if HAS_SEQ_IDX:
+        seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK
         seg_m = tl.load(seg_base + offs_m, mask=mask_m, other=0)
 
     cm = tl.load(  # [BLOCK_M, BLOCK_N]
@@ -138,27 +104,29 @@ def _chunk_scan_kernel(
         prev_ptr + (((b64 * nchunks + c) * H + h) * P + offs_p[None, :]) * N + offs_n[:, None],
         mask=mask_n[:, None] & mask_p[None, :], other=0.0,
     )
-    acc = dot(cm, st.to(cm.dtype), DOT_MODE)
-    scale = tl.exp(cs_m)
-    if HAS_SEQ_IDX:
-        scale = tl.where(seg_m == 0, scale, 0.0)
-    acc *= scale[:, None]
+    acc = tl.dot(cm, st.to(cm.dtype), input_precision=DOT_PRECISION) * tl.exp(cs_m)[:, None]
+    if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
+        acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
 
     b_rows = b_ptr + b64 * stride_b_b + start64 * stride_b_l + g * stride_b_g + offs_n[:, None] * stride_b_n
     x_base = x_ptr + b64 * stride_x_b + start64 * stride_x_l + h * stride_x_h
     x_cols = x_base + offs_p[None, :] * stride_x_p
-    if INTERPRET:
-        # numpy >= 2.4 cannot turn the interpreter's 1-element scalars into a loop bound: walk every
-        # block of the chunk there (the causal mask zeroes those past the diagonal).
-        for k0 in range(0, CHUNK, BLOCK_K):
-            acc = _causal_block(acc, cm, cs_m, seg_m, offs_m, k0, chunk_len, b_rows, mask_n, x_cols, mask_p,
-                                stride_b_l, stride_x_l, cs_ptr + tok_base, dt_ptr + tok_base, seg_base,
-                                HAS_SEQ_IDX, DOT_MODE, BLOCK_K)
-    else:
-        for k0 in range(0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):
-            acc = _causal_block(acc, cm, cs_m, seg_m, offs_m, k0, chunk_len, b_rows, mask_n, x_cols, mask_p,
-                                stride_b_l, stride_x_l, cs_ptr + tok_base, dt_ptr + tok_base, seg_base,
-                                HAS_SEQ_IDX, DOT_MODE, BLOCK_K)
+    for k0 in range(0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):  # up to the diagonal
+        offs_s = k0 + tl.arange(0, BLOCK_K)
+        mask_s = offs_s < chunk_len
+        bt = tl.load(b_rows + offs_s[None, :] * stride_b_l, mask=mask_n[:, None] & mask_s[None, :], other=0.0)
+        cb = tl.dot(cm, bt, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_K] fp32
+        cs_s = tl.load(cs_ptr + tok_base + offs_s, mask=mask_s, other=0.0)
+        dt_s = tl.load(dt_ptr + tok_base + offs_s, mask=mask_s, other=0.0)
+        keep = (offs_m[:, None] >= offs_s[None, :]) & mask_s[None, :]
+        if HAS_SEQ_IDX:
+            seg_s = tl.load(seg_base + offs_s, mask=mask_s, other=-1)
+            keep &= seg_m[:, None] == seg_s[None, :]
+        # Only kept pairs reach exp (s > t would grow) and the product (0 * inf from another sequence).
+        decay = tl.exp(tl.where(keep, cs_m[:, None] - cs_s[None, :], 0.0))
+        w = tl.where(keep, cb * decay * dt_s[None, :], 0.0)
+        xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_s[:, None] & mask_p[None, :], other=0.0)
+        acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PRECISION)
 
     mask_mp = mask_m[:, None] & mask_p[None, :]
     if HAS_D:
@@ -218,7 +186,6 @@ def chunk_scan(
         HAS_D=D is not None,
         HAS_Z=z is not None,
         HAS_SEQ_IDX=seg is not None,
-        DOT_MODE=dot_mode(x.dtype),
-        INTERPRET=interpreting(),
+        DOT_PRECISION=dot_precision(x.dtype),
         BLOCK_N=max(16, triton.next_power_of_2(dstate)),
     )

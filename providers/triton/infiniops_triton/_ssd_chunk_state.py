@@ -8,8 +8,9 @@ For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` it
   does not count), so tokens ``s <= t`` are in one sequence exactly when ``seg[s] == seg[t]``;
 - ``local[p, n] = sum_{t: seg[t] == seg[e]} exp(cs[e] - cs[t]) * dt[t] * x[t, p] * B[t, n]``: the state
   at the chunk's end when the chunk starts from zero;
-- ``carry = exp(cs[e])`` when no ``seq_idx`` change lies in the chunk, else 0: the factor by which the
-  state entering the chunk survives to its end.
+- ``carry = exp(cs[e])``, the factor by which the state entering the chunk survives to its end, or -1
+  when a ``seq_idx`` change lies in the chunk (the entering state is dropped, not multiplied by 0, so
+  an inf or NaN of an earlier sequence stays there).
 
 The chunk is walked in blocks of tokens, rescaling the running state by each block's decay, so every
 exponent is a decay over tokens already seen (never a growth that could overflow). ``dt``, ``cs`` and
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._ssd_common import autotune_configs, dot, dot_mode
+from infiniops_triton._ssd_common import autotune_configs, dot_precision, fit_to_chunk
 
 __all__ = ["chunk_state"]
 
@@ -37,6 +38,7 @@ __all__ = ["chunk_state"]
         interpreter={"BLOCK_P": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1},
     ),
     key=["CHUNK", "P", "N", "WORK"],
+    prune_configs_by={"early_config_prune": fit_to_chunk},
 )
 @triton.jit
 def _chunk_state_kernel(
@@ -62,7 +64,7 @@ def _chunk_state_kernel(
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
-    DOT_MODE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -93,6 +95,8 @@ def _chunk_state_kernel(
     if HAS_DT_BIAS:
         bias = tl.load(dt_bias_ptr + h).to(tl.float32)
 
+    mask_p = offs_p < P
+    mask_n = offs_n < N
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     cs_prefix = 0.0
     seg_prefix = 0
@@ -104,15 +108,15 @@ def _chunk_state_kernel(
             dt += bias
         if DT_SOFTPLUS:
             dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
-        dt = tl.minimum(tl.maximum(dt, dt_lo, propagate_nan=tl.PropagateNan.ALL), dt_hi,
-                        propagate_nan=tl.PropagateNan.ALL)
+        dt = tl.maximum(dt, dt_lo, propagate_nan=tl.PropagateNan.ALL)
+        dt = tl.minimum(dt, dt_hi, propagate_nan=tl.PropagateNan.ALL)
         dt = tl.where(mask_k, dt, 0.0)
         cs = cs_prefix + tl.cumsum(dt * a, axis=0)
         cs_end = cs_prefix + tl.sum(dt * a, axis=0)
-        weight = tl.exp(cs_end - cs) * dt
-        survive = tl.exp(cs_end - cs_prefix)  # decay of the running state across this block
         tl.store(dt_out_ptr + tok_base + tok, dt, mask=mask_k & first_tile)
         tl.store(cs_out_ptr + tok_base + tok, cs, mask=mask_k & first_tile)
+        acc *= tl.exp(cs_end - cs_prefix)  # the running state decays across this block
+        live = mask_k  # tokens whose contribution reaches the chunk's end
         if HAS_SEQ_IDX:
             # A change at token t: seq_idx[t] != seq_idx[t - 1] (never at the row's first token).
             cur = tl.load(si_base + tok * stride_si_l, mask=mask_k, other=0)
@@ -121,31 +125,29 @@ def _chunk_state_kernel(
             change = (prev_ok & (cur != prev)).to(tl.int32)
             seg = seg_prefix + tl.cumsum(change, axis=0)
             seg_end = seg_prefix + tl.sum(change, axis=0)
-            weight = tl.where(seg == seg_end, weight, 0.0)
-            survive = tl.where(seg_end == seg_prefix, survive, 0.0)
-            store_seg = mask_k & first_tile & (h == 0)
-            tl.store(seg_out_ptr + (b64 * nchunks + c) * CHUNK + tok, seg, mask=store_seg)
+            tl.store(seg_out_ptr + (b64 * nchunks + c) * CHUNK + tok, seg, mask=mask_k & first_tile & (h == 0))
+            live &= seg == seg_end
+            acc = tl.where(seg_end == seg_prefix, acc, 0.0)  # a restart in this block drops the past
             seg_prefix = seg_end
+        weight = tl.where(live, tl.exp(cs_end - cs) * dt, 0.0)
         cs_prefix = cs_end
-
-        mask_p = offs_p < P
-        mask_n = offs_n < N
+        # Dead tokens are not even loaded: an inf or NaN of an earlier sequence stays out of the dot.
         xt = tl.load(  # [BLOCK_P, BLOCK_K]: x transposed
             x_base + tok[None, :] * stride_x_l + offs_p[:, None] * stride_x_p,
-            mask=mask_p[:, None] & mask_k[None, :], other=0.0,
+            mask=mask_p[:, None] & live[None, :], other=0.0,
         )
         bm = tl.load(  # [BLOCK_K, BLOCK_N]
             b_base + tok[:, None] * stride_b_l + offs_n[None, :] * stride_b_n,
-            mask=mask_k[:, None] & mask_n[None, :], other=0.0,
+            mask=live[:, None] & mask_n[None, :], other=0.0,
         )
         bw = (bm.to(tl.float32) * weight[:, None]).to(xt.dtype)
-        acc = acc * survive + dot(xt, bw, DOT_MODE)
+        acc += tl.dot(xt, bw, input_precision=DOT_PRECISION)
 
     offs_st = (((b64 * nchunks + c) * H + h) * P + offs_p[:, None]) * N + offs_n[None, :]
-    tl.store(states_ptr + offs_st, acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
+    tl.store(states_ptr + offs_st, acc, mask=mask_p[:, None] & mask_n[None, :])
     carry = tl.exp(cs_prefix)
     if HAS_SEQ_IDX:
-        carry = tl.where(seg_prefix == 0, carry, 0.0)
+        carry = tl.where(seg_prefix == 0, carry, -1.0)  # -1: the entering state does not survive
     tl.store(carry_ptr + (b64 * H + h) * nchunks + c, carry, mask=first_tile)
 
 
@@ -191,5 +193,5 @@ def chunk_state(
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_SEQ_IDX=seq_idx is not None,
-        DOT_MODE=dot_mode(x.dtype),
+        DOT_PRECISION=dot_precision(x.dtype),
     )

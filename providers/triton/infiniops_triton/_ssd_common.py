@@ -7,9 +7,8 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
-__all__ = ["autotune_configs", "dot", "dot_mode", "interpreting"]
+__all__ = ["autotune_configs", "dot_precision", "fit_to_chunk", "interpreting"]
 
 
 def interpreting() -> bool:
@@ -30,22 +29,19 @@ def autotune_configs(candidates: list[dict[str, Any]], interpreter: dict[str, An
     return out
 
 
-def dot_mode(dtype: torch.dtype) -> str:
-    """How `dot` multiplies tiles of inputs in `dtype`.
+def fit_to_chunk(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """Autotune pruning: drop configs whose token blocks (``BLOCK_M``, ``BLOCK_K``) exceed the chunk; when
+    none fits, keep the one with the smallest blocks (it masks the excess)."""
+    chunk = kwargs.get("CHUNK", named_args.get("CHUNK"))
 
-    ``ieee`` for fp32 (the fp32 tolerance rules out TF32); ``upcast`` for bf16 under the interpreter
-    (Triton 3.6's interpreter multiplies bf16 bit patterns as integers); else ``tf32``, which 16-bit
-    operands ignore (tensor cores, fp32 accumulation).
-    """
-    if dtype == torch.float32:
-        return "ieee"
-    return "upcast" if interpreting() and dtype == torch.bfloat16 else "tf32"
+    def blocks(c: triton.Config) -> tuple[int, int]:
+        return c.kwargs.get("BLOCK_M", 0), c.kwargs.get("BLOCK_K", 0)
+
+    fits = [c for c in configs if max(blocks(c)) <= chunk]
+    return fits or [min(configs, key=blocks)]
 
 
-@triton.jit
-def dot(a, b, MODE: tl.constexpr):
-    """``a @ b`` with fp32 accumulation, as `dot_mode` chose."""
-    if MODE == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=MODE)
+def dot_precision(dtype: torch.dtype) -> str:
+    """``ieee`` for fp32 inputs (the fp32 tolerance rules out TF32), else ``tf32``, which 16-bit operands
+    ignore (tensor cores with fp32 accumulation)."""
+    return "ieee" if dtype == torch.float32 else "tf32"

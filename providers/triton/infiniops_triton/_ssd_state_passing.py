@@ -1,6 +1,7 @@
 """SSD step 2 of 3: pass the state from chunk to chunk.
 
-``S_{-1}`` is the initial state (or 0) and ``S_c = carry[c] * S_{c-1} + local[c]`` (both from step 1).
+``S_{-1}`` is the initial state (or 0) and ``S_c = carry[c] * S_{c-1} + local[c]`` (both from step 1),
+or ``S_c = local[c]`` where ``carry[c] < 0`` (a ``seq_idx`` restart inside chunk ``c``).
 The kernel writes ``S_{c-1}``, the state entering chunk ``c``, for the chunk-scan kernel, and the last
 ``S`` as the final state. Each program owns one block of the flattened ``P * N`` state of one (row,
 head) and takes the chunks ``CHUNKS_PER_STEP`` at a time: one load of that many chunks' blocks (so many
@@ -20,8 +21,10 @@ __all__ = ["state_passing"]
 
 @triton.jit
 def _linear_combine(a1, b1, a2, b2):
-    # (a1, b1) then (a2, b2), as maps S -> a * S + b.
-    return a1 * a2, a2 * b1 + b2
+    # (a1, b1) then (a2, b2), as maps S -> a * S + b, where a < 0 stands for S -> b (a restart).
+    a = tl.where((a1 < 0) | (a2 < 0), -1.0, a1 * a2)
+    b = tl.where(a2 < 0, b2, a2 * b1 + b2)
+    return a, b
 
 
 @triton.jit
@@ -56,8 +59,7 @@ def _state_passing_kernel(
     base = (b * nchunks * H + h) * size + offs
     tl.store(prev_ptr + base, state, mask=mask)
     rows = tl.arange(0, CHUNKS_PER_STEP)
-    c0 = 0
-    while c0 < nchunks:  # serial anyway; `while` also runs under the interpreter with numpy >= 2.4
+    for c0 in range(0, nchunks, CHUNKS_PER_STEP):
         chunk = c0 + rows
         valid = chunk < nchunks
         tile = base[None, :] + chunk[:, None].to(tl.int64) * row_stride
@@ -65,11 +67,10 @@ def _state_passing_kernel(
         carry = tl.load(carry_ptr + (b * H + h) * nchunks + chunk, mask=valid, other=1.0)  # padding: identity
         carry = tl.broadcast_to(carry[:, None], (CHUNKS_PER_STEP, BLOCK))
         carry, local = tl.associative_scan((carry, local), 0, _linear_combine)
-        ends = carry * state[None, :] + local  # S_c for each chunk c of the step
+        ends = tl.where(carry < 0, local, carry * state[None, :] + local)  # S_c for each chunk c of the step
         store_ok = (chunk + 1 < nchunks)[:, None] & mask[None, :]
         tl.store(prev_ptr + tile + row_stride, ends, mask=store_ok)
         state = tl.sum(tl.where(rows[:, None] == CHUNKS_PER_STEP - 1, ends, 0.0), axis=0)
-        c0 += CHUNKS_PER_STEP
     if HAS_FINAL:
         final = final_ptr + b * stride_final_b + h * stride_final_h + p * stride_final_p + n * stride_final_n
         tl.store(final, state, mask=mask)

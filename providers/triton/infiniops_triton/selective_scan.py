@@ -8,7 +8,13 @@ The prefill follows the state-space-duality algorithm of Mamba-2 (the semantics 
 3. `_ssd_chunk_scan`: the outputs, with ``C B^T`` recomputed per tile, D and the z gate fused.
 
 ``seq_idx`` resets the state wherever it changes between neighbouring tokens (any int32 values, not only
-non-decreasing ones). The result does not depend on ``chunk_size`` beyond rounding; it picks the tiling.
+non-decreasing ones). ``chunk_size`` is a performance knob (the result does not depend on it beyond
+rounding): a power of two in [16, 256] is used as given, any other value as the largest power of two
+below it, kept within [16, 256] (`kernel_chunk`).
+
+Inputs with an inf or NaN: they propagate within their sequence as in the reference; across a
+``seq_idx`` restart the entering state is dropped (never multiplied by 0), but a non-finite x or B of
+one sequence can still reach the other sequences of the same chunk through the tile products.
 """
 
 from __future__ import annotations
@@ -22,11 +28,16 @@ from infiniops_triton._ssd_chunk_state import chunk_state
 from infiniops_triton._ssd_state_passing import state_passing
 from infiniops_triton.state_update import IMPLEMENTATIONS as STATE_UPDATE_IMPLEMENTATIONS
 
-__all__ = ["CHUNK_SIZES", "IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "selective_scan"]
+__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "kernel_chunk", "selective_scan"]
 
-CHUNK_SIZES = (16, 32, 64, 128, 256)  # powers of two: one chunk is one set of tiles; 16 is tl.dot's minimum
+MIN_CHUNK, MAX_CHUNK = 16, 256  # 16: tl.dot's smallest tile; 256: the largest tuned
 MAX_D_STATE = 256  # the chunk-scan kernel holds all of N in one tile
 MAX_HEAD_DIM = 256
+
+
+def kernel_chunk(chunk_size: int) -> int:
+    """The chunk length the kernels run for a requested `chunk_size` (see the module docstring)."""
+    return min(MAX_CHUNK, max(MIN_CHUNK, 1 << (max(1, chunk_size).bit_length() - 1)))
 
 
 def selective_scan(
@@ -50,15 +61,13 @@ def selective_scan(
 
     Shapes: x, z, out ``[Bt, L, H, P]``; dt ``[Bt, L, H]``; A ``[H]`` fp32; B, C ``[Bt, L, G, N]``;
     D ``[H]`` or ``[H, P]``; dt_bias ``[H]``; seq_idx int32 ``[Bt, L]``; states fp32 ``[Bt, H, P, N]``.
-    Any strides. `chunk_size` must be one of `CHUNK_SIZES` (the capability gates the rest).
+    Any strides; `chunk_size` goes through `kernel_chunk`.
 
     Raises:
-        ValueError: `chunk_size` not in `CHUNK_SIZES`, or N or P above 256.
+        ValueError: N or P above 256 (the capability gates them first).
     """
     bt, seqlen, nheads, headdim = x.shape
     dstate = B.shape[-1]
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"triton selective_scan: chunk_size={chunk_size} not in {CHUNK_SIZES}")
     if dstate > MAX_D_STATE or headdim > MAX_HEAD_DIM:
         raise ValueError(f"triton selective_scan: d_state={dstate} or head_dim={headdim} above 256")
     if bt == 0 or seqlen == 0:
@@ -68,6 +77,7 @@ def selective_scan(
             else:
                 final_states.copy_(initial_states)
         return
+    chunk_size = kernel_chunk(chunk_size)
     nchunks = -(-seqlen // chunk_size)
     dev = x.device
     f32 = torch.float32
@@ -82,15 +92,12 @@ def selective_scan(
     chunk_scan(x, z, B, C, D, prev, per_token[0], per_token[1], seg, chunk_size, out)
 
 
-_FIX_CHUNK = "use chunk_size=256 (the result does not depend on it), or the torch provider"
-
 IMPLEMENTATIONS = [
     Implementation(
         "selective_scan", "triton", "triton.ssd_chunked",
         Capability(
             *base_constraints(),
             OneOf("dtype", ("float16", "bfloat16", "float32")),
-            OneOf("chunk_size", CHUNK_SIZES, fix=_FIX_CHUNK),
             Between("head_dim", 1, MAX_HEAD_DIM),
             Between("d_state", 1, MAX_D_STATE, fix="use the torch provider for d_state > 256"),
         ),

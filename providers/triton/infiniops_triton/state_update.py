@@ -2,7 +2,7 @@
 
 For each row ``b`` with slot ``i = state_batch_indices[b]`` (or ``b``), head ``h`` (group ``g``)::
 
-    dt = softplus(dt[b, h] + dt_bias[h])          (softplus and bias when asked)
+    dt = max(softplus(dt[b, h] + dt_bias[h]), 0)  (softplus and bias when asked)
     state[i, h] = exp(dt * A[h]) * state[i, h] + dt * x[b, h] (outer) B[b, g]
     out[b, h]   = state[i, h] @ C[b, g] + D[h] * x[b, h],  times silu(z[b, h]) when z is given
 
@@ -76,6 +76,7 @@ def _state_update_kernel(
         dt += tl.load(dt_bias_ptr + h).to(tl.float32)
     if DT_SOFTPLUS:
         dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
+    dt = tl.maximum(dt, 0.0, propagate_nan=tl.PropagateNan.ALL)  # the scan's default dt_limit (0, inf)
     decay = tl.exp(dt * tl.load(a_ptr + h).to(tl.float32))
 
     s_ptrs = (state_ptr + slot * stride_s_slot + h * stride_s_h + offs_p[:, None] * stride_s_p

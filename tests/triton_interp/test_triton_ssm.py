@@ -1,0 +1,147 @@
+"""Triton selective_scan (chunked SSD) and selective_state_update on the CPU under the Triton interpreter.
+
+The conformance suite first, then what its small draws rarely reach: several chunks per row with a
+chunk-crossing restart of ``seq_idx`` (including a value that comes back), the head-dim tiling, the
+requested chunk sizes the kernels round, an inf kept inside its own sequence, unchecked out-of-range
+slots, and the gates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import infiniops_py
+from infiniops_py import GateError
+from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
+from infiniops_py.testing.compare import compare
+from infiniops_py.testing.conformance import run_conformance
+from infiniops_py.testing.tolerances import tolerance
+
+OPS = ("selective_scan", "selective_state_update")
+EXAMPLES = 4
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_conformance(op: str) -> None:
+    report = run_conformance("triton", device="cpu", ops=[op], max_examples=EXAMPLES)
+    assert report.ok, report.render()
+    assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}, report.render()
+    assert all(r.examples - r.gated > 0 for r in report.ops), report.render()
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def _check(op: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+    _, failure = compare(op, got, ref, tolerance(op, str(got.dtype).removeprefix("torch.")))
+    assert failure is None, failure
+
+
+def _scan_inputs(batch: int, length: int, heads: int, head_dim: int, groups: int, d_state: int,
+                 dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    x = _randn(batch, length, heads, head_dim, seed=1, dtype=dtype)
+    dt = _randn(batch, length, heads, seed=2, dtype=dtype, scale=0.5)
+    A = -torch.exp(_randn(heads, seed=3, scale=0.5))
+    B = _randn(batch, length, groups, d_state, seed=4, dtype=dtype)
+    C = _randn(batch, length, groups, d_state, seed=5, dtype=dtype)
+    kwargs: dict[str, object] = {
+        "D": _randn(heads, head_dim, seed=6), "z": _randn(batch, length, heads, head_dim, seed=7, dtype=dtype),
+        "dt_bias": torch.log(torch.expm1(0.01 + 0.05 * torch.rand(heads, generator=torch.Generator().manual_seed(8)))),
+        "dt_softplus": True, "initial_states": _randn(batch, heads, head_dim, d_state, seed=9),
+        "return_final_states": True,
+    }
+    return (x, dt, A, B, C), kwargs
+
+
+def _run_scan(args: tuple[torch.Tensor, ...], kwargs: dict[str, object]) -> tuple[tuple[torch.Tensor, ...], ...]:
+    with infiniops_py.use("triton"):
+        got = selective_scan(*args, **kwargs)
+    ref_kwargs = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                  for k, v in kwargs.items()}
+    with infiniops_py.use("reference"):
+        ref = selective_scan(*(a.double() for a in args), **ref_kwargs)
+    return got, ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scan_many_chunks_and_restarts(dtype: torch.dtype) -> None:
+    # 58 tokens in chunks of 16: four chunks, the last one short; P=20 spans two 16-wide tiles.
+    args, kwargs = _scan_inputs(2, 58, 1, 20, 1, 16, dtype)
+    seq_idx = torch.zeros(2, 58, dtype=torch.int32)
+    seq_idx[0, 16:] = 1  # a restart on a chunk boundary
+    seq_idx[0, 37:] = 2  # one inside a chunk
+    seq_idx[0, 42:] = 1  # a value that comes back is a new sequence too
+    seq_idx[1, 53:] = 5  # a restart in the short last chunk
+    kwargs.update(seq_idx=seq_idx, chunk_size=16, dt_limit=(0.0, 0.08))
+    (out, final), (ref, ref_final) = _run_scan(args, kwargs)
+    _check("selective_scan", out, ref)
+    _check("selective_scan", final, ref_final)
+
+
+@pytest.mark.parametrize(("chunk_size", "length"), [(1, 20), (24, 50), (1000, 33)])
+def test_scan_rounds_any_chunk_size(chunk_size: int, length: int) -> None:
+    # chunk_size is a performance knob: every value >= 1 is served (rounded to a power of two in [16, 256])
+    args, kwargs = _scan_inputs(1, length, 2, 8, 2, 8, torch.float32)
+    kwargs["chunk_size"] = chunk_size
+    (out, final), (ref, ref_final) = _run_scan(args, kwargs)
+    _check("selective_scan", out, ref)
+    _check("selective_scan", final, ref_final)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul")  # inf * 0 inside the own sequence
+def test_scan_keeps_an_inf_inside_its_sequence() -> None:
+    args, kwargs = _scan_inputs(1, 48, 2, 8, 1, 16, torch.float32)
+    x = args[0].clone()
+    x[0, 5, 0, 0] = math.inf  # sequence 0 of head 0 blows up; the state of sequence 1 starts clean
+    seq_idx = torch.zeros(1, 48, dtype=torch.int32)
+    seq_idx[0, 16:] = 1
+    kwargs.update(seq_idx=seq_idx, chunk_size=16)
+    (out, final), (ref, ref_final) = _run_scan((x, *args[1:]), kwargs)
+    assert not torch.isfinite(out[0, 5:16, 0]).all()
+    assert torch.isfinite(out[0, 16:]).all() and torch.isfinite(final).all()
+    _check("selective_scan", out[0, 16:], ref[0, 16:])
+    _check("selective_scan", final, ref_final)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_state_update_head_dim_tiles_and_unchecked_slots(dtype: torch.dtype) -> None:
+    # N=16 packs P=200 into two 128-row programs; slot 9 is out of range (unchecked): skipped, output 0.
+    batch, heads, head_dim, groups, d_state, slots = 3, 2, 200, 1, 16, 6
+    state = _randn(slots, heads, head_dim, d_state, seed=1)
+    x = _randn(batch, heads, head_dim, seed=2, dtype=dtype)
+    dt = _randn(batch, heads, seed=3, dtype=dtype)
+    A = -torch.exp(_randn(heads, seed=4))
+    B = _randn(batch, groups, d_state, seed=5, dtype=dtype)
+    C = _randn(batch, groups, d_state, seed=6, dtype=dtype)
+    index = torch.tensor([4, 9, 0])
+    kwargs = {"D": _randn(heads, seed=7), "z": _randn(batch, heads, head_dim, seed=8, dtype=dtype),
+              "state_batch_indices": index}
+    got_state = state.clone()
+    with infiniops_py.unchecked_indices(), infiniops_py.use("triton"):
+        out = selective_state_update(got_state, x, dt, A, B, C, **kwargs)
+    ref_state = state.double()
+    with infiniops_py.unchecked_indices(), infiniops_py.use("reference"):
+        ref = selective_state_update(ref_state, x.double(), dt.double(), A, B.double(), C.double(),
+                                     **{k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()})
+    _check("selective_state_update", out, ref)
+    _check("selective_state_update", got_state, ref_state)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    untouched = [1, 2, 3, 5]
+    assert torch.equal(got_state[untouched], state[untouched])
+
+
+def test_gates_name_the_field() -> None:
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="d_state"):
+        infiniops_py.resolve("selective_scan", device_type="cpu", dtype="bfloat16", d_state=512)
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="head_dim"):
+        infiniops_py.resolve("selective_scan", device_type="cpu", dtype="float16", head_dim=320)
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="d_state"):
+        infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float32", d_state=300)
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="dtype"):
+        infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float64")
