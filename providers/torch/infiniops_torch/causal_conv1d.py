@@ -49,9 +49,10 @@ def causal_conv1d(
     else:
         run = run_ids(seq_idx)
         run_p = torch.cat([run[:, :1].expand(batch, width - 1), run], dim=1)
-        y = torch.zeros(batch, dim, length, dtype=cdt, device=x.device) if b is None else b[:, None].expand(
-            batch, dim, length).clone()
-        for k in range(width):
+        y = torch.zeros(batch, dim, length, dtype=cdt, device=x.device)
+        if b is not None:
+            y += b[:, None]
+        for k in range(width):  # tap k reads position t - (W-1-k), masked across a change of sequence
             keep = (run_p[:, k:k + length] == run)[:, None, :]
             tap = torch.where(keep, xp[:, :, k:k + length], torch.zeros((), dtype=cdt, device=x.device))
             y.addcmul_(tap, w[:, k, None])
