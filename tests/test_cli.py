@@ -1,0 +1,111 @@
+"""The ``infiniops`` command, run in process through `main`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fakes import cpu_capability, registered
+
+import infiniops_py as io
+from infiniops_py.cli import main
+from infiniops_py.operators import OPERATORS
+
+
+@pytest.fixture(autouse=True)
+def _clean_runtime() -> Iterator[None]:
+    yield
+    io.reload()
+
+
+def test_providers_lists_each_with_version_and_status(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["providers"]) == 0
+    out = capsys.readouterr().out
+    for p in io.providers():
+        assert p.name in out
+    assert "built into infiniops-py" in out and "loaded" in out
+
+
+def test_matrix_json_has_every_operator_and_served_cells(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [op["name"] for op in data["operators"]] == list(OPERATORS)
+    add = next(op for op in data["operators"] if op["name"] == "add")
+    reference = next(p for p in add["providers"] if p["provider"] == "reference")
+    assert len(reference["cells"]) == 6 and all(c["served"] for c in reference["cells"])
+
+
+def test_matrix_cells_give_the_reason_they_are_gated(capsys: pytest.CaptureFixture[str]) -> None:
+    with registered(("cpu32", [("add", cpu_capability(), 1, torch.add)])):
+        assert main(["matrix", "--op", "add", "--device", "cpu", "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.startswith("| cpu32 |")][-1]  # after the providers table
+    assert row == ("| cpu32 | gated: dtype=float16 not in {float32} | gated: dtype=bfloat16 not in {float32} | served "
+                   "| cpu32.add.0: no other limits |")
+    assert "| provider | cpu float16 | cpu bfloat16 | cpu float32 | limits |" in out
+
+
+def test_matrix_table_and_html(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--op", "add"]) == 0
+    assert "served" in capsys.readouterr().out
+    assert main(["matrix", "--op", "add", "--format", "html"]) == 0
+    page = capsys.readouterr().out
+    assert page.startswith("<!DOCTYPE html>") and '<h2 id="add">add</h2>' in page and "<script" not in page
+
+
+def test_matrix_rejects_an_unknown_operator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--op", "nope"]) == 2
+    assert "unknown operator 'nope'" in capsys.readouterr().err
+
+
+def test_explain_names_every_candidate_and_its_failing_constraints(capsys: pytest.CaptureFixture[str]) -> None:
+    # the issue's acceptance example; with whatever providers are installed here
+    op = "flash_attn_varlen" if "flash_attn_varlen" in OPERATORS else "add"
+    args = ["explain", op, "--device", "cuda", "--dtype", "float32"]
+    args += ["--head-dim", "300"] if op == "flash_attn_varlen" else []
+    code = main(args)
+    out = capsys.readouterr().out
+    ex = io.explain(op, device_type="cuda", dtype="float32", **({"head_dim": 300} if op != "add" else {}))
+    assert code == (0 if ex.chosen is not None else 1)
+    for c in ex.candidates:
+        assert f"{c.provider} ({c.implementation}, priority {c.priority})" in out
+        for r in c.rejections:
+            assert str(r) in out
+    if not torch.cuda.is_available():
+        assert code == 1
+        assert "device=cuda is not present on this machine" in out
+        assert "no provider can serve this problem" in out and "most likely fix:" in out
+
+
+def test_explain_a_served_problem_with_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "add", "--device", "cpu", "--dtype", "bf16", "--field", "broadcast=true"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("add (device_type=cpu, dtype=bfloat16, broadcast=True, inplace=False)")
+    assert "chosen" in out and "-> " in out
+
+
+@pytest.mark.parametrize("args", [["explain", "nope"], ["explain", "add", "--head-dim", "64"],
+                                  ["explain", "add", "--field", "broadcast"],
+                                  ["explain", "add", "--field", "broadcast=maybe"]])
+def test_explain_usage_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith("infiniops explain:")
+
+
+def test_check_passes_a_conforming_provider(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "torch", "--op", "add", "--max-examples", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.add" in out and "gate checks" in out and out.rstrip().endswith("ok")
+
+
+def test_check_fails_a_wrong_provider(capsys: pytest.CaptureFixture[str]) -> None:
+    def wrong(input, other, alpha, out):  # type: ignore[no-untyped-def]
+        return torch.sub(input, other, alpha=alpha, out=out)
+
+    with registered(("wrong", [("add", cpu_capability(), 1, wrong)])):
+        assert main(["check", "wrong", "--max-examples", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL add float32 (wrong.add.0)" in out and out.rstrip().endswith("FAILED")
+    assert main(["check", "not-installed"]) == 1
