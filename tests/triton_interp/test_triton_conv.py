@@ -1,0 +1,82 @@
+"""Triton causal_conv1d and causal_conv1d_update on the CPU under the Triton interpreter: the conformance
+suite, then what its small shapes do not reach (several time tiles with sequence runs and final states
+crossing them, a weight in another dtype, unchecked out-of-range slots, gates)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import infiniops_py
+from infiniops_py import GateError
+from infiniops_py.testing.compare import compare
+from infiniops_py.testing.conformance import run_conformance
+from infiniops_py.testing.tolerances import tolerance
+
+EXAMPLES = 8
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d", "causal_conv1d_update"])
+def test_conformance(op: str) -> None:
+    report = run_conformance("triton", device="cpu", ops=[op], max_examples=EXAMPLES)
+    assert report.ok, report.render()
+    assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}, report.render()
+    assert all(r.examples - r.gated > 0 for r in report.ops), report.render()
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+def _check(op: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+    _, failure = compare(op, got, ref, tolerance(op, str(got.dtype).removeprefix("torch.")))
+    assert failure is None, failure
+
+
+@pytest.mark.parametrize("channel_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_conv_runs_and_states_across_time_tiles(channel_last: bool, dtype: torch.dtype) -> None:
+    batch, dim, length, width = 2, 20, 600, 4  # 3 time tiles channel-first, 5 channel-last
+    x = (_randn(batch, length, dim, dtype=dtype, seed=1).transpose(1, 2) if channel_last
+         else _randn(batch, dim, length, dtype=dtype, seed=1))
+    weight = _randn(dim, width, dtype=torch.float32, seed=2, scale=0.5)  # the weight's own dtype: fp32
+    bias = _randn(dim, dtype=torch.float32, seed=3)
+    init = _randn(batch, dim, width - 1, dtype=dtype, seed=4)
+    seq = torch.zeros(batch, length, dtype=torch.int32)
+    seq[0, 255:257] = 1  # a 2-token run astride the first tile edge, then id 0 again: runs, not values
+    seq[0, 598:] = 2  # the last run is shorter than W-1: the older final-state columns are 0
+    seq[1, 300:] = -1  # trailing padding
+    kwargs = {"activation": "silu", "seq_idx": seq, "initial_states": init, "return_final_states": True}
+    with infiniops_py.use("triton"):
+        out, final = infiniops_py.causal_conv1d(x, weight, bias, **kwargs)
+    with infiniops_py.use("reference"):
+        ref_out, ref_final = infiniops_py.causal_conv1d(
+            x.double(), weight.double(), bias.double(), **{**kwargs, "initial_states": init.double()})
+    _check("causal_conv1d", out, ref_out)
+    assert torch.equal(final.double(), ref_final)
+    assert torch.equal(final[0, :, 0], torch.zeros(dim, dtype=dtype))
+    assert torch.equal(out[1, :, 300:], torch.zeros(dim, length - 300, dtype=dtype))
+
+
+def test_update_skips_out_of_range_slots_when_unchecked() -> None:
+    batch, dim, width, state_len = 3, 16, 4, 5
+    x = _randn(batch, dim, 2, dtype=torch.bfloat16, seed=5)
+    state = _randn(4, dim, state_len, dtype=torch.bfloat16, seed=6)
+    weight = _randn(dim, width, dtype=torch.bfloat16, seed=7)
+    index = torch.tensor([2, 4, -1], dtype=torch.int32)  # 4 == slots: out of range, skipped like padding
+    got_state = state.clone()
+    with infiniops_py.use("triton"), infiniops_py.unchecked_indices():
+        out = infiniops_py.causal_conv1d_update(x, got_state, weight, conv_state_indices=index)
+    ref_state = state.double()
+    with infiniops_py.use("reference"), infiniops_py.unchecked_indices():
+        ref = infiniops_py.causal_conv1d_update(x.double(), ref_state, weight.double(), conv_state_indices=index)
+    _check("causal_conv1d_update", out, ref)
+    assert torch.equal(out[1:], torch.zeros_like(out[1:]))
+    assert torch.equal(got_state.double(), ref_state)
+    assert torch.equal(got_state[[0, 1, 3]], state[[0, 1, 3]])
+
+
+def test_update_gates_states_too_long_for_registers() -> None:
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="state_len"):
+        infiniops_py.resolve("causal_conv1d_update", device_type="cpu", dtype="bfloat16", state_len=1025)
