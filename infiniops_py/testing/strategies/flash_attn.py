@@ -3,10 +3,10 @@ and vLLM's ``test_flash_attn.py``, scaled down for the CPU (at most ~600 query +
 
 Head dims from flash-attention's sweep; (Sq, Sk) pairs including (1, 147) and (113, 203), Sq > Sk (empty
 causal rows) and small ones; 1 to 4 sequences of random lengths, one of them at the maximum; MHA, GQA and
-MQA; causal; local windows; softcap {0, 50}; paged K/V with block sizes {16, 32, 256} and a shuffled block
-table whose unused entries are 0 or -1 padding, caches in NHD or HND (a strided view) layout. The kvcache
-cases decode 1 to 3 queries per sequence over 0 to 339 cached tokens, appending new k/v or not; cache rows
-past every sequence hold NaN, which must never reach an output.
+MQA; causal; local windows; softcap {0, 50}; queries now and then scaled x8 (large logits); paged K/V with
+block sizes {16, 32, 256}, a shuffled block table whose unused entries are 0 or -1 padding, caches in NHD
+or HND (a strided view) layout. The kvcache cases decode 1 to 3 queries per sequence over 0 to 339 cached
+tokens, appending new k/v or not. Cache rows past every sequence hold NaN, which must never reach an output.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ def _flags(ctx: CaseContext) -> tuple[int, int, int, bool, float, int]:
     return d, hq, hkv, causal, softcap, block_size
 
 
+def _q_scale(ctx: CaseContext) -> float:
+    """Now and then large logits (|s| ~ 10): peaked softmax rows, and a softcap of 50 that bites."""
+    return ctx.draw(st.sampled_from((1.0, 1.0, 8.0)))
+
+
 def _lengths(ctx: CaseContext, n: int, longest: int, low: int = 0) -> list[int]:
     """`n` random lengths in [low, longest], one of them exactly `longest`."""
     out = [ctx.draw(st.integers(low, longest)) for _ in range(n)]
@@ -92,7 +97,7 @@ def flash_attn_varlen_case(ctx: CaseContext) -> Case:
     len_q, len_k = _lengths(ctx, batch, max_q), _lengths(ctx, batch, max_k)
     cu_q = torch.tensor([0, *torch.tensor(len_q).cumsum(0).tolist()], dtype=torch.int32, device=ctx.device)
     cu_k = torch.tensor([0, *torch.tensor(len_k).cumsum(0).tolist()], dtype=torch.int32, device=ctx.device)
-    q = randn(sum(len_q), hq, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+    q = randn(sum(len_q), hq, d, dtype=ctx.dtype, device=ctx.device, scale=_q_scale(ctx), generator=gen)
     table = None
     if block_size:
         capacity = max_k + ctx.draw(st.sampled_from((0, block_size)))
@@ -122,7 +127,7 @@ def flash_attn_with_kvcache_case(ctx: CaseContext) -> Case:
     cached = _lengths(ctx, batch, longest)
     capacity = longest + new + ctx.draw(st.sampled_from((0, 1, 7)))
     seqlens = torch.tensor(cached, dtype=torch.int32, device=ctx.device)
-    q = randn(batch, sq, hq, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+    q = randn(batch, sq, hq, d, dtype=ctx.dtype, device=ctx.device, scale=_q_scale(ctx), generator=gen)
     table = None
     if block_size:
         k_cache, v_cache, table = _paged_cache(ctx, gen, [n + new for n in cached], capacity, block_size, hkv, d)
