@@ -17,8 +17,8 @@ _SOURCE = r"""
 extern "C" __global__ void conv_update(
         const SCALAR* __restrict__ x, long long x_b, long long x_d, long long x_l,
         SCALAR* __restrict__ state, long long s_b, long long s_d, long long s_s,
-        const SCALAR* __restrict__ w, long long w_d, long long w_w,
-        const SCALAR* __restrict__ bias,                  // may be null
+        const float* __restrict__ w, long long w_d, long long w_w,   // fp32 copies: exact for any dtype
+        const float* __restrict__ bias,                   // may be null
         const int* __restrict__ index,                    // may be null: row b uses state row b
         SCALAR* __restrict__ out, long long o_b, long long o_d, long long o_l,
         long long batch, long long dim, long long seqlen, long long state_len, long long slots,
@@ -34,9 +34,9 @@ extern "C" __global__ void conv_update(
     SCALAR* st = state + row * s_b + d * s_d;
     const SCALAR* xs = x + b * x_b + d * x_d;
     float win[4], wt[4];                                   // width <= 4
-    for (int k = 0; k < width; ++k) wt[k] = to_f(w[d * w_d + k * w_w]);
+    for (int k = 0; k < width; ++k) wt[k] = w[d * w_d + k * w_w];
     for (int k = 0; k < width - 1; ++k) win[k] = to_f(st[(state_len - (width - 1) + k) * s_s]);
-    const float bv = bias ? to_f(bias[d]) : 0.0f;
+    const float bv = bias ? bias[d] : 0.0f;
     for (long long l = 0; l < seqlen; ++l) {
         const float xv = to_f(xs[l * x_l]);
         float acc = bv + wt[width - 1] * xv;
@@ -61,10 +61,8 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     batch, dim, seqlen = x.shape
     if batch == 0 or seqlen == 0:
         return
-    if weight.dtype != x.dtype:
-        weight = weight.to(x.dtype)
-    if bias is not None and bias.dtype != x.dtype:
-        bias = bias.to(x.dtype)
+    weight = weight.float()
+    bias = None if bias is None else bias.float()
     index = None if conv_state_indices is None else conv_state_indices.to(torch.int32)
     fn = module(_SOURCE, SCALAR_TYPES[x.dtype]).get_function("conv_update")
     i64 = np.int64

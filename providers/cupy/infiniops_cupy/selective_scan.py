@@ -36,6 +36,7 @@ extern "C" __global__ void state_update(
     }
     float dtv = to_f(dt[b * dt_b + h * dt_h]) + (dt_bias ? dt_bias[h] : 0.0f);
     if (softplus && dtv <= 20.0f) dtv = log1pf(expf(dtv));
+    dtv = fmaxf(dtv, 0.0f);                            // dt_limit (0, inf), as one step of the scan
     const float dA = expf(dtv * A[h]);
     float* st = state + row * st_b + h * st_h;
     const SCALAR* bv = Bm + b * b_b + g * b_g;
