@@ -113,8 +113,8 @@ def flash_attn_varlen(
         _check_block_table(op, block_table, n - 1, q.device)
     if _values_checked(q.device):
         _check_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q (q.shape[0])", max_seqlen_q)
-        total_k = None if paged else (k.shape[0], "total_k (k.shape[0])")
-        lengths = _check_seqlens(op, "cu_seqlens_k", cu_seqlens_k, *total_k or (None, ""), max_seqlen_k)
+        total_k = (None, "") if paged else (k.shape[0], "total_k (k.shape[0])")
+        lengths = _check_seqlens(op, "cu_seqlens_k", cu_seqlens_k, *total_k, max_seqlen_k)
         if block_table is not None:
             _check_used_blocks(op, block_table, lengths, k.shape[0], block_size)
     scale, window, softcap = _normalize(op, d, softmax_scale, causal, window_size, softcap, max_seqlen_k)
