@@ -1,16 +1,16 @@
 """SSD step 3 of 3: each chunk's outputs from the state entering it and the chunk's own tokens.
 
 For token ``t`` of chunk ``c`` (head ``h``, group ``g``; ``cs``, ``dt``, ``seg`` from step 1, ``S`` the
-state entering the chunk from step 2)::
+state entering the chunk from step 2, ``cb[t, s] = C[t] . B[s]`` from step 2b)::
 
     y[t] = exp(cs[t]) * [seg[t] == 0] * C[t] . S
-         + sum_{s <= t, seg[s] == seg[t]} (C[t] . B[s]) * exp(cs[t] - cs[s]) * dt[s] * x[s]
+         + sum_{s <= t, seg[s] == seg[t]} cb[t, s] * exp(cs[t] - cs[s]) * dt[s] * x[s]
          + D * x[t]
     y[t] *= silu(z[t])            (when z is given)
 
 One program computes a ``BLOCK_M x BLOCK_P`` tile of y: the ``C . S`` term as one dot, then the causal
-``C B^T`` blocks up to the diagonal, each weighted and multiplied by x. ``C B^T`` is recomputed per head
-instead of stored per group: a dot over N costs less than reading it back from memory.
+``cb`` blocks up to the diagonal, each weighted and multiplied by x. Programs run heads first, so the
+heads of one chunk read the same ``cb`` tiles while they are in L2.
 """
 
 from __future__ import annotations
@@ -42,18 +42,17 @@ def _chunk_scan_kernel(
     x_ptr,  # [Bt, L, H, P], any strides
     z_ptr,  # [Bt, L, H, P] (read when HAS_Z)
     out_ptr,  # out: [Bt, L, H, P] in x's dtype
-    b_ptr,  # [Bt, L, G, N]
     c_ptr,  # [Bt, L, G, N]
+    cb_ptr,  # [Bt, nchunks, G, CHUNK, CHUNK] fp32 contiguous: C B^T within each chunk (on/below the diagonal)
     d_ptr,  # [H] or [H, P] (read when HAS_D; stride_d_p is 0 for [H])
-    prev_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: the state entering each chunk
+    prev_ptr,  # [Bt, nchunks, H, P, N] contiguous (x's dtype, fp32 for fp32): the state entering each chunk
     dt_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: processed dt
     cs_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: chunk-relative cumsum of dt * A
     seg_ptr,  # [Bt, nchunks, CHUNK] int32 contiguous (read when HAS_SEQ_IDX)
-    L, H, P, N, nchunks, heads_per_group,
+    L, H, G, P, N, nchunks, heads_per_group,
     stride_x_b, stride_x_l, stride_x_h, stride_x_p,
     stride_z_b, stride_z_l, stride_z_h, stride_z_p,
     stride_o_b, stride_o_l, stride_o_h, stride_o_p,
-    stride_b_b, stride_b_l, stride_b_g, stride_b_n,
     stride_c_b, stride_c_l, stride_c_g, stride_c_n,
     stride_d_h, stride_d_p,
     WORK,  # autotune key only: log2 of the number of (row, chunk, head) triples
@@ -67,14 +66,16 @@ def _chunk_scan_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    pid_mp = tl.program_id(0)
-    pid_bc = tl.program_id(1)
-    h = tl.program_id(2)
+    # One flat axis, heads fastest: the heads of one (chunk, row block) share cb and C tiles in L2.
+    p_tiles = tl.cdiv(P, BLOCK_P)
+    m_tiles = tl.cdiv(CHUNK, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_p = pid % p_tiles
+    h = (pid // p_tiles) % H
+    pid_m = (pid // (p_tiles * H)) % m_tiles
+    pid_bc = pid // (p_tiles * H * m_tiles)
     b = pid_bc // nchunks
     c = pid_bc % nchunks
-    p_tiles = tl.cdiv(P, BLOCK_P)
-    pid_m = pid_mp // p_tiles
-    pid_p = pid_mp % p_tiles
     start = c * CHUNK
     chunk_len = tl.minimum(CHUNK, L - start)
     if pid_m * BLOCK_M >= chunk_len:  # past the end of a short last chunk
@@ -108,17 +109,16 @@ def _chunk_scan_kernel(
     if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
         acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
 
-    b_rows = b_ptr + b64 * stride_b_b + start64 * stride_b_l + g * stride_b_g + offs_n[:, None] * stride_b_n
+    cb_rows = cb_ptr + (((b64 * nchunks + c) * G + g) * CHUNK + offs_m[:, None]) * CHUNK
     x_base = x_ptr + b64 * stride_x_b + start64 * stride_x_l + h * stride_x_h
     x_cols = x_base + offs_p[None, :] * stride_x_p
     for k0 in range(0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):  # up to the diagonal
         offs_s = k0 + tl.arange(0, BLOCK_K)
         mask_s = offs_s < chunk_len
-        bt = tl.load(b_rows + offs_s[None, :] * stride_b_l, mask=mask_n[:, None] & mask_s[None, :], other=0.0)
-        cb = tl.dot(cm, bt, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_K] fp32
+        keep = (offs_m[:, None] >= offs_s[None, :]) & mask_s[None, :]
+        cb = tl.load(cb_rows + offs_s[None, :], mask=keep & mask_m[:, None], other=0.0)  # [BLOCK_M, BLOCK_K]
         cs_s = tl.load(cs_ptr + tok_base + offs_s, mask=mask_s, other=0.0)
         dt_s = tl.load(dt_ptr + tok_base + offs_s, mask=mask_s, other=0.0)
-        keep = (offs_m[:, None] >= offs_s[None, :]) & mask_s[None, :]
         if HAS_SEQ_IDX:
             seg_s = tl.load(seg_base + offs_s, mask=mask_s, other=-1)
             keep &= seg_m[:, None] == seg_s[None, :]
@@ -150,9 +150,9 @@ def _chunk_scan_kernel(
 def chunk_scan(
     x: torch.Tensor,
     z: torch.Tensor | None,
-    B: torch.Tensor,
     C: torch.Tensor,
     D: torch.Tensor | None,
+    cb: torch.Tensor,
     prev: torch.Tensor,
     dt_proc: torch.Tensor,
     cs: torch.Tensor,
@@ -160,12 +160,12 @@ def chunk_scan(
     chunk_size: int,
     out: torch.Tensor,
 ) -> None:
-    """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1 and 2.
+    """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1, 2 and 2b.
 
     D ``[H]`` or ``[H, P]``; z like x or None; seg None without seq_idx.
     """
     bt, seqlen, nheads, headdim = x.shape
-    ngroups, dstate = B.shape[2], B.shape[3]
+    ngroups, dstate = C.shape[2], C.shape[3]
     nchunks = prev.shape[1]
     zt = z if z is not None else x
     if D is None:
@@ -173,14 +173,14 @@ def chunk_scan(
     else:
         d, d_strides = D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
 
-    def grid(meta: dict) -> tuple[int, int, int]:
+    def grid(meta: dict) -> tuple[int]:
         tiles = triton.cdiv(chunk_size, meta["BLOCK_M"]) * triton.cdiv(headdim, meta["BLOCK_P"])
-        return (tiles, bt * nchunks, nheads)
+        return (tiles * nheads * bt * nchunks,)
 
     _chunk_scan_kernel[grid](
-        x, zt, out, B, C, d, prev, dt_proc, cs, seg if seg is not None else cs,
-        seqlen, nheads, headdim, dstate, nchunks, nheads // ngroups,
-        *x.stride(), *zt.stride(), *out.stride(), *B.stride(), *C.stride(), *d_strides,
+        x, zt, out, C, cb, d, prev, dt_proc, cs, seg if seg is not None else cs,
+        seqlen, nheads, ngroups, headdim, dstate, nchunks, nheads // ngroups,
+        *x.stride(), *zt.stride(), *out.stride(), *C.stride(), *d_strides,
         (bt * nchunks * nheads).bit_length(),
         CHUNK=chunk_size,
         HAS_D=D is not None,

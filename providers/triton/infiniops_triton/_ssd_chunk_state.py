@@ -69,12 +69,15 @@ def _chunk_state_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_pn = tl.program_id(0)
-    pid_bc = tl.program_id(1)
-    h = tl.program_id(2)
+    # One flat axis, heads before chunks: the heads of one chunk run together and share B in L2.
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pn_tiles = tl.cdiv(P, BLOCK_P) * n_tiles
+    pid = tl.program_id(0)
+    pid_pn = pid % pn_tiles
+    h = (pid // pn_tiles) % H
+    pid_bc = pid // (pn_tiles * H)
     b = pid_bc // nchunks
     c = pid_bc % nchunks
-    n_tiles = tl.cdiv(N, BLOCK_N)
     pid_p = pid_pn // n_tiles
     pid_n = pid_pn % n_tiles
     g = h // heads_per_group
@@ -178,9 +181,9 @@ def chunk_state(
     si = seq_idx if seq_idx is not None else seg_out
     si_strides = (si.stride(0), si.stride(1)) if seq_idx is not None else (0, 0)
 
-    def grid(meta: dict) -> tuple[int, int, int]:
+    def grid(meta: dict) -> tuple[int]:
         tiles = triton.cdiv(headdim, meta["BLOCK_P"]) * triton.cdiv(dstate, meta["BLOCK_N"])
-        return (tiles, bt * nchunks, nheads)
+        return (tiles * nheads * bt * nchunks,)
 
     _chunk_state_kernel[grid](
         x, dt, A, B, dt_bias if dt_bias is not None else A, si,

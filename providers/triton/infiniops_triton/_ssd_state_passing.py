@@ -32,7 +32,7 @@ def _state_passing_kernel(
     local_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: each chunk's local end state
     carry_ptr,  # [Bt, H, nchunks] fp32 contiguous
     init_ptr,  # [Bt, H, P, N] fp32 initial states (read when HAS_INIT), any strides
-    prev_ptr,  # out: [Bt, nchunks, H, P, N] fp32 contiguous: the state entering each chunk
+    prev_ptr,  # out: [Bt, nchunks, H, P, N] contiguous, any float dtype: the state entering each chunk
     final_ptr,  # out: [Bt, H, P, N] fp32 final states (written when HAS_FINAL), any strides
     H, P, N, nchunks,
     stride_init_b, stride_init_h, stride_init_p, stride_init_n,
@@ -57,7 +57,7 @@ def _state_passing_kernel(
         state = tl.zeros((BLOCK,), dtype=tl.float32)
     row_stride = H.to(tl.int64) * size  # from one chunk to the next in local/prev
     base = (b * nchunks * H + h) * size + offs
-    tl.store(prev_ptr + base, state, mask=mask)
+    tl.store(prev_ptr + base, state.to(prev_ptr.dtype.element_ty), mask=mask)
     rows = tl.arange(0, CHUNKS_PER_STEP)
     for c0 in range(0, nchunks, CHUNKS_PER_STEP):
         chunk = c0 + rows
@@ -69,7 +69,7 @@ def _state_passing_kernel(
         carry, local = tl.associative_scan((carry, local), 0, _linear_combine)
         ends = tl.where(carry < 0, local, carry * state[None, :] + local)  # S_c for each chunk c of the step
         store_ok = (chunk + 1 < nchunks)[:, None] & mask[None, :]
-        tl.store(prev_ptr + tile + row_stride, ends, mask=store_ok)
+        tl.store(prev_ptr + tile + row_stride, ends.to(prev_ptr.dtype.element_ty), mask=store_ok)
         state = tl.sum(tl.where(rows[:, None] == CHUNKS_PER_STEP - 1, ends, 0.0), axis=0)
     if HAS_FINAL:
         final = final_ptr + b * stride_final_b + h * stride_final_h + p * stride_final_p + n * stride_final_n
@@ -85,7 +85,8 @@ def state_passing(
 ) -> None:
     """Fill `prev` with the state entering each chunk, and `final_states` (when given) with the last state.
 
-    `local` and `prev` fp32 contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
+    `local` fp32 and `prev` (fp32, or the inputs' 16-bit dtype: the chunk scan multiplies it in that
+    dtype anyway) contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
     `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` or None.
     """
     bt, nchunks, nheads, headdim, dstate = local.shape

@@ -1,11 +1,12 @@
-"""Selective scan (Mamba-2 chunked SSD) in three Triton launches, and the one-step state update.
+"""Selective scan (Mamba-2 chunked SSD) in four Triton launches, and the one-step state update.
 
 The prefill follows the state-space-duality algorithm of Mamba-2 (the semantics of state-spaces/mamba's
-``mamba_chunk_scan_combined``), in fewer launches than its five kernels:
+``mamba_chunk_scan_combined``), with its dt/cumsum kernel folded into the chunk-state one:
 
 1. `_ssd_chunk_state`: dt processing, the decay cumsum and each chunk's local end state (one kernel);
 2. `_ssd_state_passing`: the state entering each chunk, and the final state;
-3. `_ssd_chunk_scan`: the outputs, with ``C B^T`` recomputed per tile, D and the z gate fused.
+   `_ssd_bmm`: ``C B^T`` within each chunk, once per group;
+3. `_ssd_chunk_scan`: the outputs, D and the z gate fused.
 
 ``seq_idx`` resets the state wherever it changes between neighbouring tokens (any int32 values, not only
 non-decreasing ones). ``chunk_size`` is a performance knob (the result does not depend on it beyond
@@ -23,6 +24,7 @@ import torch
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._ssd_bmm import chunk_cb
 from infiniops_triton._ssd_chunk_scan import chunk_scan
 from infiniops_triton._ssd_chunk_state import chunk_state
 from infiniops_triton._ssd_state_passing import state_passing
@@ -82,14 +84,16 @@ def selective_scan(
     dev = x.device
     f32 = torch.float32
     local = torch.empty((bt, nchunks, nheads, headdim, dstate), device=dev, dtype=f32)
-    prev = torch.empty_like(local)
+    prev = torch.empty_like(local, dtype=x.dtype)  # the scan multiplies it in x's dtype (as mamba_ssm)
+    cb = torch.empty((bt, nchunks, B.shape[2], chunk_size, chunk_size), device=dev, dtype=f32)
     per_token = torch.empty((2, bt, nheads, nchunks, chunk_size), device=dev, dtype=f32)  # dt, cumsum
     carry = torch.empty((bt, nheads, nchunks), device=dev, dtype=f32)
     seg = None if seq_idx is None else torch.empty((bt, nchunks, chunk_size), device=dev, dtype=torch.int32)
     chunk_state(x, dt, A, B, dt_bias, dt_softplus, dt_limit, seq_idx, chunk_size,
                 local, per_token[0], per_token[1], seg if seg is not None else carry, carry)
     state_passing(local, carry, initial_states, prev, final_states)
-    chunk_scan(x, z, B, C, D, prev, per_token[0], per_token[1], seg, chunk_size, out)
+    chunk_cb(C, B, chunk_size, cb)
+    chunk_scan(x, z, C, D, cb, prev, per_token[0], per_token[1], seg, chunk_size, out)
 
 
 IMPLEMENTATIONS = [
