@@ -52,10 +52,7 @@ class Engine:
         dtype = options.resolved_dtype(config)
         num_blocks = options.num_blocks or self._auto_blocks(dtype)
         per_seq = options.blocks_per_seq(config)
-        if num_blocks < per_seq:
-            raise ConfigError(f"num_blocks={num_blocks} cannot hold one sequence of max_model_len="
-                              f"{options.model_len(config)} ({per_seq} blocks of {options.block_size}); "
-                              f"lower max_model_len or give more blocks")
+        _check_blocks(config, options, num_blocks)
         self.cache = KVCache(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
                              config.head_dim, dtype, self.device)
         self.scheduler = Scheduler(self.cache.allocator, max_num_seqs=options.max_num_seqs,
@@ -79,6 +76,8 @@ class Engine:
         """
         options = options or EngineOptions()
         config = ModelConfig.from_pretrained(path)
+        if options.num_blocks is not None:
+            _check_blocks(config, options, options.num_blocks)
         gate_plan = plan(config, options)
         model = cls._build(config, options, gate_plan)
         load_weights(path, model.targets(), ignored=lambda n: model.ignored(n, config.tie_word_embeddings),
@@ -176,3 +175,11 @@ class Engine:
             for s in seqs:
                 alloc.free(s.block_table)
         return list(logits.split([len(p) for p in prompts]))
+
+
+def _check_blocks(config: ModelConfig, options: EngineOptions, num_blocks: int) -> None:
+    per_seq = options.blocks_per_seq(config)
+    if num_blocks < per_seq:
+        raise ConfigError(f"num_blocks={num_blocks} cannot hold one sequence of max_model_len="
+                          f"{options.model_len(config)} ({per_seq} blocks of {options.block_size}); "
+                          f"lower max_model_len or give more blocks")

@@ -51,9 +51,12 @@ def _headers(files: list[Path]) -> dict[str, tuple[Path, list[int]]]:
 
     found: dict[str, tuple[Path, list[int]]] = {}
     for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                found[name] = (f, list(st.get_slice(name).get_shape()))
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    found[name] = (f, list(st.get_slice(name).get_shape()))
+        except Exception as err:  # safetensors raises its own SafetensorError (and OSError)
+            raise LoadError(f"{f}: not a readable safetensors file ({type(err).__name__}: {err})") from err
     return found
 
 
@@ -85,8 +88,8 @@ def load_weights(
         the number of bytes read.
 
     Raises:
-        LoadError: missing, unexpected or mis-shaped tensors (all listed, nothing read yet), or no
-            safetensors files.
+        LoadError: missing, unexpected or mis-shaped tensors (all listed, nothing read yet), no safetensors
+            files, or a file that is not safetensors.
     """
     from safetensors import safe_open
     from tqdm import tqdm

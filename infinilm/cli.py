@@ -1,0 +1,170 @@
+"""The ``infinilm`` console script: ``generate``, ``check``, ``bench`` and ``demo``.
+
+Exit status: 0 on success, 1 when the gates reject the configuration (the gate report is printed and no
+weight has been read), 2 for any other user error (a bad option, an unsupported config, a checkpoint that
+does not fit the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from infinilm.cache import CacheError
+from infinilm.config import ConfigError, EngineOptions, ModelConfig, parse_dtype
+from infinilm.gates import gate_report, parse_provider_overrides, plan
+from infinilm.loader import LoadError
+from infiniops_py import GateError
+
+__all__ = ["main"]
+
+
+def _engine_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
+    if model:
+        p.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV-cache blocks (default: sized from memory)")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output (default: config's)")
+    p.add_argument("--provider", action="append", default=[], metavar="OP=NAME",
+                   help="force a provider for an operator (or NAME for all); repeatable")
+    p.add_argument("--qk-norm", choices=("auto", "fused", "per_head"), default="auto",
+                   help="Qwen3 q/k norm path (default: fused where a provider serves it)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on CUDA")
+
+
+def _options(args: argparse.Namespace, **extra: int) -> EngineOptions:
+    try:
+        providers = parse_provider_overrides(args.provider)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return EngineOptions(
+        device=args.device, dtype=parse_dtype(args.dtype) if args.dtype else None, block_size=args.block_size,
+        num_blocks=args.num_blocks, max_model_len=args.max_model_len, providers=providers, qk_norm=args.qk_norm,
+        cuda_graphs=not args.no_cuda_graphs, **extra,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infinilm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text (or token ids) from a prompt, streaming")
+    _engine_args(gen)
+    gen.add_argument("--prompt", required=True, help="text (or space-separated token ids without tokenizer.json)")
+    _sampling_args(gen)
+    chk = sub.add_parser("check", help="the operator closure and its providers, or the gate report; reads no weights")
+    _engine_args(chk)
+    bench = sub.add_parser("bench", help="prefill and decode throughput and latency")
+    _engine_args(bench)
+    bench.add_argument("--batch", type=int, default=1)
+    bench.add_argument("--input-len", type=int, default=128)
+    bench.add_argument("--output-len", type=int, default=128)
+    bench.add_argument("--seed", type=int, default=0)
+    demo = sub.add_parser("demo", help="build a small Qwen3 checkpoint under the user cache dir and generate from it")
+    _engine_args(demo, model=False)
+    demo.add_argument("--prompt", default="InfiniOps")
+    _sampling_args(demo, max_new_tokens=256)
+    return parser
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = ModelConfig.from_pretrained(args.model)
+    gate_plan = plan(config, _options(args))
+    print(f"{args.model}: {config.model_type}, {config.num_layers} layers, head_dim {config.head_dim}, "
+          f"{config.num_heads}/{config.num_kv_heads} heads; every operator problem is served:")
+    print(gate_plan.render())
+    return 0
+
+
+def _generate(args: argparse.Namespace, model: str) -> int:
+    from infinilm.engine import Engine
+    from infinilm.sequence import SamplingParams
+    from infinilm.tokenizer import StreamDecoder, load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    if tokenizer is not None:
+        prompt = tokenizer.encode(args.prompt).ids
+    else:
+        try:
+            prompt = [int(t) for t in args.prompt.replace(",", " ").split()]
+        except ValueError:
+            raise ConfigError(
+                f"{model} has no tokenizer.json: --prompt must be token ids, got {args.prompt!r}") from None
+    options = _options(args, max_num_seqs=1)
+    engine = Engine.from_pretrained(model, options)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    seq = engine.add_request(prompt, params)
+    decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
+    start = time.perf_counter()
+    for _ in engine.stream():
+        text = decoder.push(seq.output) if decoder else f"{seq.output[-1]} "
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    elapsed = time.perf_counter() - start
+    used = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
+    print(f"\n[{len(prompt)} prompt tokens, {seq.num_output} generated ({seq.finish_reason.value}) in {elapsed:.2f}s; "
+          f"prefill {_rate(engine.prefill_tokens, engine.prefill_seconds)} tok/s, decode "
+          f"{_rate(engine.decode_tokens, engine.decode_seconds)} tok/s; {engine.graph_status}; providers: {used}]")
+    return 0
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds:.1f}" if seconds > 0 else "-"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from infinilm.bench import run_bench
+    from infinilm.engine import Engine
+
+    options = _options(args, max_num_seqs=args.batch,
+                       max_num_batched_tokens=max(8192, args.batch * args.input_len))
+    engine = Engine.from_pretrained(args.model, options)
+    result = run_bench(engine, args.batch, args.input_len, args.output_len, seed=args.seed)
+    print(result.table())
+    print(f"{engine.graph_status}; providers: "
+          + ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items()))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from infinilm.demo import demo_checkpoint
+
+    path = demo_checkpoint()
+    print(f"demo checkpoint (a small Qwen3 taught one sentence, byte-level tokenizer): {path}")
+    return _generate(args, str(path))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (see the module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check(args)
+        if args.command == "generate":
+            return _generate(args, args.model)
+        if args.command == "bench":
+            return _bench(args)
+        return _demo(args)
+    except GateError as err:
+        print(gate_report(err), file=sys.stderr)
+        return 1
+    except (ConfigError, LoadError, CacheError, ValueError) as err:
+        print(f"infinilm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Text in and out: ``tokenizer.json`` through the `tokenizers` library, and streaming detokenization."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StreamDecoder", "load_tokenizer"]
+
+
+def load_tokenizer(path: str | Path) -> Any | None:
+    """The `tokenizers.Tokenizer` of ``<path>/tokenizer.json``, or None when the checkpoint has none."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(file))
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text increments.
+
+    Decodes the whole output each time and emits what is new; text ending in U+FFFD (a multi-byte
+    character whose bytes have not all arrived) is held back until it completes.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.emitted = 0
+
+    def push(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.emitted = text[self.emitted:], len(text)
+        return new

@@ -1,0 +1,50 @@
+"""Tiny Hugging Face models for the infinilm tests: GQA (4 query heads, 2 KV heads), 2 layers, hidden 64,
+vocab 256, float32 on CPU, random weights from fixed seeds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
+    """A small transformers config of `family` (llama with attention and MLP biases, to cover them)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = {
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tied, "eos_token_id": 255, "bos_token_id": 0,
+    }
+    common.update(overrides)
+    if family == "llama":
+        return LlamaConfig(**common, attention_bias=True, mlp_bias=True, rope_theta=10000.0)
+    if family == "qwen2":
+        return Qwen2Config(**common, rope_theta=1e6)
+    return Qwen3Config(**common, head_dim=32, rope_theta=1e6)
+
+
+def hf_model(family: str, *, tied: bool, seed: int = 0, **overrides: object) -> torch.nn.Module:
+    """The transformers model of `hf_config`, random weights from `seed`, eval mode.
+
+    Norm weights are drawn around 1 (HF initializes them to exactly 1), so that a norm applied with the
+    wrong weight, or not at all, changes the logits.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(family, tied=tied, **overrides)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+    return model
+
+
+CheckpointFactory = Callable[..., tuple[Path, torch.nn.Module]]

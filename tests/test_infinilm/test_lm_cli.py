@@ -1,0 +1,119 @@
+"""The ``infinilm`` CLI: check, generate, bench, demo, and gates that fail before any weight is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lm_helpers import CheckpointFactory
+
+from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm.cli import main
+from infinilm.demo import PROMPT, TEXT
+
+SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
+
+
+def _corrupt_copy(src: Path, dst: Path, **config_changes: object) -> Path:
+    """A checkpoint directory whose config is readable and whose weights file is garbage."""
+    dst.mkdir()
+    config = {**json.loads((src / "config.json").read_text()), **config_changes}
+    (dst / "config.json").write_text(json.dumps(config))
+    (dst / "model.safetensors").write_bytes(b"\xff" * 64)
+    return dst
+
+
+def _run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process, without inherited provider settings (no Triton interpreter on CPU)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_"))} | extra_env
+    return subprocess.run([sys.executable, "-m", "infinilm.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_check_lists_the_closure_and_reads_no_weights(checkpoint: CheckpointFactory, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = checkpoint("qwen2")
+    bad = _corrupt_copy(path, tmp_path / "bad")
+    assert main(["check", "--model", str(bad), *SMALL]) == 0
+    out = capsys.readouterr().out
+    for op in ("gemm", "rms_norm", "fused_add_rms_norm", "reshape_and_cache_flash", "flash_attn_varlen",
+               "flash_attn_with_kvcache"):
+        assert f"\n{op} " in out
+    assert "torch." in out and "linear bias: fused into gemm" in out
+    # the same directory does not generate: the weights are read after the gates, and they are garbage
+    assert main(["generate", "--model", str(bad), "--prompt", "1 2 3", *SMALL]) == 2
+    assert "not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_a_provider_forced_onto_a_device_it_does_not_serve_fails_the_gates(
+    checkpoint: CheckpointFactory, tmp_path: Path
+) -> None:
+    path, _ = checkpoint("qwen3")
+    bad = _corrupt_copy(path, tmp_path / "bad")
+    forced = ["--device", "cpu", "--provider", "flash_attn_varlen=triton", *SMALL]
+    result = _run("check", "--model", str(bad), *forced)
+    assert result.returncode == 1, result.stderr
+    assert "gate check failed" in result.stderr
+    assert "no provider can serve flash_attn_varlen" in result.stderr
+    assert "triton (triton.flash_attn_varlen" in result.stderr and "device_type=cpu not in {cuda}" in result.stderr
+    result = _run("generate", "--model", str(bad), "--prompt", "1 2 3", *forced)
+    assert result.returncode == 1 and "gate check failed" in result.stderr  # gates ran before the bad weights
+
+
+def test_a_head_dim_no_allowed_provider_serves_fails_the_gates(checkpoint: CheckpointFactory, tmp_path: Path) -> None:
+    path, _ = checkpoint("qwen3")
+    bad = _corrupt_copy(path, tmp_path / "bad", head_dim=48)
+    # the Triton interpreter switch makes Triton declare cpu too, so that head_dim is its only objection
+    result = _run("check", "--model", str(bad), "--device", "cpu", "--provider", "flash_attn_varlen=triton",
+                  "--provider", "flash_attn_with_kvcache=triton", *SMALL, TRITON_INTERPRET="1",
+                  INFINIOPS_TRITON_INTERPRET_CPU="1")
+    assert result.returncode == 1, result.stderr
+    assert "2 operator problem(s) of this configuration have no provider" in result.stderr
+    assert "no provider can serve flash_attn_with_kvcache" in result.stderr
+    assert "head_dim=48 not in" in result.stderr and "device_type=cpu not in" not in result.stderr
+
+
+def test_generate_streams_token_ids_without_a_tokenizer(checkpoint: CheckpointFactory,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = checkpoint("llama")
+    assert main(["generate", "--model", str(path), "--prompt", "4, 8, 15, 16", "--max-new-tokens", "6",
+                 "--ignore-eos", *SMALL]) == 0
+    out = capsys.readouterr().out.splitlines()
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=16, max_model_len=64))
+    expected = engine.generate([[4, 8, 15, 16]], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    assert [int(t) for t in out[0].split()] == expected
+    assert out[1].startswith("[4 prompt tokens, 6 generated (length)") and "flash_attn_varlen=torch" in out[1]
+
+
+def test_bench_prints_a_table(checkpoint: CheckpointFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = checkpoint("qwen3")
+    assert main(["bench", "--model", str(path), "--batch", "3", "--input-len", "8", "--output-len", "5",
+                 *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "batch / input / output" in out and "3 / 8 / 5" in out and "decode throughput (tok/s)" in out
+
+
+def test_bad_arguments_exit_2(checkpoint: CheckpointFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = checkpoint("llama")
+    assert main(["check", "--model", str(path), "--provider", "=triton"]) == 2
+    assert main(["generate", "--model", str(path), "--prompt", "hello", *SMALL]) == 2
+    assert "has no tokenizer.json" in capsys.readouterr().err
+
+
+def test_demo_builds_once_and_generates_the_sentence_it_was_taught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("INFINILM_CACHE", str(tmp_path))
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert TEXT.removeprefix(PROMPT) in out and "generated (eos)" in out
+    (built,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    stamp = (built / "model.safetensors").stat().st_mtime_ns
+    assert main(["demo", "--max-new-tokens", "8"]) == 0
+    assert (built / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    shutil.rmtree(built)

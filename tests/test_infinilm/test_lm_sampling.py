@@ -1,0 +1,49 @@
+"""Sampling: greedy argmax, top-k / top-p filtering, seeded draws that do not depend on the batch."""
+
+from __future__ import annotations
+
+import torch
+
+from infinilm.sampling import filter_logits, sample
+from infinilm.sequence import SamplingParams, Sequence
+
+
+def _seqs(*params: SamplingParams) -> list[Sequence]:
+    return [Sequence([1], p) for p in params]
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.randn(5, 300)
+    assert sample(logits, _seqs(*[SamplingParams()] * 5)) == logits.argmax(-1).tolist()
+
+
+def test_filters() -> None:
+    logits = torch.tensor([1.0, 4.0, 3.0, 2.0, 0.5])
+    kept = filter_logits(logits, top_k=2, top_p=1.0)
+    assert torch.isfinite(kept).tolist() == [False, True, True, False, False]
+    probs = torch.softmax(logits, 0)  # 0.031, 0.62, 0.23, 0.084, 0.019
+    kept = filter_logits(logits, top_k=0, top_p=float(probs[1]) + 0.01)  # needs the two most likely
+    assert torch.isfinite(kept).tolist() == [False, True, True, False, False]
+    kept = filter_logits(logits, top_k=0, top_p=0.01)  # the most likely token always stays
+    assert torch.isfinite(kept).tolist() == [False, True, False, False, False]
+
+
+def test_seeded_sampling_repeats_and_ignores_the_batch() -> None:
+    logits = torch.randn(3, 64)
+    hot = SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=1234)
+    draws = []
+    for _ in range(2):
+        seq = _seqs(hot)[0]
+        draws.append([sample(logits[1:2], [seq])[0] for _ in range(20)])
+    assert draws[0] == draws[1]
+    seqs = _seqs(SamplingParams(), hot, SamplingParams(temperature=1.0, seed=9))
+    batched = [sample(logits, seqs)[1] for _ in range(20)]
+    assert batched == draws[0]
+    assert len(set(draws[0])) > 1  # it samples, it is not argmax
+    assert sample(logits, seqs)[0] == int(logits[0].argmax())
+
+
+def test_top_k_one_is_greedy() -> None:
+    logits = torch.randn(4, 50)
+    seqs = _seqs(*[SamplingParams(temperature=0.7, top_k=1, seed=s) for s in range(4)])
+    assert sample(logits, seqs) == logits.argmax(-1).tolist()
