@@ -15,7 +15,7 @@ from infiniops_py import plugins
 from infiniops_py.operators import OPERATORS
 from infiniops_py.operators._base import OpSpec, Problem, dtype_name, install_dispatcher
 from infiniops_py.registry import Implementation, Provider
-from infiniops_py.resolver import Explanation, Fallback, Resolver, Settings, current_overrides
+from infiniops_py.resolver import _OVERRIDES, Explanation, Fallback, Resolver, Settings, current_overrides
 
 __all__ = [
     "explain",
@@ -126,8 +126,9 @@ def fallbacks() -> list[Fallback]:
 
 
 def _dispatch(spec: OpSpec, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # the hot path of every call: a contextvar read and a dict lookup
     r = _resolver or get_resolver()
-    overrides = current_overrides()
+    overrides = _OVERRIDES.get()
     impl = r.cache.get((spec.name, key, overrides))
     if impl is None:
         impl = r.resolve_key(spec, key, overrides)

@@ -1,0 +1,124 @@
+"""Per-call overhead of InfiniOps-Py's dispatch, against calling the chosen implementation directly.
+
+Two rows per operator, on tiny CPU tensors (so the kernel is as cheap as it gets and the overhead shows):
+
+- dispatch: ``OpSpec.call(key, ...)`` (a contextvar read, a dict lookup in the resolution cache, the call)
+  against ``impl.fn(...)``;
+- full call: the public function (contract checks, key, dispatch) against ``impl.fn(...)``.
+
+Each figure is the median over `rounds` rounds of `calls` calls of this thread's CPU time (so other
+processes on a shared machine do not count; torch runs single-threaded here), rounds interleaving the
+three paths, with the garbage collector off. The target is at most 2 microseconds of overhead per call.
+
+    python benchmarks/dispatch.py [--rounds 20] [--calls 2000]
+
+Exits 1 when the dispatch path's overhead exceeds the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import infiniops_py as io
+from infiniops_py import runtime
+from infiniops_py.operators import OPERATORS, OpSpec
+from infiniops_py.operators._base import install_dispatcher
+
+TARGET_US = 2.0
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def _cases() -> dict[str, Call]:
+    """The public calls to time, for the operators that exist: (function, args, kwargs)."""
+    a, b = torch.randn(8), torch.randn(8)
+    cases: dict[str, Call] = {"add": (io.add, (a, b), {"out": torch.empty(8)})}
+    if "rms_norm" in OPERATORS:
+        x, w = torch.randn(2, 16), torch.randn(16)
+        cases["rms_norm"] = (OPERATORS["rms_norm"].function, (x, w, 1e-6), {"out": torch.empty(2, 16)})
+    return cases
+
+
+def _capture(call: Call) -> tuple[OpSpec, tuple[Any, ...], tuple[Any, ...], dict[str, Any]]:
+    """Run `call` once and record what it dispatches: (spec, key, implementation args, kwargs)."""
+    seen: list[tuple[OpSpec, tuple[Any, ...], tuple[Any, ...], dict[str, Any]]] = []
+
+    def recorder(spec: OpSpec, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        seen.append((spec, key, args, kwargs))
+        return runtime._dispatch(spec, key, args, kwargs)
+
+    install_dispatcher(recorder)
+    try:
+        fn, args, kwargs = call
+        fn(*args, **kwargs)
+    finally:
+        install_dispatcher(runtime._dispatch)
+    return seen[0]
+
+
+def _per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], calls: int) -> float:
+    start = time.thread_time_ns()
+    for _ in range(calls):
+        fn(*args, **kwargs)
+    return (time.thread_time_ns() - start) / calls / 1e3
+
+
+def measure(call: Call, rounds: int, calls: int) -> dict[str, float]:
+    """Median microseconds per call of the implementation, the dispatch path and the full public call."""
+    spec, key, impl_args, impl_kwargs = _capture(call)
+    impl = runtime.get_resolver().resolve_key(spec, key, ())
+    fn, args, kwargs = call
+    paths = {
+        "direct": (impl.fn, impl_args, impl_kwargs),
+        "dispatch": (spec.call, (key, *impl_args), impl_kwargs),
+        "full": (fn, args, kwargs),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for f, a, k in paths.values():  # warm up
+        _per_call_us(f, a, k, calls // 10 + 1)
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, (f, a, k) in paths.items():
+                samples[name].append(_per_call_us(f, a, k, calls))
+    finally:
+        gc.enable()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=2000)
+    opts = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    table = Table(title=f"per-call overhead vs the implementation (median of {opts.rounds} x {opts.calls} calls, "
+                        f"target <= {TARGET_US:g} us)")
+    for column in ("operator", "implementation", "path", "impl us", "path us", "overhead us", "verdict"):
+        table.add_column(column, justify="right" if column.endswith("us") else "left")
+    dispatch_ok = True
+    for op, call in _cases().items():
+        spec, key, _, _ = _capture(call)
+        name = runtime.get_resolver().resolve_key(spec, key, ()).name
+        t = measure(call, opts.rounds, opts.calls)
+        for path, label in (("dispatch", "dispatch (OpSpec.call)"), ("full", "full call (checks + dispatch)")):
+            overhead = t[path] - t["direct"]
+            ok = overhead <= TARGET_US
+            dispatch_ok &= ok or path != "dispatch"
+            verdict = "[green]ok[/green]" if ok else "[red]over[/red]"
+            table.add_row(op, name, label, f"{t['direct']:.2f}", f"{t[path]:.2f}", f"{overhead:.2f}", verdict)
+    Console().print(table)
+    return 0 if dispatch_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
