@@ -3,12 +3,14 @@
 The conformance suite first, then what its small draws rarely reach: several chunks per row with a
 chunk-crossing restart of ``seq_idx`` (including a value that comes back), the head-dim tiling, the
 requested chunk sizes the kernels round, an inf kept inside its own sequence, unchecked out-of-range
-slots, and the gates.
+slots, the gates, and the GPU benchmark script's code paths at tiny sizes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,3 +147,20 @@ def test_gates_name_the_field() -> None:
         infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float32", d_state=300)
     with infiniops_py.use("triton"), pytest.raises(GateError, match="dtype"):
         infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float64")
+
+
+def test_gpu_benchmark_script_runs_end_to_end_at_small_sizes() -> None:
+    # benchmarks/gpu_ssm.py runs on the H200 only; here every code path but the real timer runs on the CPU
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_ssm.py"
+    spec = importlib.util.spec_from_file_location("gpu_ssm", path)
+    assert spec is not None and spec.loader is not None
+    gpu_ssm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_ssm)
+    results: list[dict] = []
+    gpu_ssm.run(results, device="cpu", timer=lambda fn: (fn(), 1.0)[1], small=True)
+    checks = [r for r in results if r["kind"] == "check"]
+    perf = [r for r in results if r["kind"] == "perf"]
+    assert len(checks) == len(gpu_ssm.correctness_cases(torch.bfloat16, "cpu", small=True))
+    assert all(r["status"] == "PASS" for r in checks), gpu_ssm.format_table(checks)
+    assert len(perf) == 4 and all("triton" in r for r in perf), gpu_ssm.format_table(perf)
+    assert len(gpu_ssm.format_table(results).splitlines()) == len(results)
