@@ -20,6 +20,8 @@ from infiniops_py import GateError
 
 __all__ = ["main"]
 
+_LLM_EXTRA = ("transformers", "safetensors", "tokenizers", "tqdm")  # the `llm` extra of pyproject.toml
+
 
 def _engine_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
     if model:
@@ -163,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (ConfigError, LoadError, CacheError, ValueError) as err:
         print(f"infinilm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        if err.name not in _LLM_EXTRA:
+            raise
+        print(f"infinilm {args.command}: error: {err.name} is not installed "
+              "(fix: pip install 'infiniops-py[llm]')", file=sys.stderr)
         return 2
 
 
