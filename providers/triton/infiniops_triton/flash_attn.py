@@ -35,7 +35,7 @@ BLOCK_SIZES: Final = (16, 32, 64, 128, 256)  # paged block sizes (0 = contiguous
 MAX_HEAD_DIM: Final = 256
 _GROUP: Final = 8  # (sequence, head) pairs whose query blocks are interleaved, longest first
 _SMEM_BUDGET: Final = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
-_INTERPRET_PREFILL: Final = {"BLOCK_M": 16, "BLOCK_N": 16, "LAZY": True}
+_INTERPRET_PREFILL: Final = {"BLOCK_M": 32, "BLOCK_N": 32, "LAZY": True}
 _INTERPRET_DECODE_BLOCK_N: Final = 16
 
 
@@ -53,16 +53,17 @@ def _prefill_smem(cfg: triton.Config, block_d: int, elem: int) -> int:
 
 
 def _prune_prefill(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """Keep the configurations that fit in shared memory; the common path (bf16/fp16, no paging, no window,
-    no softcap) tries them all, every other path takes the first that fits (less compile time)."""
+    """The common path (fp16/bf16, contiguous K/V, no left window, no softcap) tries the first four
+    configurations that fit in shared memory; any other path takes the first that fits (less compiling)."""
     elem = named_args["Q"].element_size()
     fits = [c for c in configs if _prefill_smem(c, kwargs["BLOCK_D"], elem) <= _SMEM_BUDGET] or configs[-1:]
     common = elem == 2 and not (kwargs["PAGED"] or kwargs["SOFTCAP"] or kwargs["HAS_LEFT"])
-    return fits if common else fits[:1]
+    return fits[:4] if common else fits[:1]
 
 
 def _prefill_configs() -> list[triton.Config]:
-    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY); the last one fits every head dim and dtype.
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY), best guesses for sm_90 first; the last one fits every
+    # head dim and dtype (64 x 256 fp32 Q plus two stages of 32 x 256 fp32 K and V: 128 KB).
     shapes = [(128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 8, 3, False), (64, 64, 4, 3, True),
               (64, 32, 4, 2, True)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy}, num_warps=w, num_stages=s)
@@ -153,7 +154,7 @@ def flash_attn_varlen(
 
 def _decode_configs() -> list[triton.Config]:
     # (BLOCK_N, num_warps, num_stages); the last one fits every head dim and dtype.
-    shapes = [(64, 4, 3), (128, 4, 2), (32, 4, 4), (32, 4, 2)]
+    shapes = [(64, 4, 3), (128, 4, 2), (32, 4, 2)]
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
 
 

@@ -1,0 +1,256 @@
+"""Triton flash_attn_varlen and flash_attn_with_kvcache on the CPU under the Triton interpreter.
+
+First the conformance suite; then what its small random cases reach rarely: 16-row blocks, so that every
+case crosses several query and key blocks and all three key loops (window edge, unmasked, diagonal) run;
+the eager rescale the autotuner may pick; a negative scale; rows that see no key; forced split-K counts and
+the combine kernel; unchecked out-of-range block ids; empty inputs; the head-dim gate; the split
+heuristic; and the GPU benchmark's own code (benchmarks/gpu_attention.py) at tiny sizes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from infiniops_triton import flash_attn as tfa
+
+import infiniops_py
+from infiniops_py import GateError, unchecked_indices
+from infiniops_py.testing.compare import bits_equal, compare
+from infiniops_py.testing.conformance import run_conformance
+from infiniops_py.testing.tolerances import tolerance
+
+OPS = ("flash_attn_varlen", "flash_attn_with_kvcache")
+EXAMPLES = 4
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SMALL_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+
+def _bench() -> ModuleType:
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_attention.py"
+    spec = importlib.util.spec_from_file_location("gpu_attention", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_conformance(op: str) -> None:
+    report = run_conformance("triton", device="cpu", ops=[op], max_examples=EXAMPLES)
+    assert report.ok, report.render()
+    assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}, report.render()
+    assert all(r.examples - r.gated > 0 for r in report.ops), report.render()
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _copies(args: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
+    return {n: (v.to(dtype) if dtype is not None and v.is_floating_point() else v.clone())
+            if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+
+
+def _references(op: str, args: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """(float64 reference, reference in the input dtype, the latter's arguments after the call)."""
+    fn = getattr(infiniops_py, op)
+    with infiniops_py.use("reference"):
+        ref = fn(**_copies(args, torch.float64))
+        low_args = _copies(args)
+        low = fn(**low_args)
+    return ref, low, low_args
+
+
+def _assert_close(op: str, got: torch.Tensor, args: dict[str, Any]) -> dict[str, Any]:
+    ref, low, low_args = _references(op, args)
+    _, failure = compare(op, got, ref, tolerance(op, str(got.dtype)[6:]), low=low)
+    assert failure is None, failure
+    return low_args
+
+
+def _convention(op: str, args: dict[str, Any]) -> tuple[Any, ...]:
+    """The implementation calling convention's positional arguments (fresh copies, scale filled in)."""
+    a = _copies(args)
+    scale = a.pop("softmax_scale", a["q"].shape[-1] ** -0.5)
+    out = torch.empty_like(a["q"])
+    if op == "flash_attn_varlen":
+        return (a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"], a["max_seqlen_k"],
+                scale, a["causal"], a["window_size"], a["softcap"], a.get("block_table"), out)
+    return (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a.get("block_table"), a.get("k"), a.get("v"),
+            scale, a["causal"], a["window_size"], a["softcap"], out)
+
+
+# --- varlen ----------------------------------------------------------------------------------------
+
+# (lens_q, lens_k, Hq, Hkv, D, causal, window, softcap, block_size, softmax_scale)
+VARLEN_CASES = {
+    "causal Sq>Sk and Sq<Sk, GQA": ([40, 3, 17], [20, 50, 17], 4, 1, 64, True, (-1, -1), 0.0, 0, None),
+    "window (7, 3), D=59": ([33, 20], [40, 20], 2, 2, 59, False, (7, 3), 0.0, 0, None),
+    "causal window 9, softcap, paged 16": ([33, 5], [40, 50], 2, 1, 32, True, (9, -1), 5.0, 16, None),
+    "negative scale, paged 32, D=80": ([30, 12], [45, 12], 3, 1, 80, False, (-1, 4), 0.0, 32, -0.2),
+}
+
+
+def _varlen_args(case: str, dtype: torch.dtype, seed: int) -> dict[str, Any]:
+    lq, lk, hq, hkv, d, causal, window, softcap, page, scale = VARLEN_CASES[case]
+    args = BENCH.varlen_case(lq, lk, hq, hkv, d, dtype, "cpu", causal=causal, window=window, softcap=softcap,
+                             page=page, seed=seed)
+    if scale is not None:
+        args["softmax_scale"] = scale
+    return args
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("case", list(VARLEN_CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_small_blocks(dtype: torch.dtype, case: str, lazy: bool) -> None:
+    args = _varlen_args(case, dtype, seed=len(case))
+    got = tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args), config={**SMALL_BLOCKS, "LAZY": lazy})
+    _assert_close("flash_attn_varlen", got, args)
+
+
+def test_varlen_rows_that_see_no_key_are_zero() -> None:
+    args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", torch.bfloat16, seed=3)
+    with infiniops_py.use("triton"):
+        got = infiniops_py.flash_attn_varlen(**args)
+    # sequence 0 has 40 queries over 20 keys: bottom-right causal leaves its first 20 rows without a key
+    assert bool((got[:20] == 0).all())
+    assert bool((got[20:40].abs().amax(-1) > 0).all())
+    _assert_close("flash_attn_varlen", got, args)
+
+
+def test_varlen_empty_inputs() -> None:
+    q = torch.randn(0, 4, 64, dtype=torch.float16)
+    k = torch.randn(5, 2, 64, dtype=torch.float16)
+    cu_q = torch.tensor([0, 0], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5], dtype=torch.int32)
+    with infiniops_py.use("triton"):
+        assert infiniops_py.flash_attn_varlen(q, k, k, cu_q, cu_k, 0, 5, causal=True).shape == (0, 4, 64)
+        none = torch.tensor([0], dtype=torch.int32)
+        assert infiniops_py.flash_attn_varlen(q, k[:0], k[:0], none, none, 0, 0).shape == (0, 4, 64)
+
+
+def test_varlen_unchecked_out_of_range_blocks_are_skipped() -> None:
+    args = _varlen_args("causal window 9, softcap, paged 16", torch.float16, seed=5)
+    table, pages = args["block_table"], args["k"].shape[0]
+    table[0, 1], table[1, 0] = pages + 7, -3  # keys 16..31 of sequence 0, all of sequence 1's first block
+    with unchecked_indices():
+        with infiniops_py.use("triton"):
+            got = infiniops_py.flash_attn_varlen(**args)
+        _assert_close("flash_attn_varlen", got, args)
+    assert not bool(got.isnan().any())
+
+
+# --- kvcache ---------------------------------------------------------------------------------------
+
+# (batch, cached, Hq, Hkv, D, capacity, Sq, new, block_size, window, softcap)
+KVCACHE_CASES = {
+    "decode GQA 4, append": (3, [70, 0, 33], 8, 2, 64, 96, 1, 1, 0, (-1, -1), 0.0),
+    "paged 16, Sq 3, window, softcap": (2, [50, 9], 4, 1, 32, 80, 3, 3, 16, (20, -1), 5.0),
+    "paged 32, no append, D=96": (2, [64, 31], 2, 2, 96, 96, 2, 0, 32, (-1, -1), 0.0),
+}
+
+
+def _kvcache_args(case: str, dtype: torch.dtype, seed: int) -> dict[str, Any]:
+    batch, cached, hq, hkv, d, capacity, sq, new, page, window, softcap = KVCACHE_CASES[case]
+    return BENCH.kvcache_case(batch, cached, hq, hkv, d, dtype, "cpu", capacity=capacity, sq=sq, new=new, page=page,
+                              window=window, softcap=softcap, seed=seed)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", list(KVCACHE_CASES))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kvcache_forced_splits(dtype: torch.dtype, case: str, splits: int) -> None:
+    args = _kvcache_args(case, dtype, seed=len(case))
+    conv = _convention("flash_attn_with_kvcache", args)
+    got = tfa.flash_attn_with_kvcache(*conv, splits=splits)
+    low_args = _assert_close("flash_attn_with_kvcache", got, args)
+    assert bits_equal(conv[1], low_args["k_cache"]) and bits_equal(conv[2], low_args["v_cache"])
+
+
+def test_kvcache_empty_cache_outputs_zero() -> None:
+    args = _kvcache_args("paged 32, no append, D=96", torch.float16, seed=1)
+    args["cache_seqlens"] = torch.zeros(2, dtype=torch.int32)
+    with infiniops_py.use("triton"):
+        got = infiniops_py.flash_attn_with_kvcache(**args)
+    assert bool((got == 0).all())
+
+
+def test_kvcache_unchecked_out_of_range_blocks_are_skipped() -> None:
+    args = _kvcache_args("paged 16, Sq 3, window, softcap", torch.bfloat16, seed=2)
+    args["block_table"][0, 3] = args["k_cache"].shape[0]  # holds positions 48..63: cached keys and the append
+    args["block_table"][1, 0] = -1
+    with unchecked_indices():
+        with infiniops_py.use("triton"):
+            mine = _copies(args)
+            got = infiniops_py.flash_attn_with_kvcache(**mine)
+        low_args = _assert_close("flash_attn_with_kvcache", got, args)
+    assert bits_equal(mine["k_cache"], low_args["k_cache"]) and bits_equal(mine["v_cache"], low_args["v_cache"])
+
+
+def test_kvcache_empty_batch() -> None:
+    q = torch.randn(0, 1, 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(0, 8, 2, 64, dtype=torch.bfloat16)
+    lengths = torch.zeros(0, dtype=torch.int32)
+    with infiniops_py.use("triton"):
+        got = infiniops_py.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lengths)
+    assert got.shape == (0, 1, 4, 64)
+
+
+# --- gates, heuristics ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gates(op: str) -> None:
+    with infiniops_py.use("triton"):
+        with pytest.raises(GateError, match="head_dim"):
+            infiniops_py.resolve(op, device_type="cpu", dtype="bfloat16", head_dim=512)
+        with pytest.raises(GateError, match="block_size"):
+            infiniops_py.resolve(op, device_type="cpu", dtype="bfloat16", paged=True, block_size=8)
+        with pytest.raises(GateError, match="dtype"):
+            infiniops_py.resolve(op, device_type="cpu", dtype="float64")
+        assert infiniops_py.resolve(op, device_type="cpu", dtype="float16", head_dim=59).provider == "triton"
+
+
+def test_launcher_rejects_head_dim_over_256() -> None:
+    args = BENCH.varlen_case([3], [3], 1, 1, 320, torch.float16, "cpu")
+    with pytest.raises(ValueError, match="head_dim 320"):
+        tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args))
+
+
+def test_num_splits_heuristic() -> None:
+    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 1  # the decode target
+    s = tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256)
+    waves = 8 * s / 264
+    assert 1 < s <= 64 and waves / math.ceil(waves) >= 0.85
+    assert tfa.num_splits(programs=8, capacity=300, num_sms=132, min_keys=256) == 1  # too few keys to share
+    assert tfa.num_splits(programs=2, capacity=1024, num_sms=132, min_keys=256) <= 4
+
+
+# --- the GPU benchmark's code, at tiny sizes on the CPU -----------------------------------------------
+
+
+def test_gpu_benchmark_runs_at_tiny_sizes() -> None:
+    def wall_ms(fn: Any) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    results: list[dict[str, Any]] = []
+    BENCH.run(results, "cpu", scale=256, timer=wall_ms, dtypes=(torch.bfloat16,))
+    checks = [r for r in results if r["kind"] == "check"]
+    perf = [r for r in results if r["kind"] == "perf"]
+    assert len(checks) == 7 and all(r["status"] == "PASS" for r in checks), BENCH.format_table(results)
+    assert len(perf) == 2 and all(r["triton"] > 0 and r["torch"] > 0 for r in perf), BENCH.format_table(results)
+    assert BENCH.format_table(results).count("\n") == len(results)
+    assert BENCH.prefill_flops(4, 32, 4096, 128) == 2 * 4 * 32 * 4096**2 * 128
+    assert BENCH.decode_kv_bytes(64, 4096, 8, 128) == 2 * 64 * 4096 * 8 * 128 * 2
