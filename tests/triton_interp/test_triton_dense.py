@@ -4,6 +4,9 @@ under the Triton interpreter: the conformance suite, then the launch paths its s
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,7 +17,7 @@ from infiniops_py.testing.conformance import run_conformance
 from infiniops_py.testing.tolerances import tolerance
 
 OPS = ("gemm", "add", "rms_norm", "fused_add_rms_norm", "fused_qk_norm", "reshape_and_cache_flash")
-EXAMPLES = 15
+EXAMPLES = 10
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -107,3 +110,20 @@ def test_fused_qk_norm_strided_rows_leave_v_and_padding_untouched(dtype: torch.d
         infiniops_py.fused_qk_norm(qkv, q_w, k_w, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
     _check("fused_qk_norm", qkv, ref)
     assert torch.equal(buf[:, (hq + hkv) * d:], before[:, (hq + hkv) * d:])  # V heads and row padding
+
+
+def test_gpu_benchmark_script_runs_end_to_end_at_small_sizes() -> None:
+    # benchmarks/gpu_dense.py runs on the H200 only; here every code path but the real timer runs on the CPU
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_dense.py"
+    spec = importlib.util.spec_from_file_location("gpu_dense", path)
+    assert spec is not None and spec.loader is not None
+    gpu_dense = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_dense)
+    results: list[dict] = []
+    gpu_dense.run(results, device="cpu", timer=lambda fn: (fn(), 1.0)[1], small=True)
+    checks = [r for r in results if r["kind"] == "check"]
+    perf = [r for r in results if r["kind"] == "perf"]
+    assert len(checks) == 3 * len(gpu_dense.correctness_cases(torch.float32, "cpu", small=True))
+    assert all(r["status"] == "PASS" for r in checks), gpu_dense.format_table(checks)
+    assert len(perf) == 8 and all("triton" in r for r in perf), gpu_dense.format_table(perf)
+    assert len(gpu_dense.format_table(results).splitlines()) == len(results)
