@@ -3,7 +3,7 @@
     infiniops providers
     infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR]
     infiniops explain OP --device D --dtype T [--head-dim N] [--block-size N] [--width N] [--field k=v ...]
-    infiniops check PROVIDER [--device D] [--max-examples N] [--op OP]
+    infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--seed S]
 
 Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage.
 """
@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--max-examples", type=int, default=200,
                        help="hypothesis examples per (implementation, dtype) (default: 200)")
     check.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
+    check.add_argument("--seed", type=int, default=None, help="fix the random draws (replay a failing run)")
     return parser
 
 
@@ -182,7 +183,8 @@ def _explain(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from infiniops_py.testing.conformance import run_conformance
 
-    report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples)
+    report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples,
+                             seed=args.seed)
     console = _console()
     if report.error:
         console.print(f"[red]{escape(report.error)}[/red]")

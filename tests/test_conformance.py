@@ -166,3 +166,13 @@ def test_poisoned_fills_empty_tensors_and_restores_settings() -> None:
     with poisoned():
         assert torch.empty(8).isnan().all()
     assert (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory) == before
+
+
+def test_a_seed_replays_the_same_cases() -> None:
+    def wrong(input, other, alpha, out):  # type: ignore[no-untyped-def]
+        return torch.sub(input, other, alpha=alpha, out=out)
+
+    with registered(("wrong", [("add", cpu_capability(), 1, wrong)])):
+        runs = [run_conformance("wrong", max_examples=8, gates=False, seed=seed) for seed in (7, 7, 8)]
+    notes = [[f.note for f in r.ops[0].failures] for r in runs]
+    assert notes[0] == notes[1] != notes[2]

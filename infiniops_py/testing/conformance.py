@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import hypothesis
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -159,6 +160,7 @@ def run_conformance(
     dtypes: Sequence[str] | None = None,
     max_examples: int = 100,
     gates: bool = True,
+    seed: int | None = None,
 ) -> Report:
     """Property-test `provider` on `device` against the references.
 
@@ -166,6 +168,7 @@ def run_conformance(
         ops, dtypes: restrict the run (None: every operator and dtype the provider declares).
         max_examples: hypothesis examples per (implementation, dtype).
         gates: also run `check_gates` on the same operators.
+        seed: fix hypothesis's random draws, to replay a failing run (None: fresh draws each run).
 
     Returns:
         The report; ``report.ok`` is False on any failure. Nothing raises for a failing provider.
@@ -188,14 +191,14 @@ def run_conformance(
                 if strategy is None:
                     op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
                     continue
-                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples)
+                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples, seed)
     if gates:
         report.gates = check_gates(provider, device=device, ops=ops)
     return report
 
 
 def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, strategy: Any, device: str,
-         max_examples: int) -> None:
+         max_examples: int, seed: int | None) -> None:
     try:
         tol = tolerance(spec.name, report.dtype)
     except KeyError as err:
@@ -224,7 +227,7 @@ def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, st
         else:
             report.fail(case.note if case is not None else "", outcome)
 
-    body()
+    (body if seed is None else hypothesis.seed(seed)(body))()
 
 
 # --- one case ------------------------------------------------------------------------------------------
