@@ -61,18 +61,22 @@ class DecodeGraphs:
             for bs in reversed(sizes):  # largest first, so the smaller graphs reuse its memory pool
                 self._reset(bs)
                 self._forward(bs)  # warm-up: resolves every operator and settles allocations
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self._forward(bs)
+                graph, out = self._capture_one(bs, pool)
                 pool = graph.pool()
                 self.graphs[bs] = (graph, out)
         except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
             self.graphs.clear()
-            torch.cuda.synchronize(self.device)
             return f"cuda graphs: off (capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]})"
         self.sizes = sizes
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
+
+    def _capture_one(self, bs: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = self._forward(bs)
+        torch.cuda.synchronize(self.device)
+        return graph, out
 
     def replay(self, inputs: tuple[list[int], list[int], list[int], list[int], list[list[int]]]) -> torch.Tensor:
         """Logits ``[n, V]`` of a decode step of n sequences (see `ModelRunner.decode_inputs`)."""

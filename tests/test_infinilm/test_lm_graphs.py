@@ -1,0 +1,69 @@
+"""The decode-graph machinery (static buffers, padding to a captured size, replay), on CPU.
+
+CUDA is not needed to check the bookkeeping: the capture seam is replaced by a stand-in whose replay runs
+the same forward over the same static buffers and writes the same output tensor, as a replayed graph does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lm_helpers import CheckpointFactory
+
+from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm.graphs import DecodeGraphs, capture_sizes
+
+
+class _Replayer:
+    def __init__(self, graphs: DecodeGraphs, bs: int) -> None:
+        self.graphs, self.bs = graphs, bs
+        self.out = graphs._forward(bs)
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.graphs._forward(self.bs))
+        self.replays += 1
+
+    def pool(self) -> None:
+        return None
+
+
+def test_capture_sizes() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+
+
+def test_padded_graph_replays_give_the_eager_tokens(checkpoint: CheckpointFactory,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = checkpoint("qwen3")
+    options = EngineOptions(block_size=8, num_blocks=32, max_model_len=64, max_num_seqs=6)
+    eager, graphed = Engine.from_pretrained(path, options), Engine.from_pretrained(path, options)
+    monkeypatch.setattr(DecodeGraphs, "_capture_one", lambda self, bs, pool: (r := _Replayer(self, bs), r.out))
+    assert graphed.runner.capture_graphs(6).startswith("cuda graphs: on (decode batch sizes 1..6, 4 graphs)")
+    prompts = [[5, 9, 200, 4], [17], [33, 8, 8, 1, 90, 250, 7, 7, 7], [64, 2]]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    assert graphed.generate(prompts, params) == eager.generate(prompts, params)  # 4 rows: no padding
+    assert graphed.generate(prompts[:3], params) == eager.generate(prompts[:3], params)  # 3 rows padded to 4
+    replays = {bs: g.replays for bs, (g, _) in graphed.runner.graphs.graphs.items()}
+    assert replays[4] == 2 * 11 and sum(replays.values()) == replays[4]
+    assert graphed.cache.allocator.num_free == 32
+    # the padding rows wrote nothing: both caches hold the same keys
+    for k_eager, k_graph in zip(eager.cache.keys, graphed.cache.keys):
+        assert torch.equal(k_eager, k_graph)
+
+
+def test_a_failed_capture_leaves_the_engine_eager(checkpoint: CheckpointFactory,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = checkpoint("qwen3")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, num_blocks=32, max_model_len=64))
+
+    def refuse(self: DecodeGraphs, bs: int, pool: object) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(DecodeGraphs, "_capture_one", refuse)
+    status = engine.runner.capture_graphs(4)
+    assert status == ("cuda graphs: off (capture failed: RuntimeError: operation not permitted when stream is "
+                      "capturing)")
+    assert engine.runner.graphs is None
+    assert len(engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))[0]) == 3
