@@ -55,7 +55,7 @@ def _state_passing_kernel(
         state = tl.load(init, mask=mask, other=0.0).to(tl.float32)
     else:
         state = tl.zeros((BLOCK,), dtype=tl.float32)
-    row_stride = H.to(tl.int64) * size  # from one chunk to the next in local/prev
+    row_stride = H * size  # from one chunk to the next in local/prev (< 2^31; products with it are int64)
     base = (b * nchunks * H + h) * size + offs
     tl.store(prev_ptr + base, state.to(prev_ptr.dtype.element_ty), mask=mask)
     rows = tl.arange(0, CHUNKS_PER_STEP)
