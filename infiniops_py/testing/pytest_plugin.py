@@ -5,11 +5,12 @@ Registered under the ``pytest11`` entry points, so a third-party provider's CI n
     pip install infiniops-py my-provider
     pytest --infiniops-provider mine [--infiniops-device cuda] [--infiniops-max-examples 200]
 
-It adds one test item per (operator, dtype) the provider declares on the device, named
-``infiniops[PROVIDER-OP-DTYPE]``, plus one ``infiniops-gates[PROVIDER-OP]`` item per operator checking
-that problems outside the provider's capability raise `GateError`. Items are appended during collection
-(like pytest-mypy's status item), so ``-k`` selects among them. Without the option the plugin does
-nothing, and loading it imports nothing but pytest.
+It adds one test item per (operator, dtype) the provider declares on the device, with the node id
+``infiniops[PROVIDER]::conformance[OP-DTYPE]``, plus one ``infiniops[PROVIDER]::gates[OP]`` item per
+operator checking that problems outside the provider's capability raise `GateError` (or one failing
+``infiniops[PROVIDER]::provider`` item when the provider is unknown or failed to load). The items are
+collected from a virtual collector during ``pytest_collection_modifyitems``, so ``-k`` selects among
+them. Without the option the plugin does nothing, and loading it imports nothing but pytest.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["ConformanceItem", "GatesItem", "ProviderItem"]
+__all__ = ["ConformanceItem", "GatesItem", "ProviderItem", "ProviderSuite"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,24 +90,35 @@ class GatesItem(_InfiniopsItem):
             raise _Failed("\n".join(str(f) for f in report.failures))
 
 
+class ProviderSuite(pytest.Collector):
+    """The items for one provider: ``conformance[OP-DTYPE]`` and ``gates[OP]``, or ``provider`` on error."""
+
+    def __init__(self, *, provider: str, device: str, max_examples: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.provider, self.device, self.max_examples = provider, device, max_examples
+
+    def collect(self) -> list[pytest.Item]:
+        from infiniops_py.testing.conformance import declared_pairs
+
+        pairs, error = declared_pairs(self.provider, self.device)
+        if error:
+            return [ProviderItem.from_parent(self, name="provider", message=error)]
+        found: list[pytest.Item] = [
+            ConformanceItem.from_parent(self, name=f"conformance[{op}-{dtype}]", provider=self.provider, op=op,
+                                        dtype=dtype, device=self.device, max_examples=self.max_examples)
+            for op, dtype in pairs
+        ]
+        found += [GatesItem.from_parent(self, name=f"gates[{op}]", provider=self.provider, op=op, device=self.device)
+                  for op in sorted({op for op, _ in pairs})]
+        return found
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     name = config.getoption("--infiniops-provider")
     if not name:
         return
-    from infiniops_py.testing.conformance import declared_pairs
-
-    device = config.getoption("--infiniops-device")
-    max_examples = config.getoption("--infiniops-max-examples")
-    pairs, error = declared_pairs(name, device)
-    if error:
-        items.append(ProviderItem.from_parent(session, name=f"infiniops-provider[{name}]", message=error))
-        return
-    for op, dtype in pairs:
-        items.append(ConformanceItem.from_parent(
-            session, name=f"infiniops[{name}-{op}-{dtype}]", provider=name, op=op, dtype=dtype, device=device,
-            max_examples=max_examples,
-        ))
-    for op in sorted({op for op, _ in pairs}):
-        items.append(GatesItem.from_parent(session, name=f"infiniops-gates[{name}-{op}]", provider=name, op=op,
-                                           device=device))
+    suite = ProviderSuite.from_parent(session, name=f"infiniops[{name}]", nodeid=f"infiniops[{name}]", provider=name,
+                                      device=config.getoption("--infiniops-device"),
+                                      max_examples=config.getoption("--infiniops-max-examples"))
+    items.extend(session.genitems(suite))  # reports the collection, so pytest counts the items
