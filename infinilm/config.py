@@ -176,6 +176,10 @@ class EngineOptions:
         kv_cache_memory: bytes for the KV cache when `num_blocks` is None and not on CUDA.
         gpu_memory_utilization: fraction of the device memory the engine may fill (weights + cache).
         progress: show a progress bar while loading; None: only for checkpoints over 1 GiB.
+        check_indices: range-check the slot mappings, block tables and sequence lengths the engine hands to
+            the operators (checked mode, each check synchronizes the device). None: on CPU only, since on
+            CUDA the syncs cost more than the rest of a decode step, and the engine builds every index from
+            its own allocator (kernels still never access out of bounds in unchecked mode).
     """
 
     device: str = "cpu"
@@ -191,6 +195,7 @@ class EngineOptions:
     kv_cache_memory: int = 512 << 20
     gpu_memory_utilization: float = 0.9
     progress: bool | None = None
+    check_indices: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -203,6 +208,9 @@ class EngineOptions:
             raise ConfigError(f"qk_norm={self.qk_norm!r} must be one of auto, fused, per_head")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+
+    def checks_indices(self, device: torch.device) -> bool:
+        return self.check_indices if self.check_indices is not None else device.type == "cpu"
 
     def resolved_dtype(self, config: ModelConfig) -> torch.dtype:
         return self.dtype if self.dtype is not None else config.dtype

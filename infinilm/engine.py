@@ -8,6 +8,7 @@ added and cancelled between steps; new prefills join the running decodes in the 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from infinilm.runner import ModelRunner
 from infinilm.sampling import sample
 from infinilm.scheduler import Batch, Scheduler
 from infinilm.sequence import SamplingParams, Sequence
+from infiniops_py import unchecked_indices
 
 __all__ = ["Engine", "StepOutput"]
 
@@ -61,7 +63,7 @@ class Engine:
         self.runner = ModelRunner(model, self.cache, self.device, per_seq)
         self.graph_status = "cuda graphs: off (not on CUDA)" if self.device.type != "cuda" else "cuda graphs: off"
         if self.device.type == "cuda" and options.cuda_graphs:
-            with overrides(options):
+            with self._scope():
                 self.graph_status = self.runner.capture_graphs(options.max_num_seqs)
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
@@ -99,6 +101,14 @@ class Engine:
         cap = o.max_num_seqs * o.blocks_per_seq(c)  # more than every sequence at full length is never needed
         return max(1, min(cap, budget // per_block))
 
+    @contextlib.contextmanager
+    def _scope(self) -> Iterator[None]:
+        """The provider overrides, and unchecked index mode when the options ask for it."""
+        with overrides(self.options), contextlib.ExitStack() as stack:
+            if not self.options.checks_indices(self.device):
+                stack.enter_context(unchecked_indices())
+            yield
+
     # -- requests ------------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
         """Queue a prompt (token ids); returns its `Sequence`, which fills as steps run.
@@ -127,7 +137,7 @@ class Engine:
         if not batch:
             return []
         start = time.perf_counter()
-        with overrides(self.options):
+        with self._scope():
             logits = self.runner.run(batch)
         tokens = sample(logits, batch.seqs)
         self._count(batch, time.perf_counter() - start)
@@ -169,7 +179,7 @@ class Engine:
         try:
             for s in seqs:
                 alloc.append(s.block_table, len(s))
-            with overrides(self.options):
+            with self._scope():
                 logits = self.runner.prefill_logits(Batch(prefills=seqs))
         finally:
             for s in seqs:

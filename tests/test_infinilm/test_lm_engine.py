@@ -123,3 +123,19 @@ def test_soak_of_500_short_requests_leaves_every_block_free(checkpoint: Checkpoi
     assert cancelled
     assert engine.cache.allocator.num_free == 24
     assert not engine.scheduler.waiting and not engine.scheduler.running
+
+
+def test_unchecked_index_mode_gives_the_same_tokens(checkpoint: CheckpointFactory,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from infiniops_py.operators import _base
+
+    seen: list[bool] = []
+    real = _base.is_checked
+    monkeypatch.setattr(_base, "is_checked", lambda device: seen.append(real(device)) or seen[-1])
+    prompts = _prompts(3, seed=8)
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    checked = _engine(checkpoint, num_blocks=16).generate(prompts, params)
+    assert seen and all(seen)  # the default on CPU: every index is range-checked
+    seen.clear()
+    assert _engine(checkpoint, num_blocks=16, check_indices=False).generate(prompts, params) == checked
+    assert seen and not any(seen)
