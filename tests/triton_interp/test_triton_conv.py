@@ -59,6 +59,23 @@ def test_conv_runs_and_states_across_time_tiles(channel_last: bool, dtype: torch
     assert torch.equal(out[1, :, 300:], torch.zeros(dim, length - 300, dtype=dtype))
 
 
+@pytest.mark.parametrize("width", [2, 5, 8])
+def test_channel_first_kernel_across_time_tiles(width: int) -> None:
+    # channel-first without seq_idx: the register-tap kernel; 3 time tiles, a ragged last group of 8
+    batch, dim, length = 2, 20, 597
+    x = _randn(batch, dim, length, dtype=torch.bfloat16, seed=8)
+    weight, bias = _randn(dim, width, dtype=torch.bfloat16, seed=9), _randn(dim, dtype=torch.bfloat16, seed=10)
+    init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=11)
+    kwargs = {"activation": "silu", "return_final_states": True}
+    with infiniops_py.use("triton"):
+        out, final = infiniops_py.causal_conv1d(x, weight, bias, initial_states=init, **kwargs)
+    with infiniops_py.use("reference"):
+        ref_out, ref_final = infiniops_py.causal_conv1d(x.double(), weight.double(), bias.double(),
+                                                        initial_states=init.double(), **kwargs)
+    _check("causal_conv1d", out, ref_out)
+    assert torch.equal(final.double(), ref_final)
+
+
 def test_update_skips_out_of_range_slots_when_unchecked() -> None:
     batch, dim, width, state_len = 3, 16, 4, 5
     x = _randn(batch, dim, 2, dtype=torch.bfloat16, seed=5)

@@ -7,6 +7,9 @@ read through strides; the tile's long side follows the unit-stride dim so loads 
 ``seq_idx`` a tap ``j`` positions back counts only while ``seq_idx`` has not changed between it and the
 output position (a chain of ``W - 1`` equality tests); positions before 0 read ``initial_states`` and
 belong to the row's first sequence. The last time tile of each row also writes the final states.
+Channel-first input without ``seq_idx`` (W <= 8) takes a second kernel: there the shifted windows would be
+misaligned loads along the unit stride, so it loads the tile and the 8 columns before each group of 8
+(two aligned vector loads) and picks the taps from registers (`_split8` / `_join8`).
 
 Decode: a program owns ``BLOCK_D`` channels of one row: it reads the slot's ``S`` state columns and the
 row's ``L`` new columns, writes the ``L`` outputs, then (after a barrier, since it overwrites what it
@@ -27,6 +30,7 @@ from infiniops_triton._common import PRIORITY, base_constraints
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 
 MAX_STATE_LEN = 1024  # the decode step holds a slot's state columns in registers
+_FAST_MAX_WIDTH = 8  # the channel-first kernel reads taps from the previous group of 8 columns only
 _ELEMS_PER_PROGRAM = 4096
 
 
@@ -101,25 +105,179 @@ def _conv_kernel(
 
     if HAS_FINAL:  # noqa: SIM102 (a constexpr gate, then a runtime branch)
         if pid_l == tl.num_programs(0) - 1:
-            # column c holds position p = L - (W-1) + c: x when p >= 0, else the initial state column c + L
-            c = tl.arange(0, BLOCK_W)
-            p = L - (W - 1) + c
-            c_mask = d_mask[:, None] & (c < W - 1)[None, :]
-            v = tl.load(x_row + p[None, :] * stride_xl, mask=c_mask & (p >= 0)[None, :], other=0.0)
-            if HAS_INIT:
-                init_ptrs = INIT + b * stride_ib + d[:, None] * stride_id + (p + W - 1)[None, :] * stride_iw
-                v_init = tl.load(init_ptrs, mask=c_mask & (p < 0)[None, :], other=0.0)
-                v = tl.where((p >= 0)[None, :], v, v_init)
-            if HAS_SEQ:  # keep the columns of the last sequence only
-                keep = c >= 0
-                for k in tl.static_range(W - 1):
-                    q = L - 2 - k  # compare positions q and q + 1 (positions < 0 take position 0's id)
-                    seq_lo = tl.load(SEQ + b * stride_sb + tl.maximum(q, 0) * stride_sl)
-                    seq_hi = tl.load(SEQ + b * stride_sb + tl.maximum(q + 1, 0) * stride_sl)
-                    keep = keep & ((seq_lo == seq_hi) | (q < p))
-                v = tl.where(keep[None, :], v, 0.0)
-            final_ptrs = FINAL + b * stride_fb + d[:, None] * stride_fd + c[None, :] * stride_fw
-            tl.store(final_ptrs, v.to(FINAL.dtype.element_ty), mask=c_mask)
+            _store_final_states(x_row, stride_xl, SEQ + b * stride_sb, stride_sl, INIT + b * stride_ib, stride_id,
+                                stride_iw, FINAL + b * stride_fb, stride_fd, stride_fw, d, d_mask, L, W, HAS_SEQ,
+                                HAS_INIT, BLOCK_W)
+
+
+@triton.jit
+def _store_final_states(
+    x_row,  # *dtype [BLOCK_D, 1] pointers to x[b, d, 0]
+    stride_xl,
+    SEQ,  # *int32 [L] this row's sequence ids; unused unless HAS_SEQ
+    stride_sl,
+    INIT,  # *dtype [D, W-1] this row's initial states; unused unless HAS_INIT
+    stride_id, stride_iw,
+    FINAL,  # *dtype [D, W-1] this row's final states
+    stride_fd, stride_fw,
+    d, d_mask, L,
+    W: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    # column c holds position p = L - (W-1) + c: x when p >= 0, else the initial state column c + L
+    c = tl.arange(0, BLOCK_W)
+    p = L - (W - 1) + c
+    c_mask = d_mask[:, None] & (c < W - 1)[None, :]
+    v = tl.load(x_row + p[None, :] * stride_xl, mask=c_mask & (p >= 0)[None, :], other=0.0)
+    if HAS_INIT:
+        v_init = tl.load(INIT + d[:, None] * stride_id + (p + W - 1)[None, :] * stride_iw,
+                         mask=c_mask & (p < 0)[None, :], other=0.0)
+        v = tl.where((p >= 0)[None, :], v, v_init)
+    if HAS_SEQ:  # keep the columns of the last sequence only
+        keep = c >= 0
+        for k in tl.static_range(W - 1):
+            q = L - 2 - k  # compare positions q and q + 1 (positions < 0 take position 0's id)
+            seq_lo = tl.load(SEQ + tl.maximum(q, 0) * stride_sl)
+            seq_hi = tl.load(SEQ + tl.maximum(q + 1, 0) * stride_sl)
+            keep = keep & ((seq_lo == seq_hi) | (q < p))
+        v = tl.where(keep[None, :], v, 0.0)
+    tl.store(FINAL + d[:, None] * stride_fd + c[None, :] * stride_fw, v.to(FINAL.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _split8(x, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr):
+    """``[BLOCK_D, BLOCK_L]`` -> the eight ``[BLOCK_D, BLOCK_L // 8]`` tensors of columns ``8m + k``, k = 0..7
+    (each thread holds 8 consecutive columns: register renaming, no data movement)."""
+    x = tl.reshape(x, (BLOCK_D, BLOCK_L // 8, 2, 2, 2))  # column 8m + 4a + 2b + c at [m, a, b, c]
+    c0, c1 = tl.split(x)
+    c0b0, c0b1 = tl.split(c0)
+    c1b0, c1b1 = tl.split(c1)
+    e0, e4 = tl.split(c0b0)
+    e2, e6 = tl.split(c0b1)
+    e1, e5 = tl.split(c1b0)
+    e3, e7 = tl.split(c1b1)
+    return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
+def _join8(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr):
+    """The inverse of `_split8`."""
+    c0 = tl.join(tl.join(o0, o4), tl.join(o2, o6))
+    c1 = tl.join(tl.join(o1, o5), tl.join(o3, o7))
+    return tl.reshape(tl.join(c0, c1), (BLOCK_D, BLOCK_L))
+
+
+@triton.jit
+def _pick8(i: tl.constexpr, v0, v1, v2, v3, v4, v5, v6, v7):
+    if i == 0:  # noqa: SIM116 (Triton code has no dicts; the constexpr chain folds away)
+        return v0
+    elif i == 1:
+        return v1
+    elif i == 2:
+        return v2
+    elif i == 3:
+        return v3
+    elif i == 4:
+        return v4
+    elif i == 5:
+        return v5
+    elif i == 6:
+        return v6
+    else:
+        return v7
+
+
+@triton.jit
+def _column8(k: tl.constexpr, W: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7,
+             e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7):
+    """Output column ``8m + k``: the taps ``j`` back are column ``k - j`` of this group of 8 (``e``) or,
+    below 0, of the previous group (``p``)."""
+    acc = tl.zeros_like(e0)
+    for j in tl.static_range(W):
+        if k - j >= 0:
+            v = _pick8(k - j, e0, e1, e2, e3, e4, e5, e6, e7)
+        else:
+            v = _pick8(k - j + 8, p0, p1, p2, p3, p4, p5, p6, p7)
+        acc += _pick8(W - 1 - j, w0, w1, w2, w3, w4, w5, w6, w7) * v
+    return acc
+
+
+@triton.jit
+def _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, k: tl.constexpr, W: tl.constexpr):
+    """Tap k of every channel as a ``[BLOCK_D, 1]`` fp32 column (zeros past the width)."""
+    return tl.load(WEIGHT + d * stride_wd + k * stride_ww, mask=d_mask & (k < W), other=0.0).to(tl.float32)[:, None]
+
+
+@triton.jit
+def _conv_channel_first_kernel(
+    X,  # *dtype [B, D, L] input with unit stride along L
+    WEIGHT,  # *float [D, W], W <= 8
+    BIAS,  # *float [D]; unused unless HAS_BIAS
+    INIT,  # *dtype [B, D, W-1] initial states; unused unless HAS_INIT
+    OUT,  # *dtype [B, D, L] output
+    FINAL,  # *dtype [B, D, W-1] final states to fill; unused unless HAS_FINAL
+    D, L,
+    stride_xb, stride_xd, stride_xl,
+    stride_wd, stride_ww,
+    stride_ib, stride_id, stride_iw,
+    stride_ob, stride_od, stride_ol,
+    stride_fb, stride_fd, stride_fw,
+    W: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_FINAL: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,  # a multiple of 8
+    BLOCK_W: tl.constexpr,
+):
+    # The shifted windows of the generic kernel would be misaligned loads along the unit stride; here the
+    # tile and the 8 columns before each group of 8 are two aligned vector loads, and the taps are picked
+    # from registers.
+    pid_l = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    t = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = d < D
+    x_row = X + b * stride_xb + d[:, None] * stride_xd
+    cur = tl.load(x_row + t[None, :] * stride_xl, mask=d_mask[:, None] & (t < L)[None, :], other=0.0)
+    s = t - 8
+    prev = tl.load(x_row + s[None, :] * stride_xl, mask=d_mask[:, None] & ((s >= 0) & (s < L))[None, :], other=0.0)
+    prev = prev.to(tl.float32)
+    if HAS_INIT:  # noqa: SIM102 (a constexpr gate, then a runtime branch)
+        if pid_l == 0:  # positions -W+1..-1 come from the initial states
+            init_ptrs = INIT + b * stride_ib + d[:, None] * stride_id + (s + W - 1)[None, :] * stride_iw
+            init_mask = d_mask[:, None] & ((s < 0) & (s + W - 1 >= 0))[None, :]
+            prev += tl.load(init_ptrs, mask=init_mask, other=0.0).to(tl.float32)
+    e0, e1, e2, e3, e4, e5, e6, e7 = _split8(cur.to(tl.float32), BLOCK_D, BLOCK_L)
+    p0, p1, p2, p3, p4, p5, p6, p7 = _split8(prev, BLOCK_D, BLOCK_L)
+    w0 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 0, W)
+    w1 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 1, W)
+    w2 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 2, W)
+    w3 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 3, W)
+    w4 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 4, W)
+    w5 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 5, W)
+    w6 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 6, W)
+    w7 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 7, W)
+    o0 = _column8(0, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o1 = _column8(1, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o2 = _column8(2, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o3 = _column8(3, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o4 = _column8(4, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o5 = _column8(5, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o6 = _column8(6, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o7 = _column8(7, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    acc = _join8(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_D, BLOCK_L)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)[:, None]
+    if SILU:
+        acc = _silu(acc)
+    out_ptrs = OUT + b * stride_ob + d[:, None] * stride_od + t[None, :] * stride_ol
+    tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=d_mask[:, None] & (t < L)[None, :])
+    if HAS_FINAL:  # noqa: SIM102 (a constexpr gate, then a runtime branch)
+        if pid_l == tl.num_programs(0) - 1:
+            _store_final_states(x_row, stride_xl, INIT, 0, INIT + b * stride_ib, stride_id, stride_iw,
+                                FINAL + b * stride_fb, stride_fd, stride_fw, d, d_mask, L, W, False, HAS_INIT,
+                                BLOCK_W)
 
 
 @triton.jit
@@ -220,21 +378,30 @@ def causal_conv1d(
     width = weight.shape[1]
     if batch == 0 or dim == 0 or length == 0:
         return
-    block_d, block_l = _tile(dim, length, x.stride(1) == 1 and x.stride(2) != 1)
+    channel_last = x.stride(1) == 1 and x.stride(2) != 1
+    block_d, block_l = _tile(dim, length, channel_last)
     dummy = out
-    seq = seq_idx if seq_idx is not None else dummy
     init = initial_states if initial_states is not None else dummy
     final = final_states if final_states is not None else dummy
-    grid = (triton.cdiv(length, block_l), triton.cdiv(dim, block_d), batch)
+    flags = {"W": width, "HAS_BIAS": bias is not None, "SILU": activation == "silu",
+             "HAS_INIT": initial_states is not None, "HAS_FINAL": final_states is not None}
+    common = (*weight.stride(), *(init.stride() if initial_states is not None else (0, 0, 0)), *out.stride())
+    final_strides = final.stride() if final_states is not None else (0, 0, 0)
+    blocks = {"BLOCK_D": block_d, "BLOCK_L": max(8, block_l), "BLOCK_W": triton.next_power_of_2(width - 1),
+              "num_warps": 8 if block_d * block_l >= 4096 else 4}
+    grid = (triton.cdiv(length, blocks["BLOCK_L"]), triton.cdiv(dim, block_d), batch)
+    bias_arg = bias if bias is not None else weight
+    if not channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
+        _conv_channel_first_kernel[grid](
+            x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
+            **blocks,
+        )
+        return
+    seq = seq_idx if seq_idx is not None else dummy
+    seq_strides = seq.stride()[:2] if seq_idx is not None else (0, 0)
     _conv_kernel[grid](
-        x, weight, bias if bias is not None else weight, seq, init, out, final, dim, length,
-        *x.stride(), *weight.stride(), *(seq.stride()[:2] if seq_idx is not None else (0, 0)),
-        *(init.stride() if initial_states is not None else (0, 0, 0)), *out.stride(),
-        *(final.stride() if final_states is not None else (0, 0, 0)),
-        W=width, HAS_BIAS=bias is not None, SILU=activation == "silu", HAS_SEQ=seq_idx is not None,
-        HAS_INIT=initial_states is not None, HAS_FINAL=final_states is not None,
-        BLOCK_D=block_d, BLOCK_L=block_l, BLOCK_W=triton.next_power_of_2(width - 1),
-        num_warps=8 if block_d * block_l >= 4096 else 4,
+        x, weight, bias_arg, seq, init, out, final, dim, length, *x.stride(), *common[:2], *seq_strides,
+        *common[2:], *final_strides, HAS_SEQ=seq_idx is not None, **flags, **blocks,
     )
 
 
