@@ -12,13 +12,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
+if TYPE_CHECKING:
+    from infinilm.models.mamba2 import Mamba2Dims
+
 __all__ = ["SUPPORTED_MODEL_TYPES", "ConfigError", "EngineOptions", "ModelConfig", "parse_dtype"]
 
-SUPPORTED_MODEL_TYPES: Final = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES: Final = ("llama", "qwen2", "qwen3", "mamba2")
 _STATIC_ROPE_TYPES: Final = ("default", "linear", "llama3", "yarn")
 _DTYPES: Final[dict[str, torch.dtype]] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -53,6 +56,8 @@ class ModelConfig:
         qk_norm: Qwen3's per-head RMSNorm of q and k over ``head_dim``, before RoPE.
         dtype: the checkpoint's dtype from the config (``torch_dtype``/``dtype``), float32 when absent.
         hf_config: the transformers config object (for RoPE variants computed by transformers).
+        ssm: the Mamba-2 numbers of a recurrent model (``model_type="mamba2"``, built by
+            `infinilm.models.mamba2.mamba2_config`; its attention fields are neutral), else None.
     """
 
     model_type: str
@@ -75,6 +80,7 @@ class ModelConfig:
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
     hf_config: Any = field(repr=False, compare=False, default=None)
+    ssm: Mamba2Dims | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
@@ -100,6 +106,10 @@ class ModelConfig:
         mt = getattr(hf, "model_type", "?")
         if mt not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(f"model_type={mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if mt == "mamba2":
+            from infinilm.models.mamba2 import mamba2_config
+
+            return mamba2_config(hf)
         if getattr(hf, "use_sliding_window", False):
             raise ConfigError(f"{mt}: use_sliding_window=True is not supported (fix: set it to false)")
         rope = _rope_parameters(hf)
@@ -166,7 +176,9 @@ class EngineOptions:
         dtype: compute and weight dtype; None takes the checkpoint's.
         block_size: tokens per KV-cache block.
         num_blocks: KV-cache blocks per layer; None sizes the cache from `kv_cache_memory` (or, on CUDA, from
-            `gpu_memory_utilization` of the free memory after the weights load).
+            `gpu_memory_utilization` of the free memory after the weights load). For a recurrent model
+            (Mamba-2): state rows, one per running request (`infinilm.state_pool`); None sizes them the same
+            way, at most `max_num_seqs`.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: most tokens (prefill + decode) in one step.
         max_model_len: longest sequence (prompt + output); None: the config's, capped at 8192.

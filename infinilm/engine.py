@@ -21,10 +21,12 @@ from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.gates import GatePlan, overrides, plan
 from infinilm.loader import load_weights
 from infinilm.models.llama import LlamaModel
+from infinilm.models.mamba2 import Mamba2Model
 from infinilm.runner import ModelRunner
 from infinilm.sampling import sample
 from infinilm.scheduler import Batch, Scheduler
 from infinilm.sequence import SamplingParams, Sequence
+from infinilm.state_pool import RecurrentRunner, StatePool
 from infiniops_py import unchecked_indices
 
 __all__ = ["Engine", "StepOutput"]
@@ -48,19 +50,25 @@ class Engine:
         prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
     """
 
-    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan, model: LlamaModel) -> None:
+    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan,
+                 model: LlamaModel | Mamba2Model) -> None:
         self.config, self.options, self.plan, self.model = config, options, gate_plan, model
         self.device = torch.device(options.device)
         dtype = options.resolved_dtype(config)
-        num_blocks = options.num_blocks or self._auto_blocks(dtype)
-        per_seq = options.blocks_per_seq(config)
-        _check_blocks(config, options, num_blocks)
-        self.cache = KVCache(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
-                             config.head_dim, dtype, self.device)
+        self.cache: KVCache | StatePool
+        self.runner: ModelRunner | RecurrentRunner
+        if isinstance(model, Mamba2Model):  # recurrent: one state row per request, no KV blocks
+            self.cache = StatePool.for_engine(config, options, self.device)
+            self.runner = RecurrentRunner(model, self.cache, self.device)
+        else:
+            num_blocks = options.num_blocks or self._auto_blocks(dtype)
+            _check_blocks(config, options, num_blocks)
+            self.cache = KVCache(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
+                                 config.head_dim, dtype, self.device)
+            self.runner = ModelRunner(model, self.cache, self.device, options.blocks_per_seq(config))
         self.scheduler = Scheduler(self.cache.allocator, max_num_seqs=options.max_num_seqs,
                                    max_num_batched_tokens=options.max_num_batched_tokens,
                                    max_model_len=options.model_len(config), eos_token_ids=config.eos_token_ids)
-        self.runner = ModelRunner(model, self.cache, self.device, per_seq)
         self.graph_status = "cuda graphs: off (not on CUDA)" if self.device.type != "cuda" else "cuda graphs: off"
         if self.device.type == "cuda" and options.cuda_graphs:
             with self._scope():
@@ -78,7 +86,7 @@ class Engine:
         """
         options = options or EngineOptions()
         config = ModelConfig.from_pretrained(path)
-        if options.num_blocks is not None:
+        if options.num_blocks is not None and config.ssm is None:
             _check_blocks(config, options, options.num_blocks)
         gate_plan = plan(config, options)
         model = cls._build(config, options, gate_plan)
@@ -87,8 +95,10 @@ class Engine:
         return cls(config, options, gate_plan, model)
 
     @staticmethod
-    def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan) -> LlamaModel:
+    def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan) -> LlamaModel | Mamba2Model:
         dtype, device = options.resolved_dtype(config), torch.device(options.device)
+        if config.ssm is not None:
+            return Mamba2Model(config, gate_plan, dtype=dtype, device=device)
         return LlamaModel(config, gate_plan, dtype=dtype, device=device, max_len=options.model_len(config))
 
     def _auto_blocks(self, dtype: torch.dtype) -> int:

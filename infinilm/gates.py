@@ -149,7 +149,12 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
         else:
             fused_qk = config.qk_norm and options.qk_norm == "fused"
         fused_bias = _served("gemm", **base, **_GEMM, has_bias=True)
-        requests = _problems(config, options, fused_qk, fused_bias)
+        if config.ssm is not None:  # Mamba-2: no attention; conv, scans and the per-group gated norm
+            from infinilm.models.mamba2 import gate_problems
+
+            requests = gate_problems(config, base, fused_bias)
+        else:
+            requests = _problems(config, options, fused_qk, fused_bias)
         problems = list(dict.fromkeys(make_problem(op, **fields) for op, fields in requests))
         chosen = resolve_closure(problems)
     return GatePlan(fused_qk_norm=fused_qk, fused_bias=fused_bias, chosen=chosen)

@@ -1,0 +1,247 @@
+"""The recurrent state pool of a Mamba-2 model, and the runner that feeds a step's batch through it.
+
+A recurrent model keeps no KV blocks: each running request owns one **row** of two pools preallocated per
+layer, a conv state ``[conv_dim, W-1]`` in the model dtype and an SSM state ``[H, P, N]`` in float32, whatever
+the request's length. Rows come from a `BlockAllocator` whose one block spans a whole sequence
+(``block_size = max_model_len``), so the unchanged scheduler admits a request only while a row is free and
+queues it otherwise, never preempts (a running request never needs a second row), and frees the row on EOS,
+max tokens and cancellation for the next request to reuse. A prefill never reads its row, it overwrites it
+with the prompt's final states, so a reused row cannot leak the previous holder's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from infinilm.cache import BlockAllocator
+from infinilm.config import EngineOptions, ModelConfig
+from infinilm.graphs import capture_sizes
+from infinilm.scheduler import Batch
+from infinilm.sequence import Sequence
+
+if TYPE_CHECKING:
+    from infinilm.models.mamba2 import Mamba2Model
+
+__all__ = ["RecurrentRunner", "SsmContext", "StatePool", "prefill_layout", "state_bytes"]
+
+
+def state_bytes(config: ModelConfig, dtype: torch.dtype) -> tuple[int, int]:
+    """Bytes of one request's ``(conv state, SSM state)`` over all layers; independent of its length.
+
+    Raises:
+        ValueError: `config` is not a recurrent (Mamba-2) config.
+    """
+    s = config.ssm
+    if s is None:
+        raise ValueError(f"{config.model_type}: has no recurrent state (not a Mamba-2 config)")
+    conv = config.num_layers * s.conv_dim * (s.conv_kernel - 1) * torch.empty((), dtype=dtype).element_size()
+    return conv, config.num_layers * s.num_heads * s.head_dim * s.state_size * 4
+
+
+class StatePool:
+    """Per-layer conv states ``conv[l]`` ``[rows, conv_dim, W-1]`` and SSM states ``ssm[l]`` ``[rows, H, P, N]``.
+
+    Request row ``r`` is ``conv[:, r]`` ``[layers, conv_dim, W-1]`` (model dtype) and ``ssm[:, r]``
+    ``[layers, H, P, N]`` (float32). ``allocator`` hands out rows as one-block block tables.
+    """
+
+    __slots__ = ("allocator", "conv", "ssm")
+
+    def __init__(self, config: ModelConfig, num_rows: int, max_model_len: int, *, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        s = config.ssm
+        if s is None:
+            raise ValueError(f"{config.model_type}: has no recurrent state (not a Mamba-2 config)")
+        layers = config.num_layers
+        self.conv = torch.zeros(layers, num_rows, s.conv_dim, s.conv_kernel - 1, dtype=dtype, device=device)
+        self.ssm = torch.zeros(layers, num_rows, s.num_heads, s.head_dim, s.state_size, dtype=torch.float32,
+                               device=device)
+        self.allocator = BlockAllocator(num_rows, max_model_len)
+
+    @classmethod
+    def for_engine(cls, config: ModelConfig, options: EngineOptions, device: torch.device) -> StatePool:
+        """Rows: ``options.num_blocks`` when given, else as many as fit the memory budget, at most
+        ``max_num_seqs`` (the budget is ``kv_cache_memory``, or on CUDA the free memory above
+        ``1 - gpu_memory_utilization``)."""
+        dtype = options.resolved_dtype(config)
+        rows = options.num_blocks
+        if rows is None:
+            budget = options.kv_cache_memory
+            if device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(device)
+                budget = int(free - total * (1.0 - options.gpu_memory_utilization))
+            rows = max(1, min(options.max_num_seqs, budget // sum(state_bytes(config, dtype))))
+        return cls(config, rows, options.model_len(config), dtype=dtype, device=device)
+
+    @property
+    def num_rows(self) -> int:
+        return self.allocator.num_blocks
+
+    @staticmethod
+    def row(seq: Sequence) -> int:
+        """The row a running sequence owns (its one-block block table)."""
+        return seq.block_table[0]
+
+
+@dataclass
+class SsmContext:
+    """Where a step's tokens read and write recurrent state (built by `RecurrentRunner`, passed down).
+
+    The step holds ``num_decode`` decode tokens first (one per request, advancing rows ``decode_rows``), then
+    the prompts. Prompts go one per row of a ``[P, L]`` grid, right-aligned (L: the longest prompt), with
+    ``seq_idx`` -1 on the left padding and 0 on the prompt: the conv outputs 0 on padding and the scan
+    restarts where the prompt begins, so each grid row's final states are its prompt's own (the operators
+    return final states per row, for its last sequence; that is why prompts are not packed several to a row).
+    A single prompt skips the grid: ``gather``, ``seq_idx`` and ``token_index`` are None.
+
+    Attributes:
+        decode_rows: int64 ``[num_decode]`` pool rows (-1: a padding row, skipped by the operators).
+        prefill_rows: int64 ``[P]`` pool rows receiving each prompt's final states, or None without prompts.
+        gather: int64 ``[P, L]``: 1 + the index of the prompt token at each grid cell, 0 for padding.
+        seq_idx: int32 ``[P, L]``.
+        token_index: int64 ``[Tp]``: the flat grid cell of each prompt token, in step order.
+    """
+
+    num_decode: int = 0
+    decode_rows: torch.Tensor | None = None
+    prefill_rows: torch.Tensor | None = None
+    gather: torch.Tensor | None = None
+    seq_idx: torch.Tensor | None = None
+    token_index: torch.Tensor | None = None
+
+
+def prefill_layout(lengths: list[int]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """``gather``, ``seq_idx`` and ``token_index`` of `SsmContext` for prompts of `lengths`, packed in order."""
+    width = max(lengths)
+    gather: list[list[int]] = []
+    seq_idx: list[list[int]] = []
+    token_index: list[int] = []
+    offset = 0
+    for row, n in enumerate(lengths):
+        pad = width - n
+        gather.append([0] * pad + list(range(offset + 1, offset + n + 1)))
+        seq_idx.append([-1] * pad + [0] * n)
+        token_index.extend(range(row * width + pad, (row + 1) * width))
+        offset += n
+    return gather, seq_idx, token_index
+
+
+class RecurrentRunner:
+    """Turns a scheduled batch into a `SsmContext`, runs the model over `pool`, returns logits.
+
+    Decode-only steps on CUDA replay a captured CUDA graph when one serves the batch size.
+    """
+
+    def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device) -> None:
+        self.model, self.pool, self.device = model, pool, device
+        self.graphs: _DecodeGraphs | None = None
+
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def prepare(self, batch: Batch) -> tuple[torch.Tensor, SsmContext, list[int]]:
+        """input_ids ``[T]``, the context and the index of each sequence's last token."""
+        i64 = torch.int64
+        ids = [s.tokens[-1] for s in batch.decodes]
+        ctx = SsmContext(num_decode=len(ids))
+        if batch.decodes:
+            ctx.decode_rows = self._tensor([self.pool.row(s) for s in batch.decodes], i64)
+        last = list(range(len(ids)))
+        if batch.prefills:
+            for s in batch.prefills:
+                ids += s.tokens
+                last.append(len(ids) - 1)
+            ctx.prefill_rows = self._tensor([self.pool.row(s) for s in batch.prefills], i64)
+            if len(batch.prefills) > 1:
+                gather, seq_idx, token_index = prefill_layout([len(s) for s in batch.prefills])
+                ctx.gather = self._tensor(gather, i64)
+                ctx.seq_idx = self._tensor(seq_idx, torch.int32)
+                ctx.token_index = self._tensor(token_index, i64)
+        return self._tensor(ids, i64), ctx, last
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Logits ``[len(batch.seqs), V]`` at each sequence's last token."""
+        if not batch.prefills and self.graphs is not None and self.graphs.serves(len(batch.decodes)):
+            return self.graphs.replay([s.tokens[-1] for s in batch.decodes],
+                                      [self.pool.row(s) for s in batch.decodes])
+        ids, ctx, last = self.prepare(batch)
+        hidden = self.model.forward(ids, ctx, self.pool)
+        if len(last) != hidden.shape[0]:
+            hidden = hidden[self._tensor(last, torch.int64)]
+        return self.model.logits(hidden)
+
+    @torch.inference_mode()
+    def prefill_logits(self, batch: Batch) -> torch.Tensor:
+        """Logits ``[T, V]`` at every token of a prefill-only batch (for checking against a reference)."""
+        ids, ctx, _ = self.prepare(batch)
+        return self.model.logits(self.model.forward(ids, ctx, self.pool))
+
+    def capture_graphs(self, max_batch: int) -> str:
+        """Capture decode CUDA graphs for batch sizes up to `max_batch` (at most the pool's rows)."""
+        graphs = _DecodeGraphs(self.model, self.pool, self.device)
+        status = graphs.capture(min(max_batch, self.pool.num_rows))
+        self.graphs = graphs if graphs.sizes else None
+        return status
+
+
+class _DecodeGraphs:
+    """Decode steps captured per padded batch size over static ``[ids; rows]`` buffers; padding rows are -1."""
+
+    def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device) -> None:
+        self.model, self.pool, self.device = model, pool, device
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.sizes: list[int] = []
+        self.inputs = torch.empty(0)
+
+    def serves(self, n: int) -> bool:
+        return bool(self.sizes) and n <= self.sizes[-1]
+
+    def _pad(self, start: int, stop: int) -> None:
+        self.inputs[0, start:stop] = 0
+        self.inputs[1, start:stop] = -1
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        ctx = SsmContext(num_decode=bs, decode_rows=self.inputs[1, :bs])
+        return self.model.logits(self.model.forward(self.inputs[0, :bs], ctx, self.pool))
+
+    @torch.inference_mode()
+    def capture(self, max_batch: int) -> str:
+        """Capture every size up to `max_batch`; returns a one-line status for the CLI and benchmarks."""
+        sizes = capture_sizes(max_batch)
+        self.inputs = torch.zeros(2, max_batch, dtype=torch.int64, device=self.device)
+        mempool = None
+        try:
+            for bs in reversed(sizes):  # largest first, so the smaller graphs reuse its memory pool
+                self._pad(0, bs)
+                self._forward(bs)  # warm-up on padding rows: resolves every operator, touches no state
+                graph, out = self._capture_one(bs, mempool)
+                mempool = graph.pool()
+                self.graphs[bs] = (graph, out)
+        except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
+            self.graphs.clear()
+            return f"cuda graphs: off (capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]})"
+        self.sizes = sizes
+        return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
+
+    def _capture_one(self, bs: int, mempool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=mempool):
+            out = self._forward(bs)
+        torch.cuda.synchronize(self.device)
+        return graph, out
+
+    def replay(self, ids: list[int], rows: list[int]) -> torch.Tensor:
+        """Logits ``[n, V]`` of a decode step of n sequences (their last tokens and pool rows)."""
+        n = len(ids)
+        bs = next(s for s in self.sizes if s >= n)
+        if bs > n:
+            self._pad(n, bs)
+        self.inputs[:, :n].copy_(torch.tensor([ids, rows], dtype=torch.int64), non_blocking=True)
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:n]
