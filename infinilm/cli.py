@@ -83,9 +83,16 @@ def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None
 
 def _check(args: argparse.Namespace) -> int:
     config = ModelConfig.from_pretrained(args.model)
-    gate_plan = plan(config, _options(args))
-    print(f"{args.model}: {config.model_type}, {config.num_layers} layers, head_dim {config.head_dim}, "
-          f"{config.num_heads}/{config.num_kv_heads} heads; every operator problem is served:")
+    options = _options(args)
+    gate_plan = plan(config, options)
+    if config.ssm is not None:
+        from infinilm.state_pool import describe_state
+
+        print(f"{args.model}: {describe_state(config, options.resolved_dtype(config))}; every operator problem "
+              "is served:")
+    else:
+        print(f"{args.model}: {config.model_type}, {config.num_layers} layers, head_dim {config.head_dim}, "
+              f"{config.num_heads}/{config.num_kv_heads} heads; every operator problem is served:")
     print(gate_plan.render())
     return 0
 

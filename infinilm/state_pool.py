@@ -25,7 +25,7 @@ from infinilm.sequence import Sequence
 if TYPE_CHECKING:
     from infinilm.models.mamba2 import Mamba2Model
 
-__all__ = ["RecurrentRunner", "SsmContext", "StatePool", "prefill_layout", "state_bytes"]
+__all__ = ["RecurrentRunner", "SsmContext", "StatePool", "describe_state", "prefill_layout", "state_bytes"]
 
 
 def state_bytes(config: ModelConfig, dtype: torch.dtype) -> tuple[int, int]:
@@ -39,6 +39,18 @@ def state_bytes(config: ModelConfig, dtype: torch.dtype) -> tuple[int, int]:
         raise ValueError(f"{config.model_type}: has no recurrent state (not a Mamba-2 config)")
     conv = config.num_layers * s.conv_dim * (s.conv_kernel - 1) * torch.empty((), dtype=dtype).element_size()
     return conv, config.num_layers * s.num_heads * s.head_dim * s.state_size * 4
+
+
+def describe_state(config: ModelConfig, dtype: torch.dtype) -> str:
+    """One line for ``infinilm check``: the recurrent shape and the state bytes per request."""
+    s = config.ssm
+    if s is None:
+        raise ValueError(f"{config.model_type}: has no recurrent state (not a Mamba-2 config)")
+    conv, ssm = state_bytes(config, dtype)
+    return (f"{config.model_type}, {config.num_layers} layers, {s.num_heads} heads x head_dim {s.head_dim}, d_state "
+            f"{s.state_size}, n_groups {s.n_groups}, conv width {s.conv_kernel}; recurrent state per request: "
+            f"{(conv + ssm) / 2**20:.3f} MiB (conv {conv / 2**10:.1f} KiB in {str(dtype).removeprefix('torch.')} + "
+            f"SSM {ssm / 2**10:.1f} KiB in float32), whatever the sequence length")
 
 
 class StatePool:
