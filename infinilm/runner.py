@@ -34,9 +34,13 @@ class ModelRunner:
     def _tensor(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def decode_inputs(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int], list[list[int]]]:
-        """Per decode sequence: its last token, position, slot, context length and padded block table."""
-        bs, width = self.block_size, self.max_blocks
+    def decode_inputs(
+        self, seqs: list[Sequence], width: int | None = None
+    ) -> tuple[list[int], list[int], list[int], list[int], list[list[int]]]:
+        """Per decode sequence: its last token, position, slot, context length and block table padded with
+        block 0 to `width` entries (default: the longest table of the batch)."""
+        bs = self.block_size
+        width = width or max((len(s.block_table) for s in seqs), default=0)
         ids = [s.tokens[-1] for s in seqs]
         positions = [len(s) - 1 for s in seqs]
         slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
@@ -70,7 +74,7 @@ class ModelRunner:
     def run(self, batch: Batch) -> torch.Tensor:
         """Logits ``[len(batch.seqs), V]`` at each sequence's last token."""
         if not batch.prefills and self.graphs is not None and self.graphs.serves(len(batch.decodes)):
-            return self.graphs.replay(self.decode_inputs(batch.decodes))
+            return self.graphs.replay(self.decode_inputs(batch.decodes, self.max_blocks))
         ids, positions, ctx, last = self.prepare(batch)
         hidden = self.model.forward(ids, positions, ctx, self.cache)
         if len(last) != hidden.shape[0]:
