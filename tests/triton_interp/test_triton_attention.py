@@ -10,7 +10,6 @@ heuristic; and the GPU benchmark's own code (benchmarks/gpu_attention.py) at tin
 from __future__ import annotations
 
 import importlib.util
-import math
 import time
 from pathlib import Path
 from types import ModuleType
@@ -97,6 +96,8 @@ VARLEN_CASES = {
     "window (7, 3), D=59": ([33, 20], [40, 20], 2, 2, 59, False, (7, 3), 0.0, 0, None),
     "causal window 9, softcap, paged 16": ([33, 5], [40, 50], 2, 1, 32, True, (9, -1), 5.0, 16, None),
     "negative scale, paged 32, D=80": ([30, 12], [45, 12], 3, 1, 80, False, (-1, 4), 0.0, 32, -0.2),
+    "window (20, -1), softcap, empty sequences, D=96": ([0, 26, 9], [12, 0, 30], 4, 2, 96, False, (20, -1), 30.0, 0,
+                                                        None),
 }
 
 
@@ -109,13 +110,26 @@ def _varlen_args(case: str, dtype: torch.dtype, seed: int) -> dict[str, Any]:
     return args
 
 
+def _loaders(case: str) -> list[bool]:
+    """Tensor descriptors (TMA) read contiguous K/V with a head dim that keeps rows 16-byte aligned."""
+    d, page = VARLEN_CASES[case][4], VARLEN_CASES[case][8]
+    return [False, True] if page == 0 and d % 8 == 0 else [False]
+
+
+@pytest.mark.parametrize(("case", "tma"), [(c, t) for c in VARLEN_CASES for t in _loaders(c)])
 @pytest.mark.parametrize("lazy", [True, False])
-@pytest.mark.parametrize("case", list(VARLEN_CASES))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen_small_blocks(dtype: torch.dtype, case: str, lazy: bool) -> None:
+def test_varlen_small_blocks(dtype: torch.dtype, lazy: bool, case: str, tma: bool) -> None:
     args = _varlen_args(case, dtype, seed=len(case))
-    got = tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args), config={**SMALL_BLOCKS, "LAZY": lazy})
+    config = {**SMALL_BLOCKS, "LAZY": lazy, "USE_TMA": tma}
+    got = tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args), config=config)
     _assert_close("flash_attn_varlen", got, args)
+
+
+def test_varlen_tma_refuses_paged_kv() -> None:
+    args = _varlen_args("causal window 9, softcap, paged 16", torch.float16, seed=1)
+    with pytest.raises(ValueError, match="USE_TMA"):
+        tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args), config={**SMALL_BLOCKS, "USE_TMA": True})
 
 
 def test_varlen_rows_that_see_no_key_are_zero() -> None:
@@ -228,12 +242,12 @@ def test_launcher_rejects_head_dim_over_256() -> None:
 
 
 def test_num_splits_heuristic() -> None:
-    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 1  # the decode target
-    s = tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256)
-    waves = 8 * s / 264
-    assert 1 < s <= 64 and waves / math.ceil(waves) >= 0.85
+    # the decode target: 512 programs on 132 SMs -> 3 splits make >= 8 programs per SM
+    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 3
+    assert tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256) == 64  # capped
     assert tfa.num_splits(programs=8, capacity=300, num_sms=132, min_keys=256) == 1  # too few keys to share
-    assert tfa.num_splits(programs=2, capacity=1024, num_sms=132, min_keys=256) <= 4
+    assert tfa.num_splits(programs=4096, capacity=4096, num_sms=132, min_keys=256) == 1  # enough programs
+    assert tfa.num_splits(programs=0, capacity=0, num_sms=132, min_keys=256) == 1
 
 
 # --- the GPU benchmark's code, at tiny sizes on the CPU -----------------------------------------------

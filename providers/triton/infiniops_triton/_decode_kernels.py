@@ -3,7 +3,7 @@
 Decode reads the whole KV cache for a handful of queries, so it is bound by memory bandwidth. One program
 handles one (sequence, kv head, key split) and *all* the query rows of that kv head at once (the
 ``Hq // Hkv`` GQA heads times the ``Sq`` queries, packed as rows of one tile), so every K/V byte is read
-once. Long contexts are split over ``NUM_SPLITS`` programs to fill the GPU; each writes its normalized
+once. Long contexts are split over ``num_splits`` programs to fill the GPU; each writes its normalized
 partial output and its log-sum-exp (base 2), and `combine_kernel` merges them.
 """
 
@@ -62,15 +62,15 @@ def decode_split_kernel(
     KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D]
     CacheSeqlens,  # int32 [B]: sequence b attends to cache_seqlens[b] + new_len keys
     BlockTable,  # int32 [B, max_blocks] (PAGED only)
-    Out,  # [B, Sq, Hq, D] output (NUM_SPLITS == 1)
-    OPart,  # fp32 [B, Sq, Hq, NUM_SPLITS, D] normalized partial outputs (NUM_SPLITS > 1)
-    LsePart,  # fp32 [B, Sq, Hq, NUM_SPLITS] partial log2-sum-exp2, -inf for a split that saw no key
+    Out,  # [B, Sq, Hq, D] output (not SPLIT)
+    OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs (SPLIT)
+    LsePart,  # fp32 [B, Sq, Hq, num_splits] partial log2-sum-exp2, -inf for a split that saw no key (SPLIT)
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh, stride_btb,
-    num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_m_tiles,
+    num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_m_tiles, num_splits,
     qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -103,7 +103,7 @@ def decode_split_kernel(
     if HAS_LEFT:
         i_first = tl.min(tl.where(row_ok, i, q_len), 0)
         lo = tl.maximum(i_first + q_off - window_left, 0) // BLOCK_N * BLOCK_N
-    per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), NUM_SPLITS) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), num_splits) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(hi, start + per_split)
 
@@ -138,11 +138,11 @@ def decode_split_kernel(
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = row_ok[:, None] & d_ok
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
     else:
-        part = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * NUM_SPLITS + split
+        part = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * num_splits + split
         tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         tl.store(LsePart + part, lse, mask=row_ok)
@@ -150,11 +150,11 @@ def decode_split_kernel(
 
 @triton.jit
 def combine_kernel(
-    OPart,  # fp32 [B, Sq, Hq, NUM_SPLITS, D] normalized partial outputs
-    LsePart,  # fp32 [B, Sq, Hq, NUM_SPLITS] their log2-sum-exp2 (-inf: the split saw no key)
+    OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs
+    LsePart,  # fp32 [B, Sq, Hq, num_splits] their log2-sum-exp2 (-inf: the split saw no key)
     Out,  # [B, Sq, Hq, D] output
-    stride_ob, stride_ot, stride_oh, q_len, num_heads_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    stride_ob, stride_ot, stride_oh, q_len, num_heads_q, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """One program per output row (b, i, h): ``out = sum_s w_s o_s / sum_s w_s``, ``w_s = exp2(lse_s - max)``."""
     row = tl.program_id(0).to(tl.int64)
@@ -163,12 +163,12 @@ def combine_kernel(
     b = row // (num_heads_q * q_len)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < NUM_SPLITS
-    lse = tl.load(LsePart + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    s_ok = offs_s < num_splits
+    lse = tl.load(LsePart + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
     w = tl.exp2(lse - top)
-    o = tl.load(OPart + (row * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+    o = tl.load(OPart + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)

@@ -82,19 +82,24 @@ def _attn_block(
     qk_scale, softcap_scale, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """One key block of the online softmax; MASKED=False is the fully visible fast path."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, kv_start, kv_len, stride_btb, max_blocks, num_pages,
-                                     stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
-    if MASKED or PAGED or not EVEN_D:
-        kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    if USE_TMA:  # K/V are the sequence's tensor descriptors: rows past kv_len, columns past HEAD_DIM read 0
+        k = K.load([start_n, 0])
+        v = V.load([start_n, 0])
+        valid = offs_n < kv_len
     else:
-        k = tl.load(K + k_off[:, None] + offs_d[None, :])
-        v = tl.load(V + v_off[:, None] + offs_d[None, :])
+        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, kv_start, kv_len, stride_btb, max_blocks,
+                                         num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
+        if MASKED or PAGED or not EVEN_D:
+            kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        else:
+            k = tl.load(K + k_off[:, None] + offs_d[None, :])
+            v = tl.load(V + v_off[:, None] + offs_d[None, :])
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if MASKED or PAGED or SOFTCAP:
         s = softcapped(qk, qk_scale, softcap_scale, SOFTCAP)
@@ -138,7 +143,7 @@ def _attn_loop(
     qk_scale, softcap_scale, window_left, window_right,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -147,6 +152,7 @@ def _attn_loop(
             stride_btb, max_blocks, num_pages, stride_kb, stride_kt, stride_vb, stride_vt,
             qk_scale, softcap_scale, window_left, window_right,
             HEAD_DIM, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION,
+            USE_TMA,
         )
     return acc, l_i, m_i
 
@@ -169,6 +175,7 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,  # load Q/K/V through per-sequence tensor descriptors (contiguous K/V, 16-byte aligned)
 ):
     # Longest first, GROUP (sequence, head) pairs at a time.
     pid = tl.program_id(0)
@@ -195,10 +202,23 @@ def attn_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < q_len
     q_rows = (q_start + offs_m).to(tl.int64)
-    q_ptrs = Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     K += h_kv.to(tl.int64) * stride_kh
     V += h_kv.to(tl.int64) * stride_vh
+    if USE_TMA:
+        q_base = Q + q_start.to(tl.int64) * stride_qt + h * stride_qh
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[q_len, HEAD_DIM], strides=[stride_qt, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        q = q_desc.load([start_m * BLOCK_M, 0])
+        rows_k = tl.maximum(kv_len, 1)  # a descriptor needs a non-empty shape; an empty sequence loads nothing
+        k_src = tl.make_tensor_descriptor(K + kv_start * stride_kt, shape=[rows_k, HEAD_DIM], strides=[stride_kt, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(V + kv_start * stride_vt, shape=[rows_k, HEAD_DIM], strides=[stride_vt, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+    else:
+        q_ptrs = Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        k_src = K
+        v_src = V
 
     # Key range [lo, hi) of the block, and its fully visible part [full_lo, full_hi).
     m_first = start_m * BLOCK_M
@@ -221,18 +241,18 @@ def attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     if HAS_LEFT:
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, K, V, BlockTable, lo, full_lo,
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, lo, full_lo,
             offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
             stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION)
-    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, K, V, BlockTable, full_lo, full_hi,
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA)
+    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, full_lo, full_hi,
             offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
             stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION)
-    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, K, V, BlockTable, full_hi, hi,
+            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA)
+    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, full_hi, hi,
             offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
             stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION)
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA)
 
     # A row that saw no key has l == 0 and acc == 0: it outputs 0.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -35,7 +35,7 @@ BLOCK_SIZES: Final = (16, 32, 64, 128, 256)  # paged block sizes (0 = contiguous
 MAX_HEAD_DIM: Final = 256
 _GROUP: Final = 8  # (sequence, head) pairs whose query blocks are interleaved, longest first
 _SMEM_BUDGET: Final = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
-_INTERPRET_PREFILL: Final = {"BLOCK_M": 32, "BLOCK_N": 32, "LAZY": True}
+_INTERPRET_PREFILL: Final = {"BLOCK_M": 32, "BLOCK_N": 32, "LAZY": True, "USE_TMA": False}
 _INTERPRET_DECODE_BLOCK_N: Final = 16
 
 
@@ -52,28 +52,60 @@ def _prefill_smem(cfg: triton.Config, block_d: int, elem: int) -> int:
     return (bm * block_d + cfg.num_stages * 2 * bn * block_d) * elem
 
 
+def _tma_layout_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
+    """Whether Q/K/V can be read through tensor descriptors: contiguous K/V, 16-byte aligned bases, token
+    and head strides and head dim."""
+    unit = 16 // q.element_size()
+    return not paged and q.shape[-1] % unit == 0 and all(
+        t.data_ptr() % 16 == 0 and t.stride(0) % unit == 0 and t.stride(1) % unit == 0 for t in (q, k, v))
+
+
+@functools.cache
+def _has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
 def _prune_prefill(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """The common path (fp16/bf16, contiguous K/V, no left window, no softcap) tries the first four
-    configurations that fit in shared memory; any other path takes the first that fits (less compiling)."""
-    elem = named_args["Q"].element_size()
-    fits = [c for c in configs if _prefill_smem(c, kwargs["BLOCK_D"], elem) <= _SMEM_BUDGET] or configs[-1:]
+    """Drop what does not fit in shared memory, and the TMA configurations where TMA cannot read the inputs
+    (before sm_90, paged K/V, misaligned views). The common path (fp16/bf16, contiguous K/V, no left
+    window, no softcap) times the first five left; any other path takes the first (less compiling)."""
+    q = named_args["Q"]
+    tma = q.is_cuda and _has_tma(q.device.index or 0) and _tma_layout_ok(q, named_args["K"], named_args["V"],
+                                                                          kwargs["PAGED"])
+    elem = q.element_size()
+    usable = [c for c in configs if (tma or not c.kwargs["USE_TMA"])
+              and _prefill_smem(c, kwargs["BLOCK_D"], elem) <= _SMEM_BUDGET] or configs[-1:]
     common = elem == 2 and not (kwargs["PAGED"] or kwargs["SOFTCAP"] or kwargs["HAS_LEFT"])
-    return fits[:4] if common else fits[:1]
+    return usable[:5] if common else usable[:1]
 
 
 def _prefill_configs() -> list[triton.Config]:
-    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY), best guesses for sm_90 first; the last one fits every
-    # head dim and dtype (64 x 256 fp32 Q plus two stages of 32 x 256 fp32 K and V: 128 KB).
-    shapes = [(128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 8, 3, False), (64, 64, 4, 3, True),
-              (64, 32, 4, 2, True)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy}, num_warps=w, num_stages=s)
-            for bm, bn, w, s, lazy in shapes]
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY, USE_TMA), best guesses for sm_90 first. The last one
+    # fits every head dim and dtype (64 x 256 fp32 Q plus two stages of 32 x 256 fp32 K and V: 192 KB).
+    shapes = [(128, 64, 8, 3, True, True), (128, 128, 8, 2, True, True), (128, 64, 8, 3, False, True),
+              (128, 64, 8, 3, True, False), (64, 64, 4, 3, True, False), (64, 64, 4, 2, True, True),
+              (64, 32, 4, 2, True, False)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy, "USE_TMA": tma}, num_warps=w, num_stages=s)
+            for bm, bn, w, s, lazy, tma in shapes]
 
 
 _attn_fwd_tuned = triton.autotune(
     _prefill_configs(), key=["HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "PAGED"],
     prune_configs_by={"early_config_prune": _prune_prefill},
 )(attn_fwd_kernel)
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors need global scratch memory: install a torch allocator unless the
+    caller installed one (Triton's default raises)."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def _scales(q: torch.Tensor, softmax_scale: float, softcap: float) -> tuple[torch.Tensor, float, float]:
@@ -109,11 +141,11 @@ def flash_attn_varlen(
 
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` or paged ``[num_pages, block_size, Hkv, D]`` with
     `block_table` int32 ``[B, max_blocks]``; cu_seqlens int32 ``[B + 1]``; writes and returns `out`
-    ``[total_q, Hq, D]``. `config` forces ``BLOCK_M``/``BLOCK_N``/``LAZY`` (plus optional ``num_warps``,
-    ``num_stages``) instead of autotuning; the interpreter always uses a small fixed one.
+    ``[total_q, Hq, D]``. `config` forces ``BLOCK_M``, ``BLOCK_N``, ``LAZY`` and optionally ``USE_TMA``,
+    ``num_warps``, ``num_stages`` instead of autotuning; the interpreter always uses a small fixed one.
 
     Raises:
-        ValueError: head_dim > 256.
+        ValueError: head_dim > 256, or a `config` asking for TMA where the layout does not allow it.
     """
     block_d = _check_head_dim("flash_attn_varlen", q.shape[-1])
     batch = cu_seqlens_q.shape[0] - 1
@@ -137,6 +169,8 @@ def flash_attn_varlen(
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": _GROUP, "HAS_LEFT": has_left, "HAS_RIGHT": has_right,
             "SOFTCAP": softcap > 0, "PAGED": paged, "PAGE_SIZE": page,
             "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    if q.is_cuda:
+        _ensure_allocator()
     if config is None and _interpreting():
         config = _INTERPRET_PREFILL
     if config is None:
@@ -144,8 +178,12 @@ def flash_attn_varlen(
             return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
 
         _attn_fwd_tuned[grid](*args, **meta)
-    else:
-        attn_fwd_kernel[(num_bh * triton.cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
+        return out
+    config = {"USE_TMA": False, **config}
+    if config["USE_TMA"] and not _tma_layout_ok(q, k, v, paged):
+        raise ValueError("triton flash_attn_varlen: USE_TMA needs contiguous K/V and 16-byte aligned q/k/v rows, "
+                         "heads and head dim")
+    attn_fwd_kernel[(num_bh * triton.cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
     return out
 
 
@@ -153,20 +191,24 @@ def flash_attn_varlen(
 
 
 def _decode_configs() -> list[triton.Config]:
-    # (BLOCK_N, num_warps, num_stages); the last one fits every head dim and dtype.
-    shapes = [(64, 4, 3), (128, 4, 2), (32, 4, 2)]
+    # (BLOCK_N, num_warps, num_stages). Paged K/V rows are gathered through the block table, a load the
+    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines. The
+    # last configuration fits every head dim and dtype.
+    shapes = [(64, 4, 5), (128, 4, 4), (64, 8, 5), (64, 4, 3), (32, 4, 2)]
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
 
 
 def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """Drop what may not fit in shared memory; fp16/bf16 time the first four left, fp32 takes the first."""
     elem = named_args["Q"].element_size()
     block_d = kwargs["BLOCK_D"]
     fits = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * block_d * elem <= _SMEM_BUDGET]
-    return fits or configs[-1:]
+    fits = fits or configs[-1:]
+    return fits[:4] if elem == 2 else fits[:1]
 
 
 _decode_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "NUM_SPLITS"],
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT"],
     prune_configs_by={"early_config_prune": _prune_decode},
 )(decode_split_kernel)
 
@@ -177,22 +219,15 @@ def _num_sms(index: int) -> int:
 
 
 def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int) -> int:
-    """How many programs share the keys of one (sequence, kv head, row tile) (FlashAttention-2's heuristic).
+    """How many programs share the keys of one (sequence, kv head, row tile).
 
-    Aims at two resident programs per SM: with `programs` tiles, pick the smallest split count whose last
-    wave is at least 85% as full as the best one's, each split keeping at least `min_keys` keys.
+    Decode programs do equal, memory-bound work: with at least 8 of them per SM in total, the last wave
+    is short and every SM stays busy to the end. Each split keeps at least `min_keys` of the `capacity`
+    keys (so the combine stays cheap), and there are at most 64.
     """
-    slots = 2 * num_sms
-    if programs >= 0.8 * slots:
-        return 1
-    most = max(1, min(64, capacity // min_keys))
-
-    def efficiency(s: int) -> float:
-        waves = programs * s / slots
-        return waves / math.ceil(waves)
-
-    best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+    want = math.ceil(8 * num_sms / max(programs, 1))
+    most = min(64, capacity // min_keys)
+    return max(1, min(want, most))
 
 
 def flash_attn_with_kvcache(
@@ -252,8 +287,9 @@ def flash_attn_with_kvcache(
         o_part = lse_part = out
     args = (q, k_cache, v_cache, cache_seqlens, table, out, o_part, lse_part, *q.stride()[:3],
             *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, num_heads_kv, num_heads_q,
-            q_len, group, new_len, capacity, max_blocks, num_pages, num_m_tiles, qk_scale, softcap_scale, left, right)
-    meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "NUM_SPLITS": splits,
+            q_len, group, new_len, capacity, max_blocks, num_pages, num_m_tiles, splits, qk_scale, softcap_scale, left,
+            right)
+    meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
     grid = (programs, splits)
@@ -263,8 +299,8 @@ def flash_attn_with_kvcache(
         _decode_tuned[grid](*args, **meta)
     if splits > 1:
         combine_kernel[(batch * q_len * num_heads_q,)](
-            o_part, lse_part, out, *out.stride()[:3], q_len, num_heads_q, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+            o_part, lse_part, out, *out.stride()[:3], q_len, num_heads_q, splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(splits),
         )
     return out
 
