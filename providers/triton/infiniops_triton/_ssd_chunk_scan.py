@@ -96,20 +96,21 @@ def _chunk_scan_kernel(
         seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK
         seg_m = tl.load(seg_base + offs_m, mask=mask_m, other=0)
 
+    # Scalar int64 bases plus int32 tile offsets: 64-bit offset tiles would double the address registers.
+    c_base = c_ptr + b64 * stride_c_b + start64 * stride_c_l + g * stride_c_g
     cm = tl.load(  # [BLOCK_M, BLOCK_N]
-        c_ptr + b64 * stride_c_b + (start64 + offs_m[:, None]) * stride_c_l + g * stride_c_g
-        + offs_n[None, :] * stride_c_n,
+        c_base + offs_m[:, None] * stride_c_l + offs_n[None, :] * stride_c_n,
         mask=mask_m[:, None] & mask_n[None, :], other=0.0,
     )
     st = tl.load(  # [BLOCK_N, BLOCK_P]: the entering state, transposed
-        prev_ptr + (((b64 * nchunks + c) * H + h) * P + offs_p[None, :]) * N + offs_n[:, None],
+        prev_ptr + ((b64 * nchunks + c) * H + h) * P * N + (offs_p[None, :] * N + offs_n[:, None]),
         mask=mask_n[:, None] & mask_p[None, :], other=0.0,
     )
     acc = tl.dot(cm, st.to(cm.dtype), input_precision=DOT_PRECISION) * tl.exp(cs_m)[:, None]
     if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
         acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
 
-    cb_rows = cb_ptr + (((b64 * nchunks + c) * G + g) * CHUNK + offs_m[:, None]) * CHUNK
+    cb_rows = cb_ptr + ((b64 * nchunks + c) * G + g) * CHUNK * CHUNK + offs_m[:, None] * CHUNK
     x_base = x_ptr + b64 * stride_x_b + start64 * stride_x_l + h * stride_x_h
     x_cols = x_base + offs_p[None, :] * stride_x_p
     for k0 in range(0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):  # up to the diagonal
@@ -137,13 +138,13 @@ def _chunk_scan_kernel(
         acc += xm * dv[None, :]
     if HAS_Z:
         zm = tl.load(
-            z_ptr + b64 * stride_z_b + (start64 + offs_m[:, None]) * stride_z_l + h * stride_z_h
-            + offs_p[None, :] * stride_z_p,
+            (z_ptr + b64 * stride_z_b + start64 * stride_z_l + h * stride_z_h)
+            + (offs_m[:, None] * stride_z_l + offs_p[None, :] * stride_z_p),
             mask=mask_mp, other=0.0,
         ).to(tl.float32)
         acc *= zm * tl.sigmoid(zm)
-    out = (out_ptr + b64 * stride_o_b + (start64 + offs_m[:, None]) * stride_o_l + h * stride_o_h
-           + offs_p[None, :] * stride_o_p)
+    out = ((out_ptr + b64 * stride_o_b + start64 * stride_o_l + h * stride_o_h)
+           + (offs_m[:, None] * stride_o_l + offs_p[None, :] * stride_o_p))
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_mp)
 
 

@@ -146,8 +146,8 @@ def _chunk_state_kernel(
         bw = (bm.to(tl.float32) * weight[:, None]).to(xt.dtype)
         acc += tl.dot(xt, bw, input_precision=DOT_PRECISION)
 
-    offs_st = (((b64 * nchunks + c) * H + h) * P + offs_p[:, None]) * N + offs_n[None, :]
-    tl.store(states_ptr + offs_st, acc, mask=mask_p[:, None] & mask_n[None, :])
+    st_base = states_ptr + ((b64 * nchunks + c) * H + h) * P * N  # int64 base, int32 tile offsets
+    tl.store(st_base + (offs_p[:, None] * N + offs_n[None, :]), acc, mask=mask_p[:, None] & mask_n[None, :])
     carry = tl.exp(cs_prefix)
     if HAS_SEQ_IDX:
         carry = tl.where(seg_prefix == 0, carry, -1.0)  # -1: the entering state does not survive

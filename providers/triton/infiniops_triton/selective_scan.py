@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from infiniops_py import Between, Capability, Implementation, OneOf
+from infiniops_py import Between, Capability, ComputeCapability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
 from infiniops_triton._ssd_bmm import chunk_cb
 from infiniops_triton._ssd_chunk_scan import chunk_scan
@@ -101,6 +101,7 @@ IMPLEMENTATIONS = [
         "selective_scan", "triton", "triton.ssd_chunked",
         Capability(
             *base_constraints(),
+            ComputeCapability((8, 0)),  # bf16 and TF32 tensor cores (fp32 runs as tf32x3)
             OneOf("dtype", ("float16", "bfloat16", "float32")),
             Between("head_dim", 1, MAX_HEAD_DIM),
             Between("d_state", 1, MAX_D_STATE, fix="use the torch provider for d_state > 256"),
