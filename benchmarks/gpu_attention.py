@@ -238,8 +238,9 @@ def _problem(op: str, args: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def implementation_call(provider: str, op: str, args: dict[str, Any]) -> Callable[[], Any]:
-    """A no-argument callable running `provider`'s implementation of `op` on `args` (calling convention)."""
+def implementation_call(provider: str, op: str, args: dict[str, Any], **extra: Any) -> Callable[[], Any]:
+    """A no-argument callable running `provider`'s implementation of `op` on `args` (calling convention);
+    `extra` keywords go to the implementation (the Triton decode takes ``splits``)."""
     with infiniops_py.use(provider):
         fn = infiniops_py.resolve(op, **_problem(op, args)).fn
     q = args["q"]
@@ -255,7 +256,7 @@ def implementation_call(provider: str, op: str, args: dict[str, Any]) -> Callabl
 
     def call() -> Any:
         with infiniops_py.unchecked_indices():
-            return fn(*conv)
+            return fn(*conv, **extra)
 
     return call
 
@@ -279,7 +280,19 @@ def bench_prefill(device: str, gemm_tflops: float, *, batch: int = 4, heads: int
     ratio = tri / sdpa
     short = "" if ratio >= PREFILL_TARGET else f", short by {PREFILL_TARGET - ratio:.2f}x"
     return _row(f"varlen causal prefill D{d} {batch}x{heads}hx{seqlen} bf16", "TFLOP/s", tri, tor, "SDPA", sdpa,
-                tri / gemm_tflops, f">= {PREFILL_TARGET}x SDPA", ratio >= PREFILL_TARGET, f"{ratio:.2f}x SDPA{short}")
+                tri / gemm_tflops, f">= {PREFILL_TARGET}x SDPA", ratio >= PREFILL_TARGET,
+                f"{ratio:.2f}x SDPA{short}; tuned {_tuned_config('_attn_fwd_tuned')}")
+
+
+def _tuned_config(name: str) -> str:
+    """The configuration the Triton provider's autotuner picked last (diagnostics only)."""
+    from infiniops_triton import flash_attn
+
+    best = getattr(getattr(flash_attn, name, None), "best_config", None)
+    if best is None:
+        return "-"
+    return " ".join(f"{k}={v}" for k, v in best.all_kwargs().items() if k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA",
+                                                                                 "num_warps", "num_stages"))
 
 
 def bench_decode(device: str, copy_gbs: float, *, batch: int = 64, hq: int = 32, hkv: int = 8, d: int = 128,
@@ -289,11 +302,16 @@ def bench_decode(device: str, copy_gbs: float, *, batch: int = 64, hq: int = 32,
                         page=page, seed=12)
     nbytes = decode_kv_bytes(batch, context, hkv, d)
     tri = nbytes / timer(implementation_call("triton", "flash_attn_with_kvcache", args)) / 1e6
+    tuned = _tuned_config("_decode_tuned")
     tor = nbytes / timer(implementation_call("torch", "flash_attn_with_kvcache", args)) / 1e6
+    sweep = {s: nbytes / timer(implementation_call("triton", "flash_attn_with_kvcache", args, splits=s)) / 1e6
+             for s in (1, 2, 4, 8)}  # how the split-K count matters here (diagnostics for tuning `num_splits`)
     frac = tri / copy_gbs
     short = "" if frac >= DECODE_TARGET else f", short by {DECODE_TARGET - frac:.0%}"
+    by_split = ", ".join(f"{s}: {v:.0f}" for s, v in sweep.items())
     return _row(f"paged decode B{batch} {hq}/{hkv}h D{d} ctx{context} bs{page} bf16", "GB/s", tri, tor, "copy",
-                copy_gbs, frac, f">= {DECODE_TARGET:.0%} copy BW", frac >= DECODE_TARGET, f"{frac:.0%} of copy{short}")
+                copy_gbs, frac, f">= {DECODE_TARGET:.0%} copy BW", frac >= DECODE_TARGET,
+                f"{frac:.0%} of copy{short}; tuned {tuned}; GB/s by splits {by_split}")
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, scale: int = 1, timer: Timer = median_ms,
