@@ -18,7 +18,7 @@
 benchmarks/gpu_attention.py) for benchmarks/ops.py. Timed calls go straight to the resolved
 implementations (the operators' calling conventions) with index checks off, so host-side checks and
 synchronizations stay out of the measurement. ``small=True`` shrinks every size (the CPU test of this
-script runs it under the Triton interpreter with a stand-in timer).
+script runs it so, under the Triton interpreter, with a stand-in timer).
 """
 
 from __future__ import annotations
@@ -378,8 +378,12 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, timer: Timer = median_ms,
         small: bool = False) -> None:
-    """Correctness, then timings; appends one dict per table line to `results`."""
-    results.extend(correctness(device, small=small))
+    """Correctness, then timings; appends one dict per table line to `results`.
+
+    `small` shrinks every size and checks bfloat16 (and float32) only: the CPU test's mode.
+    """
+    results.extend(correctness(device, dtypes=(torch.bfloat16,) if small else (torch.float16, torch.bfloat16),
+                               small=small))
     results.extend(correctness(device, dtypes=(torch.float32,), small=True))
     copy_gbs = copy_bandwidth_gbs(timer, device, nbytes=(1 << 20) if small else (2 << 30))
     gemm = matmul_tflops(timer, device, n=128 if small else 8192)
