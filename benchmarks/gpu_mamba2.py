@@ -1,0 +1,206 @@
+"""GPU benchmark of infinilm on a mamba2-130m-shaped checkpoint against transformers (run on the H200).
+
+    python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton \
+        -e providers/cupy
+    python3 benchmarks/gpu_mamba2.py                   # ~2-4 min; prints a markdown table for RESULTS.md
+    python3 benchmarks/gpu_mamba2.py --smoke           # a tiny model on the CPU, to try the script itself
+
+1. Builds the published mamba2-130m configuration (written out below) with random weights (seed 0), bf16,
+   saved by transformers' ``Mamba2ForCausalLM`` in a temporary directory: the same weights for both.
+2. Correctness: prefill logits of two prompts in one packed call (97 and 600 tokens: several scan chunks),
+   infinilm (bf16) and transformers (bf16), each against transformers in fp32 on the same weights. PASS
+   when infinilm's max error is at most 2x transformers' own bf16 error + 1e-2 and the greedy next token
+   agrees with transformers-bf16 on at least 97% of positions. Decode: 32 greedy steps of each, scored by
+   how often transformers-fp32 (a forward over prompt + tokens) picks the same token; PASS when infinilm's
+   agreement is at most 5 points below transformers-bf16's own.
+3. Speed, bf16, in this same run (transformers runs its PyTorch path: no mamba_ssm or causal_conv1d there):
+   prefill of one 2048-token prompt, tokens/s, infinilm (``Engine``, one step) vs transformers' forward
+   (``use_cache=False``, logits of the last token only), median of 5 after 2 warm-ups, target >= 20x; and
+   batch-1 decode tokens/s, infinilm (CUDA graphs when every operator captures; the status line says) vs
+   transformers' ``generate`` (greedy), each as (tokens after the first) / (time after the first),
+   target >= 10x.
+Exit status 1 when a PASS/FAIL line fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm.bench import run_bench
+
+# state-spaces/mamba2-130m config.json (d_model 768, n_layer 24, d_state 128, expand 2, headdim 64,
+# ngroups 1, d_conv 4, chunk_size 256, vocab_size 50277 padded to a multiple of 16: 50288, tied embeddings),
+# in transformers' Mamba2Config names.
+MAMBA2_130M = {
+    "hidden_size": 768, "num_hidden_layers": 24, "state_size": 128, "expand": 2, "head_dim": 64, "num_heads": 24,
+    "n_groups": 1, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 50288, "tie_word_embeddings": True,
+    "layer_norm_epsilon": 1e-5, "residual_in_fp32": True, "use_bias": False, "use_conv_bias": True,
+    "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+}
+SMOKE = {**MAMBA2_130M, "hidden_size": 64, "num_hidden_layers": 2, "state_size": 16, "head_dim": 16, "num_heads": 8,
+         "chunk_size": 32, "vocab_size": 512}
+PREFILL_TARGET, DECODE_TARGET = 20.0, 10.0
+
+
+def build(path: Path, shape: dict[str, object], device: str) -> None:
+    """Random bf16 weights of `shape`, saved by transformers."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Mamba2ForCausalLM(Mamba2Config(**shape, dtype="bfloat16")).to(torch.bfloat16)
+    model.save_pretrained(str(path))
+
+
+def hf_model(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    model.generation_config.eos_token_id = None  # generate every step asked for
+    return model
+
+
+def _prompts(vocab: int, lengths: tuple[int, ...], seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+@torch.no_grad()
+def check_prefill(engine: Engine, hf16: torch.nn.Module, hf32: torch.nn.Module) -> tuple[bool, str]:
+    prompts = _prompts(engine.config.vocab_size, (97, 600), seed=1)
+    worst = (0.0, 0.0, 1.0)
+    for prompt, mine in zip(prompts, engine.prefill_logits(prompts)):
+        ids = torch.tensor([prompt], device=engine.device)
+        ref = hf32(ids).logits[0].float()
+        theirs = hf16(ids).logits[0].float()
+        err_ours = (mine.float() - ref).abs().max().item()
+        err_hf = (theirs - ref).abs().max().item()
+        agree = (mine.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+        worst = (max(worst[0], err_ours), max(worst[1], err_hf), min(worst[2], agree))
+    ok = worst[0] <= 2 * worst[1] + 1e-2 and worst[2] >= 0.97
+    return ok, (f"{'PASS' if ok else 'FAIL'} prefill logits vs transformers fp32: infinilm bf16 max err "
+                f"{worst[0]:.4f}, transformers bf16 max err {worst[1]:.4f}; greedy agreement with "
+                f"transformers bf16 {worst[2]:.1%}")
+
+
+@torch.no_grad()
+def check_decode(engine: Engine, hf16: torch.nn.Module, hf32: torch.nn.Module, steps: int = 32) -> tuple[bool, str]:
+    prompts = _prompts(engine.config.vocab_size, (40, 9), seed=3)
+    ours = engine.generate(prompts, SamplingParams(max_new_tokens=steps, ignore_eos=True))
+    scores = {"infinilm": [], "transformers": []}
+    for prompt, mine in zip(prompts, ours):
+        ids = torch.tensor([prompt], device=engine.device)
+        theirs = hf16.generate(ids, max_new_tokens=steps, do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        for name, tokens in (("infinilm", mine), ("transformers", theirs)):
+            full = torch.tensor([prompt + tokens], device=engine.device)
+            picks = hf32(full).logits[0, len(prompt) - 1:-1].argmax(-1).tolist()
+            scores[name].append(sum(a == b for a, b in zip(picks, tokens)) / steps)
+    mine, theirs = statistics.fmean(scores["infinilm"]), statistics.fmean(scores["transformers"])
+    ok = mine >= theirs - 0.05
+    return ok, (f"{'PASS' if ok else 'FAIL'} {steps} greedy decode steps (2 concurrent requests): transformers "
+                f"fp32 picks the same token for {mine:.1%} of infinilm's, {theirs:.1%} of transformers bf16's")
+
+
+def _median_seconds(fn: Callable[[], object], sync: Callable[[], None], repeats: int = 5) -> float:
+    times = []
+    for i in range(repeats + 2):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        if i >= 2:  # two warm-ups: kernel compilation and autotuning
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def prefill_tokens_per_s(engine: Engine, hf16: torch.nn.Module, length: int) -> tuple[float, float]:
+    prompt = _prompts(engine.config.vocab_size, (length,), seed=4)[0]
+    ids = torch.tensor([prompt], device=engine.device)
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+    ours = _median_seconds(lambda: engine.generate([prompt], SamplingParams(max_new_tokens=1)), sync)
+    theirs = _median_seconds(lambda: hf16(ids, use_cache=False, logits_to_keep=1), sync)
+    return length / ours, length / theirs
+
+
+@torch.no_grad()
+def hf_decode_tokens_per_s(model: torch.nn.Module, input_len: int, output_len: int) -> float:
+    """transformers' generate, batch 1: (output_len - 1) tokens over the time past the first token."""
+    ids = torch.tensor(_prompts(model.config.vocab_size, (input_len,), seed=2), device=model.device)
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+
+    def timed(n: int) -> float:
+        sync()
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+        sync()
+        return time.perf_counter() - start
+
+    timed(4)  # warm-up
+    first, full = timed(1), timed(output_len)
+    return (output_len - 1) / (full - first)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prefill-len", type=int, default=2048)
+    parser.add_argument("--input-len", type=int, default=128, help="prompt of the decode benchmark")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--hf-output-len", type=int, default=64, help="transformers is slow: fewer tokens")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, to try the script")
+    args = parser.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp)
+        start = time.perf_counter()
+        build(path, SMOKE if args.smoke else MAMBA2_130M, device)
+        options = EngineOptions(device=device, dtype=torch.bfloat16, num_blocks=4, max_num_seqs=4,
+                                max_model_len=max(4096, args.prefill_len + 1),
+                                max_num_batched_tokens=max(4096, args.prefill_len))
+        engine = Engine.from_pretrained(path, options)
+        setup = time.perf_counter() - start
+        hf16, hf32 = hf_model(path, torch.bfloat16, device), hf_model(path, torch.float32, device)
+        ok_prefill, prefill_line = check_prefill(engine, hf16, hf32)
+        print(prefill_line)
+        ok_decode, decode_line = check_decode(engine, hf16, hf32)
+        print(decode_line)
+        del hf32
+        ours_prefill, theirs_prefill = prefill_tokens_per_s(engine, hf16, args.prefill_len)
+        ours1 = run_bench(engine, 1, args.input_len, args.output_len)
+        theirs1 = hf_decode_tokens_per_s(hf16, args.input_len, args.hf_output_len)
+    prefill_x, decode_x = ours_prefill / theirs_prefill, ours1.decode_tokens_per_s / theirs1
+    fast_prefill, fast_decode = prefill_x >= PREFILL_TARGET, decode_x >= DECODE_TARGET
+    print(f"{'PASS' if fast_prefill else 'FAIL'} prefill {args.prefill_len} tokens speedup {prefill_x:.1f}x "
+          f"(target >= {PREFILL_TARGET:.0f}x)")
+    print(f"{'PASS' if fast_decode else 'FAIL'} batch-1 decode speedup {decode_x:.1f}x "
+          f"(target >= {DECODE_TARGET:.0f}x)")
+    providers = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU smoke run, tiny shape"
+    print(f"\n### infinilm, mamba2-130m shape (random weights, bf16), {where}, torch {torch.__version__}\n")
+    print(f"decode: input {args.input_len} tokens, infinilm output {args.output_len}, transformers output "
+          f"{args.hf_output_len}; {engine.graph_status}; build + gates + load + capture {setup:.0f}s\n")
+    print("| metric | infinilm | transformers | ratio |\n|---|---|---|---|")
+    print(f"| prefill {args.prefill_len} tokens, batch 1 (tok/s) | {ours_prefill:.0f} | {theirs_prefill:.0f} | "
+          f"{prefill_x:.1f}x |")
+    print(f"| batch-1 decode (tok/s) | {ours1.decode_tokens_per_s:.0f} | {theirs1:.0f} | {decode_x:.1f}x |")
+    step = sorted(ours1.decode_step_seconds)[len(ours1.decode_step_seconds) // 2] * 1e3
+    print(f"| decode step p50, batch 1 (ms) | {step:.2f} | {1e3 / theirs1:.2f} | |")
+    print(f"\nproviders: {providers}")
+    print(f"logits: {prefill_line}\ndecode: {decode_line}")
+    return 0 if ok_prefill and ok_decode and fast_prefill and fast_decode else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
