@@ -158,6 +158,7 @@ def test_gpu_benchmark_script_runs_end_to_end_at_small_sizes() -> None:
     spec.loader.exec_module(gpu_ssm)
     results: list[dict] = []
     gpu_ssm.run(results, device="cpu", timer=lambda fn: (fn(), 1.0)[1], small=True)
+    assert len(gpu_ssm.correctness_cases(torch.float32, "cpu", small=True)) == 2
     checks = [r for r in results if r["kind"] == "check"]
     perf = [r for r in results if r["kind"] == "perf"]
     assert len(checks) == len(gpu_ssm.correctness_cases(torch.bfloat16, "cpu", small=True))

@@ -29,7 +29,6 @@ __all__ = ["chunk_scan"]
         [
             {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "num_warps": 4, "num_stages": 2},
             {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 64, "num_warps": 4, "num_stages": 3},
-            {"BLOCK_M": 128, "BLOCK_K": 64, "BLOCK_P": 64, "num_warps": 8, "num_stages": 2},
             {"BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 64, "num_warps": 4, "num_stages": 2},
         ],
         interpreter={"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_P": 16, "num_warps": 4, "num_stages": 1},
