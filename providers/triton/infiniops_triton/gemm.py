@@ -8,8 +8,9 @@ scales by `alpha`, adds ``beta * c`` (read only when ``beta != 0``; broadcast th
 the bias in fp32, and rounds once to the output dtype. fp32 inputs use IEEE fp32 dots (no TF32), so
 they meet the fp32 tolerance.
 
-Block sizes are autotuned among a few Hopper-friendly configurations (128x256x64 and 256x128x64 with 8
-warps and 3 stages for big problems, smaller tiles for thin ones); the interpreter uses one small config.
+Block sizes are autotuned among a few Hopper-friendly configurations per problem class (128x256x64,
+256x128x64 with 8 warps and 3 stages, 128x128x64 for big problems; 128x128 or 64x128 tiles below that;
+one 64x128 config for decode-like M <= 64); the interpreter uses one small config.
 """
 
 from __future__ import annotations
@@ -26,38 +27,32 @@ from infiniops_triton._common import PRIORITY, base_constraints
 __all__ = ["IMPLEMENTATIONS", "gemm"]
 
 
+def _cfg(m: int, n: int, k: int, stages: int, warps: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=stages,
+                         num_warps=warps)
+
+
+# Candidates per problem class; the autotuner times only the class's own (one compile per candidate).
+_LARGE = (_cfg(128, 256, 64, 3, 8), _cfg(256, 128, 64, 3, 8), _cfg(128, 128, 64, 4, 8))  # M, N >= 1024
+_MEDIUM = (_cfg(128, 128, 64, 4, 4), _cfg(64, 128, 64, 4, 4))
+_THIN = (_cfg(64, 128, 64, 4, 4),)  # M <= 64: decode-like
+_INTERPRETER = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}, num_warps=4)
+
+
 def _configs() -> list[triton.Config]:
     if os.environ.get("TRITON_INTERPRET") == "1":  # one config: the interpreter must not autotune
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}, num_warps=4)]
-
-    def cfg(m: int, n: int, k: int, stages: int, warps: int) -> triton.Config:
-        return triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=stages,
-                             num_warps=warps)
-
-    return [
-        cfg(128, 256, 64, 3, 8),
-        cfg(256, 128, 64, 3, 8),
-        cfg(128, 128, 64, 4, 8),
-        cfg(128, 128, 64, 4, 4),
-        cfg(64, 128, 64, 4, 4),
-        cfg(64, 64, 64, 4, 4),
-    ]
+        return [_INTERPRETER]
+    return [*_LARGE, *_MEDIUM, *_THIN]  # every candidate: `_prune` keeps the problem's class
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-    """Keep the shared-memory footprint of 4-byte inputs in budget (half the K step) and drop tiles far
-    larger than the problem."""
-    wide = named_args["A"].element_size() == 4
+    """The candidates of the problem's class; 4-byte inputs take half the K step (shared-memory budget)."""
     m, n = named_args["M"], named_args["N"]
-    out = []
-    for c in configs:
-        kw = dict(c.kwargs)
-        if wide and kw["BLOCK_K"] > 32:
-            kw["BLOCK_K"] = 32
-        if kw["BLOCK_M"] > max(64, triton.next_power_of_2(m)) or kw["BLOCK_N"] > max(64, triton.next_power_of_2(n)):
-            continue
-        out.append(triton.Config(kw, num_stages=c.num_stages, num_warps=c.num_warps))
-    return out or [configs[-1]]
+    chosen = _THIN if m <= 64 else _LARGE if min(m, n) >= 1024 else _MEDIUM
+    if named_args["A"].element_size() < 4:
+        return list(chosen)
+    return [triton.Config({**c.kwargs, "BLOCK_K": 32}, num_stages=c.num_stages, num_warps=c.num_warps)
+            for c in chosen]
 
 
 @triton.autotune(configs=_configs(), key=["M", "N", "K", "stride_ak", "stride_bk", "HAS_C", "HAS_BIAS"],
