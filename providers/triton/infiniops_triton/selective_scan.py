@@ -14,8 +14,9 @@ rounding): a power of two in [16, 256] is used as given, any other value as the 
 below it, kept within [16, 256] (`kernel_chunk`).
 
 Inputs with an inf or NaN: they propagate within their sequence as in the reference; across a
-``seq_idx`` restart the entering state is dropped (never multiplied by 0), but a non-finite x or B of
-one sequence can still reach the other sequences of the same chunk through the tile products.
+``seq_idx`` restart the entering state is dropped (never multiplied by 0), but a non-finite x of one
+sequence can still reach the later rows of another sequence in the same chunk (``0 * inf`` inside the
+chunk scan's tile product).
 """
 
 from __future__ import annotations
