@@ -127,3 +127,19 @@ def test_gpu_benchmark_script_runs_end_to_end_at_small_sizes() -> None:
     assert all(r["status"] == "PASS" for r in checks), gpu_dense.format_table(checks)
     assert len(perf) == 8 and all("triton" in r for r in perf), gpu_dense.format_table(perf)
     assert len(gpu_dense.format_table(results).splitlines()) == len(results)
+
+
+def test_gemm_autotune_candidates_follow_the_problem_class() -> None:
+    # the interpreter runs one config, so the GPU's candidate choice is checked here as plain Python
+    from infiniops_triton import gemm as triton_gemm
+
+    half, single = torch.empty(1, dtype=torch.bfloat16), torch.empty(1, dtype=torch.float32)
+
+    def pick(a: torch.Tensor, m: int, n: int) -> list[tuple[int, int, int]]:
+        chosen = triton_gemm._prune([], {"A": a, "M": m, "N": n})
+        return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in chosen]
+
+    assert pick(half, 8192, 8192) == [(128, 256, 64), (256, 128, 64), (128, 128, 64)]
+    assert pick(half, 512, 8192) == [(128, 128, 64), (64, 128, 64)]
+    assert pick(half, 1, 4096) == [(64, 128, 64)]
+    assert all(k == 32 for _, _, k in pick(single, 8192, 8192))
