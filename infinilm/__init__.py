@@ -1,8 +1,10 @@
-"""infinilm: Llama, Qwen2 and Qwen3 Hugging Face checkpoints through `infiniops_py`, with a paged KV cache.
+"""infinilm: Llama, Qwen2 and Qwen3 Hugging Face checkpoints through `infiniops_py`, with a paged KV cache,
+and Mamba-2 with a recurrent state pool.
 
-Every Gemm, Add, RmsNorm, FusedQkNorm, paged-cache write and attention of the model runs through the
-capability resolver; the operators a configuration needs are gated (`infinilm.gates`) before any weight
-is read. Entry points: `Engine.from_pretrained`, `SamplingParams`, and the ``infinilm`` console script.
+Every Gemm, Add, RmsNorm, FusedQkNorm, paged-cache write and attention (for Mamba-2: causal conv and
+selective scan) of the model runs through the capability resolver; the operators a configuration needs
+are gated (`infinilm.gates`) before any weight is read. Entry points: `Engine.from_pretrained`,
+`SamplingParams`, and the ``infinilm`` console script.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 ``Engine.from_pretrained`` reads the config, runs the gates (`infinilm.gates.plan`, which raises
 `GateError` before any weight is read), allocates the model and loads the weights, then sizes the paged
-KV cache. Each `step` is: schedule -> prepare inputs -> run model -> sample -> postprocess. Requests can be
-added and cancelled between steps; new prefills join the running decodes in the next step.
+KV cache (for a recurrent Mamba-2 model: the state pool of `infinilm.state_pool`, one row per running
+request, and its `RecurrentRunner`). Each `step` is: schedule -> prepare inputs -> run model -> sample ->
+postprocess. Requests can be added and cancelled between steps; new prefills join the running decodes in the
+next step.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class Engine:
         return seq
 
     def cancel(self, seq: Sequence) -> bool:
-        """Cancel a request between steps and free its KV blocks; False when it had already finished."""
+        """Cancel a request between steps and free its KV blocks (or state row); False when it had already finished."""
         return self.scheduler.cancel(seq)
 
     def has_work(self) -> bool:
