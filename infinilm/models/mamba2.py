@@ -159,7 +159,7 @@ def gate_problems(c: ModelConfig, base: dict[str, Any], fused_bias: bool) -> lis
         out.append(("selective_scan", {**scan, "chunk_size": s.chunk_size, "has_dt_bias": True, "dt_softplus": True,
                                        "has_seq_idx": packed, "has_initial_states": False,
                                        "return_final_states": True}))
-    raw_dt = s.time_step_limit == _NO_LIMIT  # else decode passes the processed dt (see Mamba2Mixer._decode_dt)
+    raw_dt = s.time_step_limit == _NO_LIMIT  # else decode passes dt already processed (Mamba2Mixer._decode)
     out.append(("selective_state_update", {**scan, "has_dt_bias": raw_dt, "dt_softplus": raw_dt,
                                            "has_indices": True}))
     return out
@@ -239,6 +239,7 @@ class Mamba2Mixer:
 
     def _decode(self, zx: torch.Tensor, conv_states: torch.Tensor, ssm_states: torch.Tensor,
                 ctx: SsmContext) -> torch.Tensor:
+        """One step of each decode request, advancing its rows' conv and SSM states in place."""
         s = self.dims
         lo = s.intermediate_size
         xbc = causal_conv1d_update(zx[:, lo:lo + s.conv_dim], conv_states, self.conv_weight, self.conv_bias,
