@@ -279,16 +279,17 @@ def bench_prefill(device: str, gemm_tflops: float, *, batch: int = 4, heads: int
     sdpa = flops / timer(lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)) / 1e9
     ratio = tri / sdpa
     short = "" if ratio >= PREFILL_TARGET else f", short by {PREFILL_TARGET - ratio:.2f}x"
+    tuned = _tuned_config("infiniops_triton._flash_attn_kernels", "attn_fwd_tuned")
     return _row(f"varlen causal prefill D{d} {batch}x{heads}hx{seqlen} bf16", "TFLOP/s", tri, tor, "SDPA", sdpa,
                 tri / gemm_tflops, f">= {PREFILL_TARGET}x SDPA", ratio >= PREFILL_TARGET,
-                f"{ratio:.2f}x SDPA{short}; tuned {_tuned_config('_attn_fwd_tuned')}")
+                f"{ratio:.2f}x SDPA{short}; tuned {tuned}")
 
 
-def _tuned_config(name: str) -> str:
+def _tuned_config(module: str, name: str) -> str:
     """The configuration the Triton provider's autotuner picked last (diagnostics only)."""
-    from infiniops_triton import flash_attn
+    import importlib
 
-    best = getattr(getattr(flash_attn, name, None), "best_config", None)
+    best = getattr(getattr(importlib.import_module(module), name, None), "best_config", None)
     if best is None:
         return "-"
     return " ".join(f"{k}={v}" for k, v in best.all_kwargs().items() if k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA",
@@ -302,7 +303,7 @@ def bench_decode(device: str, copy_gbs: float, *, batch: int = 64, hq: int = 32,
                         page=page, seed=12)
     nbytes = decode_kv_bytes(batch, context, hkv, d)
     tri = nbytes / timer(implementation_call("triton", "flash_attn_with_kvcache", args)) / 1e6
-    tuned = _tuned_config("_decode_tuned")
+    tuned = _tuned_config("infiniops_triton._decode_kernels", "decode_split_tuned")
     tor = nbytes / timer(implementation_call("torch", "flash_attn_with_kvcache", args)) / 1e6
     sweep = {s: nbytes / timer(implementation_call("triton", "flash_attn_with_kvcache", args, splits=s)) / 1e6
              for s in (1, 2, 4, 8)}  # how the split-K count matters here (diagnostics for tuning `num_splits`)

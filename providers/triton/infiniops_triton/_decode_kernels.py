@@ -9,12 +9,14 @@ partial output and its log-sum-exp (base 2), and `combine_kernel` merges them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
-from infiniops_triton._flash_attn_kernels import NEG_BIG, kv_offsets, softcapped
+from infiniops_triton._flash_attn_kernels import NEG_BIG, SMEM_BUDGET, kv_offsets, softcapped
 
-__all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel"]
+__all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_split_tuned"]
 
 
 @triton.jit
@@ -174,3 +176,29 @@ def combine_kernel(
     out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(Out + b * stride_ob + i * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
+
+
+# --- autotuning (CUDA; the interpreter runs one fixed configuration) --------------------------------
+
+
+def _decode_configs() -> list[triton.Config]:
+    # (BLOCK_N, num_warps, num_stages). Paged K/V rows are gathered through the block table, a load the
+    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines. The
+    # last configuration fits every head dim and dtype.
+    shapes = [(64, 4, 5), (128, 4, 4), (64, 8, 5), (64, 4, 3), (32, 4, 2)]
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
+
+
+def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """Drop what may not fit in shared memory; fp16/bf16 time the first four left, fp32 takes the first."""
+    elem = named_args["Q"].element_size()
+    block_d = kwargs["BLOCK_D"]
+    fits = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * block_d * elem <= SMEM_BUDGET]
+    fits = fits or configs[-1:]
+    return fits[:4] if elem == 2 else fits[:1]
+
+
+decode_split_tuned = triton.autotune(
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT"],
+    prune_configs_by={"early_config_prune": _prune_decode},
+)(decode_split_kernel)

@@ -15,12 +15,18 @@ run side by side so their keys stay in L2.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
+import torch
 import triton
 import triton.language as tl
 
-__all__ = ["LOG2E", "attn_fwd_kernel", "kv_offsets", "softcapped", "tanh"]
+__all__ = ["LOG2E", "SMEM_BUDGET", "attn_fwd_kernel", "attn_fwd_tuned", "kv_offsets", "softcapped", "tanh",
+           "tma_layout_ok"]
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+SMEM_BUDGET = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
 
 # Skip the accumulator rescale until some row's max grew by more than 2**8 (log2 units); fp32 holds it.
 _RESCALE_LOG2 = tl.constexpr(8.0)
@@ -258,3 +264,55 @@ def attn_fwd_kernel(
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_ptrs = Out + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+# --- autotuning (CUDA; the interpreter runs one fixed configuration) --------------------------------
+
+
+def _prefill_smem(cfg: triton.Config, block_d: int, elem: int) -> int:
+    """Shared memory of a configuration: the Q tile plus `num_stages` K and V tiles."""
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    return (bm * block_d + cfg.num_stages * 2 * bn * block_d) * elem
+
+
+def tma_layout_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
+    """Whether Q/K/V can be read through tensor descriptors: contiguous K/V, 16-byte aligned bases, token
+    and head strides and head dim."""
+    unit = 16 // q.element_size()
+    return not paged and q.shape[-1] % unit == 0 and all(
+        t.data_ptr() % 16 == 0 and t.stride(0) % unit == 0 and t.stride(1) % unit == 0 for t in (q, k, v))
+
+
+@functools.cache
+def _has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _prune_prefill(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    """Drop what does not fit in shared memory, and the TMA configurations where TMA cannot read the inputs
+    (before sm_90, paged K/V, misaligned views). The common path (fp16/bf16, contiguous K/V, no left
+    window, no softcap) times the first five left; any other path takes the first (less compiling)."""
+    q = named_args["Q"]
+    tma = q.is_cuda and _has_tma(q.device.index or 0) and tma_layout_ok(q, named_args["K"], named_args["V"],
+                                                                         kwargs["PAGED"])
+    elem = q.element_size()
+    usable = [c for c in configs if (tma or not c.kwargs["USE_TMA"])
+              and _prefill_smem(c, kwargs["BLOCK_D"], elem) <= SMEM_BUDGET] or configs[-1:]
+    common = elem == 2 and not (kwargs["PAGED"] or kwargs["SOFTCAP"] or kwargs["HAS_LEFT"])
+    return usable[:5] if common else usable[:1]
+
+
+def _prefill_configs() -> list[triton.Config]:
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY, USE_TMA), best guesses for sm_90 first. The last one
+    # fits every head dim and dtype (64 x 256 fp32 Q plus two stages of 32 x 256 fp32 K and V: 192 KB).
+    shapes = [(128, 64, 8, 3, True, True), (128, 128, 8, 2, True, True), (128, 64, 8, 3, False, True),
+              (128, 64, 8, 3, True, False), (64, 64, 4, 3, True, False), (64, 64, 4, 2, True, True),
+              (64, 32, 4, 2, True, False)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy, "USE_TMA": tma}, num_warps=w, num_stages=s)
+            for bm, bn, w, s, lazy, tma in shapes]
+
+
+attn_fwd_tuned = triton.autotune(
+    _prefill_configs(), key=["HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "PAGED"],
+    prune_configs_by={"early_config_prune": _prune_prefill},
+)(attn_fwd_kernel)

@@ -2,15 +2,21 @@
 
 ``flash_attn_varlen`` runs `attn_fwd_kernel` (FlashAttention-2 forward, Hopper-tuned: 128-row query
 blocks, exp2 with log2(e) folded into the scale, causal blocks split into an unmasked part and the
-diagonal, lazy rescale, longest blocks first). ``flash_attn_with_kvcache`` appends the new k/v into the
-cache, then runs the split-K decode kernel (all GQA heads of a kv head per program, so the cache is read
-once) and, for long contexts on a small batch, the combine kernel.
+diagonal, lazy rescale, longest blocks first; contiguous K/V are read through per-sequence TMA tensor
+descriptors on sm_90+, or through pointers, whichever the autotuner times faster). ``flash_attn_with_kvcache``
+appends the new k/v into the cache, then runs the split-K decode kernel (all GQA heads of a kv head per
+program, so the cache is read once) and, when the batch alone cannot fill the GPU, the combine kernel.
 
 Both follow the contract of `infiniops_py.operators.flash_attn` (bottom-right causal mask, GQA head
 ``h // (Hq // Hkv)``, windows, softcap, rows that see no key output 0, out-of-range block ids skipped).
 Tested: float16, bfloat16 and float32 (fp32 dots in IEEE precision, no TF32), head dims `HEAD_DIMS`,
-paged block sizes `BLOCK_SIZES`, any GQA ratio. On CUDA the block sizes are autotuned per head dim;
-under ``TRITON_INTERPRET=1`` one small configuration runs.
+paged block sizes `BLOCK_SIZES`, any GQA ratio. On CUDA the block sizes are autotuned (the first call of
+each head dim, dtype and flag set times a few configurations); under ``TRITON_INTERPRET=1`` one small
+configuration runs.
+
+Device-side tensor descriptors need a little global scratch memory per launch: unless the caller has set
+one, the prefill installs a torch allocator with ``triton.set_allocator`` (the scratch is freed after the
+launch, so do not capture the prefill in a CUDA graph; the decode path needs none).
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import triton
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
-from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel
-from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel
+from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
+from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 
 __all__ = ["BLOCK_SIZES", "HEAD_DIMS", "IMPLEMENTATIONS", "flash_attn_varlen", "flash_attn_with_kvcache"]
 
@@ -34,7 +40,6 @@ HEAD_DIMS: Final = (32, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
 BLOCK_SIZES: Final = (16, 32, 64, 128, 256)  # paged block sizes (0 = contiguous K/V)
 MAX_HEAD_DIM: Final = 256
 _GROUP: Final = 8  # (sequence, head) pairs whose query blocks are interleaved, longest first
-_SMEM_BUDGET: Final = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
 _INTERPRET_PREFILL: Final = {"BLOCK_M": 32, "BLOCK_N": 32, "LAZY": True, "USE_TMA": False}
 _INTERPRET_DECODE_BLOCK_N: Final = 16
 
@@ -44,55 +49,6 @@ def _interpreting() -> bool:
 
 
 # --- prefill ---------------------------------------------------------------------------------------
-
-
-def _prefill_smem(cfg: triton.Config, block_d: int, elem: int) -> int:
-    """Shared memory of a configuration: the Q tile plus `num_stages` K and V tiles."""
-    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    return (bm * block_d + cfg.num_stages * 2 * bn * block_d) * elem
-
-
-def _tma_layout_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
-    """Whether Q/K/V can be read through tensor descriptors: contiguous K/V, 16-byte aligned bases, token
-    and head strides and head dim."""
-    unit = 16 // q.element_size()
-    return not paged and q.shape[-1] % unit == 0 and all(
-        t.data_ptr() % 16 == 0 and t.stride(0) % unit == 0 and t.stride(1) % unit == 0 for t in (q, k, v))
-
-
-@functools.cache
-def _has_tma(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def _prune_prefill(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """Drop what does not fit in shared memory, and the TMA configurations where TMA cannot read the inputs
-    (before sm_90, paged K/V, misaligned views). The common path (fp16/bf16, contiguous K/V, no left
-    window, no softcap) times the first five left; any other path takes the first (less compiling)."""
-    q = named_args["Q"]
-    tma = q.is_cuda and _has_tma(q.device.index or 0) and _tma_layout_ok(q, named_args["K"], named_args["V"],
-                                                                          kwargs["PAGED"])
-    elem = q.element_size()
-    usable = [c for c in configs if (tma or not c.kwargs["USE_TMA"])
-              and _prefill_smem(c, kwargs["BLOCK_D"], elem) <= _SMEM_BUDGET] or configs[-1:]
-    common = elem == 2 and not (kwargs["PAGED"] or kwargs["SOFTCAP"] or kwargs["HAS_LEFT"])
-    return usable[:5] if common else usable[:1]
-
-
-def _prefill_configs() -> list[triton.Config]:
-    # (BLOCK_M, BLOCK_N, num_warps, num_stages, LAZY, USE_TMA), best guesses for sm_90 first. The last one
-    # fits every head dim and dtype (64 x 256 fp32 Q plus two stages of 32 x 256 fp32 K and V: 192 KB).
-    shapes = [(128, 64, 8, 3, True, True), (128, 128, 8, 2, True, True), (128, 64, 8, 3, False, True),
-              (128, 64, 8, 3, True, False), (64, 64, 4, 3, True, False), (64, 64, 4, 2, True, True),
-              (64, 32, 4, 2, True, False)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy, "USE_TMA": tma}, num_warps=w, num_stages=s)
-            for bm, bn, w, s, lazy, tma in shapes]
-
-
-_attn_fwd_tuned = triton.autotune(
-    _prefill_configs(), key=["HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "PAGED"],
-    prune_configs_by={"early_config_prune": _prune_prefill},
-)(attn_fwd_kernel)
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
@@ -177,10 +133,10 @@ def flash_attn_varlen(
         def grid(m: dict[str, Any]) -> tuple[int]:
             return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
 
-        _attn_fwd_tuned[grid](*args, **meta)
+        attn_fwd_tuned[grid](*args, **meta)
         return out
     config = {"USE_TMA": False, **config}
-    if config["USE_TMA"] and not _tma_layout_ok(q, k, v, paged):
+    if config["USE_TMA"] and not tma_layout_ok(q, k, v, paged):
         raise ValueError("triton flash_attn_varlen: USE_TMA needs contiguous K/V and 16-byte aligned q/k/v rows, "
                          "heads and head dim")
     attn_fwd_kernel[(num_bh * triton.cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
@@ -188,29 +144,6 @@ def flash_attn_varlen(
 
 
 # --- decode ----------------------------------------------------------------------------------------
-
-
-def _decode_configs() -> list[triton.Config]:
-    # (BLOCK_N, num_warps, num_stages). Paged K/V rows are gathered through the block table, a load the
-    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines. The
-    # last configuration fits every head dim and dtype.
-    shapes = [(64, 4, 5), (128, 4, 4), (64, 8, 5), (64, 4, 3), (32, 4, 2)]
-    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
-
-
-def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """Drop what may not fit in shared memory; fp16/bf16 time the first four left, fp32 takes the first."""
-    elem = named_args["Q"].element_size()
-    block_d = kwargs["BLOCK_D"]
-    fits = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * block_d * elem <= _SMEM_BUDGET]
-    fits = fits or configs[-1:]
-    return fits[:4] if elem == 2 else fits[:1]
-
-
-_decode_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT"],
-    prune_configs_by={"early_config_prune": _prune_decode},
-)(decode_split_kernel)
 
 
 @functools.cache
@@ -296,7 +229,7 @@ def flash_attn_with_kvcache(
     if interpreting:
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
-        _decode_tuned[grid](*args, **meta)
+        decode_split_tuned[grid](*args, **meta)
     if splits > 1:
         combine_kernel[(batch * q_len * num_heads_q,)](
             o_part, lse_part, out, *out.stride()[:3], q_len, num_heads_q, splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
