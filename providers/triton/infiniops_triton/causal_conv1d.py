@@ -9,7 +9,7 @@ output position (a chain of ``W - 1`` equality tests); positions before 0 read `
 belong to the row's first sequence. The last time tile of each row also writes the final states.
 Channel-first input without ``seq_idx`` (W <= 8) takes a second kernel: there the shifted windows would be
 misaligned loads along the unit stride, so it loads the tile and the 8 columns before each group of 8
-(two aligned vector loads) and picks the taps from registers (`_split8` / `_join8`).
+(two aligned vector loads) and picks the taps from registers (`_conv_taps`).
 
 Decode: a program owns ``BLOCK_D`` channels of one row: it reads the slot's ``S`` state columns and the
 row's ``L`` new columns, writes the ``L`` outputs, then (after a barrier, since it overwrites what it
@@ -26,6 +26,7 @@ import triton.language as tl
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._conv_taps import conv_taps8
 
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 
@@ -144,70 +145,6 @@ def _store_final_states(
 
 
 @triton.jit
-def _split8(x, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr):
-    """``[BLOCK_D, BLOCK_L]`` -> the eight ``[BLOCK_D, BLOCK_L // 8]`` tensors of columns ``8m + k``, k = 0..7
-    (each thread holds 8 consecutive columns: register renaming, no data movement)."""
-    x = tl.reshape(x, (BLOCK_D, BLOCK_L // 8, 2, 2, 2))  # column 8m + 4a + 2b + c at [m, a, b, c]
-    c0, c1 = tl.split(x)
-    c0b0, c0b1 = tl.split(c0)
-    c1b0, c1b1 = tl.split(c1)
-    e0, e4 = tl.split(c0b0)
-    e2, e6 = tl.split(c0b1)
-    e1, e5 = tl.split(c1b0)
-    e3, e7 = tl.split(c1b1)
-    return e0, e1, e2, e3, e4, e5, e6, e7
-
-
-@triton.jit
-def _join8(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr):
-    """The inverse of `_split8`."""
-    c0 = tl.join(tl.join(o0, o4), tl.join(o2, o6))
-    c1 = tl.join(tl.join(o1, o5), tl.join(o3, o7))
-    return tl.reshape(tl.join(c0, c1), (BLOCK_D, BLOCK_L))
-
-
-@triton.jit
-def _pick8(i: tl.constexpr, v0, v1, v2, v3, v4, v5, v6, v7):
-    if i == 0:  # noqa: SIM116 (Triton code has no dicts; the constexpr chain folds away)
-        return v0
-    elif i == 1:
-        return v1
-    elif i == 2:
-        return v2
-    elif i == 3:
-        return v3
-    elif i == 4:
-        return v4
-    elif i == 5:
-        return v5
-    elif i == 6:
-        return v6
-    else:
-        return v7
-
-
-@triton.jit
-def _column8(k: tl.constexpr, W: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7,
-             e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7):
-    """Output column ``8m + k``: the taps ``j`` back are column ``k - j`` of this group of 8 (``e``) or,
-    below 0, of the previous group (``p``)."""
-    acc = tl.zeros_like(e0)
-    for j in tl.static_range(W):
-        if k - j >= 0:
-            v = _pick8(k - j, e0, e1, e2, e3, e4, e5, e6, e7)
-        else:
-            v = _pick8(k - j + 8, p0, p1, p2, p3, p4, p5, p6, p7)
-        acc += _pick8(W - 1 - j, w0, w1, w2, w3, w4, w5, w6, w7) * v
-    return acc
-
-
-@triton.jit
-def _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, k: tl.constexpr, W: tl.constexpr):
-    """Tap k of every channel as a ``[BLOCK_D, 1]`` fp32 column (zeros past the width)."""
-    return tl.load(WEIGHT + d * stride_wd + k * stride_ww, mask=d_mask & (k < W), other=0.0).to(tl.float32)[:, None]
-
-
-@triton.jit
 def _conv_channel_first_kernel(
     X,  # *dtype [B, D, L] input with unit stride along L
     WEIGHT,  # *float [D, W], W <= 8
@@ -248,25 +185,7 @@ def _conv_channel_first_kernel(
             init_ptrs = INIT + b * stride_ib + d[:, None] * stride_id + (s + W - 1)[None, :] * stride_iw
             init_mask = d_mask[:, None] & ((s < 0) & (s + W - 1 >= 0))[None, :]
             prev += tl.load(init_ptrs, mask=init_mask, other=0.0).to(tl.float32)
-    e0, e1, e2, e3, e4, e5, e6, e7 = _split8(cur.to(tl.float32), BLOCK_D, BLOCK_L)
-    p0, p1, p2, p3, p4, p5, p6, p7 = _split8(prev, BLOCK_D, BLOCK_L)
-    w0 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 0, W)
-    w1 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 1, W)
-    w2 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 2, W)
-    w3 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 3, W)
-    w4 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 4, W)
-    w5 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 5, W)
-    w6 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 6, W)
-    w7 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 7, W)
-    o0 = _column8(0, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o1 = _column8(1, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o2 = _column8(2, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o3 = _column8(3, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o4 = _column8(4, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o5 = _column8(5, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o6 = _column8(6, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o7 = _column8(7, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    acc = _join8(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_D, BLOCK_L)
+    acc = conv_taps8(cur.to(tl.float32), prev, WEIGHT, d, d_mask, stride_wd, stride_ww, W, BLOCK_D, BLOCK_L)
     if HAS_BIAS:
         acc += tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)[:, None]
     if SILU:
