@@ -41,6 +41,23 @@ def _silu(y):
 
 
 @triton.jit
+def _load_taps(WEIGHT, d, d_mask, stride_wd, stride_ww, W: tl.constexpr):
+    """The ``[BLOCK_D, next_power_of_2(W)]`` taps of the channels as one vectorized fp32 tile: per-tap loads
+    would be scalar loads strided by W, which in a channel-last tile cost more L1 traffic than x itself."""
+    k = tl.arange(0, triton.next_power_of_2(W))
+    taps = tl.load(WEIGHT + d[:, None] * stride_wd + k[None, :] * stride_ww, mask=d_mask[:, None] & (k < W)[None, :],
+                   other=0.0)
+    return taps.to(tl.float32)
+
+
+@triton.jit
+def _tap(taps, k: tl.constexpr):
+    """Column k of `taps` as ``[BLOCK_D, 1]`` (an in-register select and sum)."""
+    cols = tl.arange(0, taps.shape[1])
+    return tl.sum(tl.where(cols[None, :] == k, taps, 0.0), axis=1)[:, None]
+
+
+@triton.jit
 def _conv_kernel(
     X,  # *dtype [B, D, L] input, any strides
     WEIGHT,  # *float [D, W] taps (the last tap multiplies the current position)
@@ -79,6 +96,7 @@ def _conv_kernel(
         seq_t = tl.load(SEQ + b * stride_sb + t * stride_sl, mask=t_mask, other=-1)
         seq_prev = seq_t
         same = t_mask
+    taps = _load_taps(WEIGHT, d, d_mask, stride_wd, stride_ww, W)
     for j in tl.static_range(W):  # tap j positions back: weight column W-1-j
         s = t - j
         v = tl.load(x_row + s[None, :] * stride_xl, mask=d_mask[:, None] & ((s >= 0) & t_mask)[None, :], other=0.0)
@@ -93,8 +111,7 @@ def _conv_kernel(
                 same = same & (seq_s == seq_prev)
                 seq_prev = seq_s
             v = tl.where(same[None, :], v, 0.0)
-        w = tl.load(WEIGHT + d * stride_wd + (W - 1 - j) * stride_ww, mask=d_mask, other=0.0).to(tl.float32)
-        acc += w[:, None] * v
+        acc += _tap(taps, W - 1 - j) * v
     if HAS_BIAS:
         acc += tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)[:, None]
     if SILU:
