@@ -118,7 +118,7 @@ def _conv_args(channel_last: bool, **overrides: Any) -> dict[str, Any]:
             "OUT": _Ptr(BF16), "FINAL": _Ptr(BF16), "D": d, "L": length, **x, "stride_wd": w, "stride_ww": 1,
             "stride_sb": 0, "stride_sl": 0, "stride_ib": 0, "stride_id": 0, "stride_iw": 0, **out,
             "stride_fb": 0, "stride_fd": 0, "stride_fw": 0, "W": w, "HAS_BIAS": True, "SILU": True,
-            "HAS_SEQ": False, "HAS_INIT": False, "HAS_FINAL": False, "BLOCK_W": 4,
+            "HAS_SEQ": False, "HAS_INIT": False, "HAS_FINAL": False, "WIDE": False, "BLOCK_W": 4,
             "BLOCK_D": 64 if channel_last else 16, "BLOCK_L": 64 if channel_last else 256}
     return {**args, **overrides}
 

@@ -79,6 +79,7 @@ def _conv_kernel(
     HAS_SEQ: tl.constexpr,
     HAS_INIT: tl.constexpr,
     HAS_FINAL: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_W: tl.constexpr,  # next_power_of_2(W - 1): final-state columns
@@ -88,6 +89,8 @@ def _conv_kernel(
     b = tl.program_id(2).to(tl.int64)
     t = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    if WIDE:
+        t, d = t.to(tl.int64), d.to(tl.int64)
     d_mask = d < D
     t_mask = t < L
     x_row = X + b * stride_xb + d[:, None] * stride_xd
@@ -180,6 +183,7 @@ def _conv_channel_first_kernel(
     SILU: tl.constexpr,
     HAS_INIT: tl.constexpr,
     HAS_FINAL: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,  # a multiple of 8
     BLOCK_W: tl.constexpr,
@@ -191,6 +195,8 @@ def _conv_channel_first_kernel(
     b = tl.program_id(2).to(tl.int64)
     t = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if WIDE:
+        t, d = t.to(tl.int64), d.to(tl.int64)
     d_mask = d < D
     x_row = X + b * stride_xb + d[:, None] * stride_xd
     cur = tl.load(x_row + t[None, :] * stride_xl, mask=d_mask[:, None] & (t < L)[None, :], other=0.0)
@@ -319,8 +325,9 @@ def causal_conv1d(
     dummy = out
     init = initial_states if initial_states is not None else dummy
     final = final_states if final_states is not None else dummy
+    span = max(1 + (dim - 1) * abs(t.stride(1)) + (length - 1) * abs(t.stride(2)) for t in (x, out))
     flags = {"W": width, "HAS_BIAS": bias is not None, "SILU": activation == "silu",
-             "HAS_INIT": initial_states is not None, "HAS_FINAL": final_states is not None}
+             "HAS_INIT": initial_states is not None, "HAS_FINAL": final_states is not None, "WIDE": span >= 2**31}
     common = (*weight.stride(), *(init.stride() if initial_states is not None else (0, 0, 0)), *out.stride())
     final_strides = final.stride() if final_states is not None else (0, 0, 0)
     blocks = {"BLOCK_D": block_d, "BLOCK_L": max(8, block_l), "BLOCK_W": triton.next_power_of_2(width - 1),
