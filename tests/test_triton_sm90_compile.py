@@ -135,7 +135,7 @@ def test_conv_channel_last_vectorizes() -> None:
 
 
 def test_conv_kernels_compile_with_every_flag() -> None:
-    flags = {"HAS_SEQ": True, "HAS_INIT": True, "HAS_FINAL": True, "stride_sb": 4096, "stride_sl": 1,
+    flags = {"HAS_SEQ": True, "HAS_INIT": True, "HAS_FINAL": True, "WIDE": True, "stride_sb": 4096, "stride_sl": 1,
              "stride_ib": 3 * 4096, "stride_id": 3, "stride_iw": 1, "stride_fb": 3 * 4096, "stride_fd": 3,
              "stride_fw": 1}
     _compile(causal_conv1d._conv_kernel, _conv_args(True, **flags), 8)
