@@ -63,7 +63,6 @@ def ceilings() -> tuple[float, float]:
     n = 8192
     a, b = _randn(n, n), _randn(n, n)
     mm = 2 * n**3 / median_ms(lambda: torch.matmul(a, b)) / 1e9
-    del src, dst, a, b
     return copy, mm
 
 
