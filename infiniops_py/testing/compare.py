@@ -1,6 +1,7 @@
 """Comparing an output against its float64 reference with one entry of the tolerance table.
 
-Every comparison returns the largest absolute error it saw and, when the output fails, one line saying
+Comparisons run in float64 on the reference's device (the CPU, or the GPU for large cases: see
+`conformance`). Every comparison returns the largest absolute error it saw and, when the output fails, one line saying
 which elements are off, the worst one, and the rule it broke. NaN never passes unless the reference is
 NaN at the same place; infinities must match exactly.
 """
@@ -24,15 +25,17 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether `a` and `b` have the same shape, dtype and bits (NaN payloads and signed zeros included)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    if a.device != b.device:
+        a, b = a.cpu(), b.cpu()
     as_int = _INT_OF_SIZE.get(a.element_size()) if a.is_floating_point() else None
     if as_int is None:
-        return torch.equal(a.cpu(), b.cpu())
-    return torch.equal(a.detach().cpu().contiguous().view(as_int), b.detach().cpu().contiguous().view(as_int))
+        return torch.equal(a, b)
+    return torch.equal(a.detach().contiguous().view(as_int), b.detach().contiguous().view(as_int))
 
 
 def compare(label: str, got: torch.Tensor, ref: torch.Tensor, tol: Allclose | LowPrecisionRule, *,
             k: int | None = None, low: torch.Tensor | None = None, exact: bool = False) -> Outcome:
-    """Compare `got` (any device and dtype) with `ref` (the float64 reference).
+    """Compare `got` (any device and dtype) with `ref` (the float64 reference), on `ref`'s device.
 
     Args:
         label: names the output in the message (``result``, ``mutated 'x'``).
@@ -42,8 +45,8 @@ def compare(label: str, got: torch.Tensor, ref: torch.Tensor, tol: Allclose | Lo
     """
     if tuple(got.shape) != tuple(ref.shape):
         return float("inf"), f"{label}: shape {list(got.shape)}, expected {list(ref.shape)}"
-    g = got.detach().to("cpu", torch.float64)
-    r = ref.detach().to("cpu", torch.float64)
+    g = got.detach().to(ref.device, torch.float64)
+    r = ref.detach().to(torch.float64)
     if g.numel() == 0:
         return 0.0, None
     diff = (g - r).abs()
@@ -70,7 +73,7 @@ def _low_precision(label: str, g: torch.Tensor, r: torch.Tensor, same: torch.Ten
     nan_off = g.isnan() != r.isnan()
     if bool(nan_off.any()):
         return _report(label, g, r, nan_off, "NaN where the reference is not (or the reverse)")
-    lo = low.detach().to("cpu", torch.float64)
+    lo = low.detach().to(r.device, torch.float64)
     low_err = torch.where(lo.isfinite() & r.isfinite(), (lo - r).abs(), 0.0)
     allowed = tol.factor * float(low_err.max()) + tol.atol
     if worst <= allowed:

@@ -3,13 +3,21 @@
 For each implementation of the provider, each operator with a strategy and each dtype it declares among
 float16, bfloat16 and float32 on the device, hypothesis draws cases (`STRATEGIES`). Each case runs:
 
-1. the operator's public function under ``use("reference")`` on float64 CPU copies of the inputs
-   (index tensors keep their dtype; views keep their aliasing), giving the expected outputs; for
-   `LowPrecisionRule` entries also on CPU copies in the input's own dtype;
+1. the operator's public function under ``use("reference")`` on float64 copies of the inputs on the
+   *reference device* (index tensors keep their dtype; views keep their aliasing), giving the expected
+   outputs; for `LowPrecisionRule` entries also on copies in the input's own dtype, on the same device;
 2. the same function under ``use(provider)`` (forced: it never falls back), with uninitialized memory
    NaN-filled (torch's deterministic fill mode) and, now and then, a NaN-filled ``out=``;
 3. the comparison of the result and the mutated arguments with the tolerance table, `Case.exact` outputs
    bit for bit, `Case.untouched` arguments unchanged.
+
+The reference device is the CPU, except on cuda, where it defaults to the device under test: at the sizes
+the suite draws there (`CaseContext.large`: 8192-token attention, 4096-step scans) float64 on the CPU
+would take minutes per case. The oracle stays the same literal reference in float64, and the comparison
+runs on the reference device in float64 too; only where it runs changes (its float64 results agree with
+the CPU's to rounding). The low-dtype run of `LowPrecisionRule` then runs on the GPU as well, as
+flash-attention's own test runs its low-precision reference (cuBLAS's default reduced-precision
+reductions included).
 
 A `GateError` counts as *gated* when the provider's capability really rejects the problem; any other
 exception fails. `check_gates` also checks that problems outside each static constraint are rejected by
@@ -19,8 +27,10 @@ the resolver with a `GateError` naming the field, never another exception.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +60,7 @@ __all__ = [
     "OpReport",
     "Report",
     "check_gates",
+    "copies",
     "declared_pairs",
     "run_conformance",
 ]
@@ -69,6 +80,10 @@ class Failure:
         return f"[{self.note}] {self.message}" if self.note else self.message
 
 
+def _order(value: Any) -> tuple[str, Any]:
+    return (type(value).__name__, value if isinstance(value, (int, float)) else repr(value))
+
+
 @dataclass
 class OpReport:
     """The outcome for one (operator, dtype, implementation)."""
@@ -81,10 +96,29 @@ class OpReport:
     failed: int = 0
     worst: float = 0.0
     failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+    coverage: dict[str, list[Any]] = field(default_factory=dict)  # values run (not gated), per field or size
 
     @property
     def ok(self) -> bool:
         return self.failed == 0
+
+    def cover(self, seen: dict[str, Any]) -> None:
+        """Add one run case's drawn values (`CaseContext.seen`) to `coverage`."""
+        for name, value in seen.items():
+            values = self.coverage.setdefault(name, [])
+            if value not in values:
+                values.append(value)
+
+    def render_coverage(self) -> str:
+        """``name: v1 v2 ...`` per recorded field, values sorted, sizes as their maximum."""
+        parts = []
+        for name, values in sorted(self.coverage.items()):
+            if name.startswith("max_"):
+                parts.append(f"{name}={max(values)}")
+            else:
+                parts.append(f"{name}: {' '.join(str(v) for v in sorted(values, key=_order))}")
+        return "; ".join(parts)
 
     def fail(self, note: str, message: str) -> None:
         self.failed += 1
@@ -106,6 +140,10 @@ class Report:
     def ok(self) -> bool:
         gates_ok = self.gates is None or not self.gates.failures
         return not self.error and gates_ok and all(r.ok for r in self.ops)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (for ``infiniops check --json``), with ``ok`` filled in."""
+        return {**dataclasses.asdict(self), "ok": self.ok}
 
     def render(self) -> str:
         """The report as plain text: one line per (operator, dtype, implementation), then every failure."""
@@ -161,6 +199,8 @@ def run_conformance(
     max_examples: int = 100,
     gates: bool = True,
     seed: int | None = None,
+    reference_device: str | None = None,
+    large: bool | None = None,
 ) -> Report:
     """Property-test `provider` on `device` against the references.
 
@@ -169,6 +209,9 @@ def run_conformance(
         max_examples: hypothesis examples per (implementation, dtype).
         gates: also run `check_gates` on the same operators.
         seed: fix hypothesis's random draws, to replay a failing run (None: fresh draws each run).
+        reference_device: where the float64 reference runs (None: `device` when it is cuda, else cpu);
+            see the module docstring.
+        large: draw GPU-scale cases (`CaseContext.large`; None: when `device` is cuda).
 
     Returns:
         The report; ``report.ok`` is False on any failure. Nothing raises for a failing provider.
@@ -176,6 +219,8 @@ def run_conformance(
     from infiniops_py.testing.strategies import STRATEGIES
 
     report = Report(provider, device)
+    ref_device = torch.device(reference_device or ("cuda" if device == "cuda" else "cpu"))
+    scale = Scale(device == "cuda" if large is None else large, ref_device)
     found, report.error = _provider(provider)
     if found is None:
         return report
@@ -191,14 +236,22 @@ def run_conformance(
                 if strategy is None:
                     op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
                     continue
-                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples, seed)
+                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples, seed, scale)
     if gates:
         report.gates = check_gates(provider, device=device, ops=ops)
     return report
 
 
+@dataclass(frozen=True)
+class Scale:
+    """How big the drawn cases are (`CaseContext.large`) and where their reference runs."""
+
+    large: bool
+    reference_device: torch.device
+
+
 def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, strategy: Any, device: str,
-         max_examples: int, seed: int | None) -> None:
+         max_examples: int, seed: int | None, scale: Scale) -> None:
     try:
         tol = tolerance(spec.name, report.dtype)
     except KeyError as err:
@@ -211,15 +264,18 @@ def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, st
     @given(st.data())
     def body(data: st.DataObject) -> None:
         case = None
+        ctx = CaseContext(dev, dtype, spec, impl, data.draw, large=scale.large)
         try:
-            case = strategy(CaseContext(dev, dtype, spec, impl, data.draw))
-            outcome = _check_case(provider, spec, case, tol, dev, dtype, data.draw)
+            case = strategy(ctx)
+            outcome = _check_case(provider, spec, case, tol, dev, dtype, data.draw, scale.reference_device)
         except HypothesisException:
             raise
         except Exception as err:  # a crashing strategy or reference is a failure, not a stop
             who = "the strategy" if case is None else "the reference"
             outcome = f"{who} raised {type(err).__name__}: {_first_line(err)}"
         report.examples += 1
+        if outcome != "gated":
+            report.cover(ctx.seen)
         if isinstance(outcome, float):
             report.worst = max(report.worst, outcome)
         elif outcome == "gated":
@@ -227,7 +283,9 @@ def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, st
         else:
             report.fail(case.note if case is not None else "", outcome)
 
+    start = time.perf_counter()
     (body if seed is None else hypothesis.seed(seed)(body))()
+    report.seconds = time.perf_counter() - start
 
 
 # --- one case ------------------------------------------------------------------------------------------
@@ -249,7 +307,12 @@ def poisoned() -> Iterator[None]:
 
 
 def cpu_copies(tree: Any, float_dtype: torch.dtype | None) -> Any:
-    """Copy every tensor in `tree` (tuples, lists, dicts) to the CPU, floats cast to `float_dtype`.
+    """`copies` on the CPU."""
+    return copies(tree, float_dtype, torch.device("cpu"))
+
+
+def copies(tree: Any, float_dtype: torch.dtype | None, device: torch.device) -> Any:
+    """Copy every tensor in `tree` (tuples, lists, dicts) to `device`, floats cast to `float_dtype`.
 
     Tensors that share storage stay views of one copied storage (same strides and offsets), so in-place
     arguments and views of a packed tensor keep their aliasing. Index tensors keep their dtype.
@@ -264,8 +327,8 @@ def cpu_copies(tree: Any, float_dtype: torch.dtype | None) -> Any:
             try:
                 flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
             except RuntimeError:
-                return t.detach().to("cpu", target, copy=True)
-            base = bases[key] = flat.detach().to("cpu", target, copy=True)
+                return t.detach().to(device, target, copy=True)
+            base = bases[key] = flat.detach().to(device, target, copy=True)
         return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
     def walk(x: Any) -> Any:
@@ -306,15 +369,15 @@ def _takes_out(spec: OpSpec) -> bool:
 
 
 def _check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch.device, dtype: torch.dtype,
-                draw: Draw) -> float | str:
+                draw: Draw, ref_device: torch.device) -> float | str:
     """Run one case; the worst error when it passes, ``"gated"``, or the failure message."""
-    args64, kwargs64 = cpu_copies((case.args, dict(case.kwargs)), torch.float64)
+    args64, kwargs64 = copies((case.args, dict(case.kwargs)), torch.float64, ref_device)
     with use("reference"):
         expected_result = spec.function(*args64, **kwargs64)
     expected = _outputs(spec, case, expected_result, args64, kwargs64)
     low: list[tuple[str, torch.Tensor]] | None = None
     if isinstance(tol, LowPrecisionRule):
-        args_lo, kwargs_lo = cpu_copies((case.args, dict(case.kwargs)), None)
+        args_lo, kwargs_lo = copies((case.args, dict(case.kwargs)), None, ref_device)
         with use("reference"):
             low_result = spec.function(*args_lo, **kwargs_lo)
         low = _outputs(spec, case, low_result, args_lo, kwargs_lo)
