@@ -6,10 +6,13 @@
 
 1. Builds the published Qwen3-0.6B configuration (written out below) with random weights (seed 0), bf16,
    and saves it as safetensors in a temporary directory: the same weights for both engines.
-2. Correctness: prefill logits of two prompts, infinilm (bf16) and transformers (bf16), each against
-   transformers in fp32 on the same weights. PASS when infinilm's max error is at most 2x transformers' own
-   bf16 error + 1e-2 (FlashAttention's low-precision rule applied to the whole model), and the greedy
-   next-token agrees with transformers-bf16 on at least 97% of prompt positions.
+2. Correctness: prefill logits at every position of three prompts (97, 256 and 700 tokens), infinilm (bf16)
+   and transformers (bf16), each against transformers in fp32 on the same weights (transformers' own
+   initialization, initializer_range 0.02, so activations stay in a sane range). PASS when infinilm's max
+   error is at most 2x transformers' own bf16 error + 1e-2 (FlashAttention's low-precision rule applied to
+   the whole model), and infinilm's argmax equals the fp32 argmax at no more than 5 points fewer positions
+   than transformers-bf16's does (random weights give near-tied logits: an absolute agreement threshold is
+   meaningless, what bf16 itself achieves is the yardstick). See `infinilm.bench.LogitsCheck`.
 3. Speed, bf16, in this same run: batch-1 decode tokens/s of infinilm (CUDA graphs when every operator
    captures; the status line says) and of ``transformers``' own ``generate`` (greedy, dynamic cache), each
    measured as (tokens after the first) / (time after the first); target infinilm >= 10x. Then batch-32
@@ -28,7 +31,7 @@ from pathlib import Path
 import torch
 
 from infinilm import Engine, EngineOptions
-from infinilm.bench import run_bench
+from infinilm.bench import compare_logits, run_bench
 
 # Qwen/Qwen3-0.6B config.json, the fields that shape the model.
 QWEN3_0_6B = {
@@ -65,20 +68,16 @@ def hf_model(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
 def check_logits(engine: Engine, hf16: torch.nn.Module, hf32: torch.nn.Module) -> tuple[bool, str]:
     gen = torch.Generator().manual_seed(1)
     vocab = engine.config.vocab_size
-    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (97, 256)]
+    lengths = (97, 256, 700) if engine.device.type == "cuda" else (9, 30)
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
     ours = engine.prefill_logits(prompts)
-    worst = (0.0, 0.0, 1.0)
-    for prompt, mine in zip(prompts, ours):
+    theirs, reference = [], []
+    for prompt in prompts:
         ids = torch.tensor([prompt], device=engine.device)
-        ref = hf32(ids).logits[0].float()
-        theirs = hf16(ids).logits[0].float()
-        err_ours = (mine.float() - ref).abs().max().item()
-        err_hf = (theirs - ref).abs().max().item()
-        agree = (mine.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-        worst = (max(worst[0], err_ours), max(worst[1], err_hf), min(worst[2], agree))
-    ok = worst[0] <= 2 * worst[1] + 1e-2 and worst[2] >= 0.97
-    return ok, (f"{'PASS' if ok else 'FAIL'} logits vs transformers fp32: infinilm bf16 max err {worst[0]:.4f}, "
-                f"transformers bf16 max err {worst[1]:.4f}; greedy agreement with transformers bf16 {worst[2]:.1%}")
+        reference.append(hf32(ids).logits[0].float())
+        theirs.append(hf16(ids).logits[0].float())
+    check = compare_logits([o.float() for o in ours], theirs, reference)
+    return check.ok, check.line("logits")
 
 
 @torch.no_grad()

@@ -6,11 +6,16 @@
     python3 benchmarks/gpu_mamba2.py --smoke           # a tiny model on the CPU, to try the script itself
 
 1. Builds the published mamba2-130m configuration (written out below) with random weights (seed 0), bf16,
-   saved by transformers' ``Mamba2ForCausalLM`` in a temporary directory: the same weights for both.
+   saved by transformers' ``Mamba2ForCausalLM`` in a temporary directory: the same weights for both. The
+   weights come from transformers' own initialization with ``initializer_range=0.02`` (the published config
+   does not set it; Qwen3's value): at Mamba2Config's default 0.1 this random 24-layer model is chaotic in
+   bf16 (transformers' own bf16 forward is off its fp32 forward by ~6 in the logits and picks the fp32
+   argmax at ~47% of positions), which leaves nothing to judge infinilm by.
 2. Correctness: prefill logits of two prompts in one packed call (97 and 600 tokens: several scan chunks),
    infinilm (bf16) and transformers (bf16), each against transformers in fp32 on the same weights. PASS
-   when infinilm's max error is at most 2x transformers' own bf16 error + 1e-2 and the greedy next token
-   agrees with transformers-bf16 on at least 97% of positions. Decode: 32 greedy steps of each, scored by
+   when infinilm's max error is at most 2x transformers' own bf16 error + 1e-2 and infinilm's argmax equals
+   the fp32 argmax at no more than 5 points fewer positions than transformers-bf16's does (random weights
+   give near-tied logits; see `infinilm.bench.LogitsCheck`). Decode: 32 greedy steps of each, scored by
    how often transformers-fp32 (a forward over prompt + tokens) picks the same token; PASS when infinilm's
    agreement is at most 5 points below transformers-bf16's own.
 3. Speed, bf16, in this same run (transformers runs its PyTorch path: no mamba_ssm or causal_conv1d there):
@@ -35,7 +40,7 @@ from pathlib import Path
 import torch
 
 from infinilm import Engine, EngineOptions, SamplingParams
-from infinilm.bench import run_bench
+from infinilm.bench import compare_logits, run_bench
 
 # state-spaces/mamba2-130m config.json (d_model 768, n_layer 24, d_state 128, expand 2, headdim 64,
 # ngroups 1, d_conv 4, chunk_size 256, vocab_size 50277 padded to a multiple of 16: 50288, tied embeddings),
@@ -44,7 +49,7 @@ MAMBA2_130M = {
     "hidden_size": 768, "num_hidden_layers": 24, "state_size": 128, "expand": 2, "head_dim": 64, "num_heads": 24,
     "n_groups": 1, "conv_kernel": 4, "chunk_size": 256, "vocab_size": 50288, "tie_word_embeddings": True,
     "layer_norm_epsilon": 1e-5, "residual_in_fp32": True, "use_bias": False, "use_conv_bias": True,
-    "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+    "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "initializer_range": 0.02,
 }
 SMOKE = {**MAMBA2_130M, "hidden_size": 64, "num_hidden_layers": 2, "state_size": 16, "head_dim": 16, "num_heads": 8,
          "chunk_size": 32, "vocab_size": 512}
@@ -77,19 +82,13 @@ def _prompts(vocab: int, lengths: tuple[int, ...], seed: int) -> list[list[int]]
 @torch.no_grad()
 def check_prefill(engine: Engine, hf16: torch.nn.Module, hf32: torch.nn.Module) -> tuple[bool, str]:
     prompts = _prompts(engine.config.vocab_size, (97, 600), seed=1)
-    worst = (0.0, 0.0, 1.0)
-    for prompt, mine in zip(prompts, engine.prefill_logits(prompts)):
+    theirs, reference = [], []
+    for prompt in prompts:
         ids = torch.tensor([prompt], device=engine.device)
-        ref = hf32(ids).logits[0].float()
-        theirs = hf16(ids).logits[0].float()
-        err_ours = (mine.float() - ref).abs().max().item()
-        err_hf = (theirs - ref).abs().max().item()
-        agree = (mine.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-        worst = (max(worst[0], err_ours), max(worst[1], err_hf), min(worst[2], agree))
-    ok = worst[0] <= 2 * worst[1] + 1e-2 and worst[2] >= 0.97
-    return ok, (f"{'PASS' if ok else 'FAIL'} prefill logits vs transformers fp32: infinilm bf16 max err "
-                f"{worst[0]:.4f}, transformers bf16 max err {worst[1]:.4f}; greedy agreement with "
-                f"transformers bf16 {worst[2]:.1%}")
+        reference.append(hf32(ids).logits[0].float())
+        theirs.append(hf16(ids).logits[0].float())
+    check = compare_logits([o.float() for o in engine.prefill_logits(prompts)], theirs, reference)
+    return check.ok, check.line("prefill logits")
 
 
 @torch.no_grad()
@@ -188,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(target >= {DECODE_TARGET:.0f}x)")
     providers = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU smoke run, tiny shape"
-    print(f"\n### infinilm, mamba2-130m shape (random weights, bf16), {where}, torch {torch.__version__}\n")
+    print(f"\n### infinilm, mamba2-130m shape (random weights, initializer_range 0.02, bf16), {where}, "
+          f"torch {torch.__version__}\n")
     print(f"decode: input {args.input_len} tokens, infinilm output {args.output_len}, transformers output "
           f"{args.hf_output_len}; {engine.graph_status}; build + gates + load + capture {setup:.0f}s\n")
     print("| metric | infinilm | transformers | ratio |\n|---|---|---|---|")

@@ -1,7 +1,11 @@
-"""Throughput and latency of an engine: one batched prefill, then decode steps to the output length.
+"""Throughput and latency of an engine, and the low-precision logits check of the GPU benchmarks.
 
-Prompts are random token ids from a seeded generator; every request ignores EOS so that all of them run
-to `output_len`. A short warm-up generation first resolves every operator and warms the kernels.
+`run_bench`: one batched prefill, then decode steps to the output length. Prompts are random token ids
+from a seeded generator; every request ignores EOS so that all of them run to `output_len`. A short
+warm-up generation first resolves every operator and warms the kernels.
+
+`compare_logits`: infinilm's bf16 logits judged against what bf16 itself allows on the same weights (see
+`LogitsCheck`).
 """
 
 from __future__ import annotations
@@ -9,13 +13,18 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
 from infinilm.engine import Engine
 from infinilm.sequence import SamplingParams
 
-__all__ = ["BenchResult", "run_bench"]
+__all__ = ["BenchResult", "LogitsCheck", "compare_logits", "run_bench"]
+
+ERR_FACTOR: Final = 2.0  # infinilm's max logits error <= ERR_FACTOR x transformers' own + ERR_ATOL
+ERR_ATOL: Final = 1e-2
+AGREE_MARGIN: Final = 0.05  # argmax agreement with fp32 at most this much below transformers' own
 
 
 @dataclass(frozen=True)
@@ -85,3 +94,70 @@ def run_bench(engine: Engine, batch: int, input_len: int, output_len: int, *, se
         engine.step()
         steps.append(time.perf_counter() - start)
     return BenchResult(batch, input_len, output_len, prefill, tuple(steps))
+
+
+@dataclass(frozen=True)
+class LogitsCheck:
+    """infinilm's and transformers' low-precision logits, each against transformers' fp32 forward.
+
+    The rule (FlashAttention's for low-precision kernels, applied to the whole model): infinilm's max
+    error may be at most ``ERR_FACTOR`` times transformers' own low-precision max error plus ``ERR_ATOL``,
+    and infinilm's argmax may agree with the fp32 argmax on at most ``AGREE_MARGIN`` fewer positions than
+    transformers' own low-precision argmax does. Random weights give near-tied logits, so an absolute
+    agreement threshold says nothing; the reference is what the same dtype achieves in transformers.
+
+    Attributes:
+        err_ours / err_theirs: max ``|logits - fp32 logits|`` over every position.
+        agree_ours / agree_theirs: fraction of positions whose argmax equals the fp32 argmax.
+        agree_pair: fraction of positions where infinilm's and transformers' low-precision argmax agree.
+        positions: positions compared.
+    """
+
+    err_ours: float
+    err_theirs: float
+    agree_ours: float
+    agree_theirs: float
+    agree_pair: float
+    positions: int
+
+    @property
+    def ok(self) -> bool:
+        return (self.err_ours <= ERR_FACTOR * self.err_theirs + ERR_ATOL
+                and self.agree_ours >= self.agree_theirs - AGREE_MARGIN)
+
+    def line(self, what: str = "logits", dtype: str = "bf16") -> str:
+        """``PASS``/``FAIL``, the rule, then the numbers, on one line."""
+        return (f"{'PASS' if self.ok else 'FAIL'} {what} vs transformers fp32 over {self.positions} positions "
+                f"(rule: max err <= {ERR_FACTOR:g} x transformers {dtype}'s + {ERR_ATOL:g}, and argmax = fp32 "
+                f"argmax at no more than {AGREE_MARGIN:.0%} fewer positions than transformers {dtype}): "
+                f"max err infinilm {self.err_ours:.4f}, transformers {dtype} {self.err_theirs:.4f}; argmax = fp32 "
+                f"argmax: infinilm {self.agree_ours:.1%}, transformers {dtype} {self.agree_theirs:.1%}; "
+                f"infinilm = transformers {dtype} argmax {self.agree_pair:.1%}")
+
+
+def compare_logits(ours: list[torch.Tensor], theirs: list[torch.Tensor],
+                   reference: list[torch.Tensor]) -> LogitsCheck:
+    """Pool per-prompt logits ``[L_i, V]`` of infinilm (`ours`), transformers low precision (`theirs`) and
+    transformers fp32 (`reference`) into one `LogitsCheck`.
+
+    Raises:
+        ValueError: the lists differ in length or are empty, or a prompt's three tensors differ in shape.
+    """
+    if not reference or not len(ours) == len(theirs) == len(reference):
+        raise ValueError(f"compare_logits: {len(ours)}, {len(theirs)} and {len(reference)} prompts; need the "
+                         "same number, at least one")
+    err_ours = err_theirs = 0.0
+    hits_ours = hits_theirs = hits_pair = positions = 0
+    for mine, hf, ref in zip(ours, theirs, reference):
+        if not mine.shape == hf.shape == ref.shape:
+            raise ValueError(f"compare_logits: shapes {list(mine.shape)}, {list(hf.shape)}, {list(ref.shape)}")
+        ref = ref.double()
+        err_ours = max(err_ours, (mine.double() - ref).abs().max().item())
+        err_theirs = max(err_theirs, (hf.double() - ref).abs().max().item())
+        best, best_ours, best_hf = ref.argmax(-1), mine.argmax(-1), hf.argmax(-1)
+        hits_ours += int((best_ours == best).sum())
+        hits_theirs += int((best_hf == best).sum())
+        hits_pair += int((best_ours == best_hf).sum())
+        positions += ref.shape[0]
+    return LogitsCheck(err_ours, err_theirs, hits_ours / positions, hits_theirs / positions,
+                       hits_pair / positions, positions)

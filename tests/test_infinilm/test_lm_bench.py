@@ -1,0 +1,55 @@
+"""The low-precision logits check of the GPU benchmarks (`infinilm.bench.compare_logits`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infinilm.bench import AGREE_MARGIN, ERR_FACTOR, compare_logits
+
+
+def _logits(gen: torch.Generator, rows: int = 400, vocab: int = 64) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=gen, dtype=torch.float64)
+
+
+def _noisy(ref: torch.Tensor, scale: float, gen: torch.Generator) -> torch.Tensor:
+    return ref + scale * torch.randn(ref.shape, generator=gen, dtype=ref.dtype)
+
+
+def test_an_error_like_the_references_own_passes_and_a_larger_one_fails() -> None:
+    gen = torch.Generator().manual_seed(11)
+    refs = [_logits(gen), _logits(gen, rows=97)]
+    theirs = [_noisy(r, 0.02, gen) for r in refs]
+    same = compare_logits([_noisy(r, 0.02, gen) for r in refs], theirs, refs)
+    assert same.ok, same.line()
+    assert same.positions == 497 and same.line().startswith("PASS logits vs transformers fp32 over 497 positions")
+    worse = compare_logits([_noisy(r, 0.02 * ERR_FACTOR * 3, gen) for r in refs], theirs, refs)
+    assert not worse.ok and worse.err_ours > ERR_FACTOR * worse.err_theirs, worse.line()
+    assert worse.line().startswith("FAIL")
+
+
+def test_argmax_agreement_is_judged_against_the_references_own() -> None:
+    gen = torch.Generator().manual_seed(12)
+    ref = _logits(gen)
+    theirs = ref + 10.0  # a large error that keeps every argmax: only the agreement can fail below
+    top = ref.argmax(-1)
+    flipped = ref.clone()  # the same small error, but every third row's argmax moved to a far lower logit
+    rows = torch.arange(0, ref.shape[0], 3)
+    flipped[rows, top[rows]] = ref[rows].min(-1).values
+    check = compare_logits([flipped], [theirs], [ref])
+    assert check.agree_theirs == 1.0 and check.agree_ours < 1.0 - AGREE_MARGIN
+    assert check.err_ours <= ERR_FACTOR * check.err_theirs
+    assert not check.ok and check.agree_pair == pytest.approx(check.agree_ours)
+    # near-tied logits: a low absolute agreement is fine when the reference dtype does no better
+    tied = ref * 1e-3
+    check = compare_logits([_noisy(tied, 1e-3, gen)], [_noisy(tied, 1e-3, gen)], [tied])
+    assert check.agree_theirs < 0.9 and check.ok, check.line()
+
+
+def test_mismatched_inputs_raise() -> None:
+    gen = torch.Generator().manual_seed(13)
+    ref = _logits(gen, rows=5)
+    with pytest.raises(ValueError, match="prompts"):
+        compare_logits([ref], [], [ref])
+    with pytest.raises(ValueError, match="shapes"):
+        compare_logits([ref[:4]], [ref], [ref])
