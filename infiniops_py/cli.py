@@ -3,7 +3,8 @@
     infiniops providers
     infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR]
     infiniops explain OP --device D --dtype T [--head-dim N] [--block-size N] [--width N] [--field k=v ...]
-    infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--seed S]
+    infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--dtype T] [--seed S]
+                   [--reference-device {cpu,cuda}] [--json FILE]
 
 Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage.
 """
@@ -11,6 +12,7 @@ Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -56,7 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--max-examples", type=int, default=200,
                        help="hypothesis examples per (implementation, dtype) (default: 200)")
     check.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
+    check.add_argument("--dtype", action="append", help="a dtype (repeatable; default: all declared)")
     check.add_argument("--seed", type=int, default=None, help="fix the random draws (replay a failing run)")
+    check.add_argument("--reference-device", choices=("cpu", "cuda"), default=None,
+                       help="where the float64 reference runs (default: the device under test when it is "
+                            "cuda, else cpu)")
+    check.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     return parser
 
 
@@ -184,7 +191,10 @@ def _check(args: argparse.Namespace) -> int:
     from infiniops_py.testing.conformance import run_conformance
 
     report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples,
-                             seed=args.seed)
+                             seed=args.seed, dtypes=args.dtype, reference_device=args.reference_device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.as_dict(), f, indent=1, default=str)
     console = _console()
     if report.error:
         console.print(f"[red]{escape(report.error)}[/red]")
@@ -197,6 +207,9 @@ def _check(args: argparse.Namespace) -> int:
         table.add_row(r.op, r.dtype, escape(r.implementation), str(r.examples), str(r.gated), failed,
                       f"{r.worst:.3g}")
     console.print(table)
+    for r in report.ops:
+        if r.coverage:
+            console.print(f"drawn {r.op} {r.dtype} ({r.seconds:.1f} s): {escape(r.render_coverage())}")
     if report.gates is not None:
         console.print(f"gate checks: {report.gates.checked} problems outside the capability, "
                       f"{len(report.gates.failures)} not rejected with GateError")

@@ -184,7 +184,8 @@ def reference(
     out: torch.Tensor,
     final_states: torch.Tensor | None,
 ) -> None:
-    """Literal reference: one output column at a time, each the masked dot of its W-tap window."""
+    """Literal reference: each output column the masked dot of its W-tap window, summed one tap at a time
+    over all columns at once (W steps, not L: the conformance suite runs it at L = 4096 on the GPU)."""
     batch, dim, length = x.shape
     width = weight.shape[1]
     xw = x.to(weight.dtype)
@@ -196,17 +197,18 @@ def reference(
     raw = torch.cat([head.to(x.dtype) if initial_states is None else initial_states, x], dim=2)
     run = run_ids(seq_idx) if seq_idx is not None else torch.zeros(batch, length, dtype=torch.long, device=x.device)
     run_p = torch.cat([run[:, :1].expand(batch, width - 1), run], dim=1)  # runs of xp's columns
-    for t in range(length):
-        same = (run_p[:, t:t + width] == run[:, t:t + 1])[:, None, :]  # [B, 1, W]
-        window = torch.where(same, xp[:, :, t:t + width], torch.zeros((), dtype=xw.dtype, device=x.device))
-        y = (window * weight).sum(-1)
-        if bias is not None:
-            y = y + bias
-        if activation == "silu":
-            y = F.silu(y)
-        if seq_idx is not None:
-            y = torch.where(seq_idx[:, t:t + 1] < 0, torch.zeros_like(y), y)
-        out[:, :, t] = y
+    zero = torch.zeros((), dtype=xw.dtype, device=x.device)
+    y = torch.zeros(batch, dim, length, dtype=weight.dtype, device=x.device)
+    for j in range(width):  # tap j of column t reads xp's column t + j (position t - (W-1) + j)
+        same = (run_p[:, j:j + length] == run)[:, None, :]  # [B, 1, L]: the same sequence as column t
+        y = y + torch.where(same, xp[:, :, j:j + length], zero) * weight[:, j, None]
+    if bias is not None:
+        y = y + bias[:, None]
+    if activation == "silu":
+        y = F.silu(y)
+    if seq_idx is not None:
+        y = torch.where(seq_idx[:, None, :] < 0, torch.zeros_like(y), y)
+    out.copy_(y)
     if final_states is not None:
         keep = (run_p[:, length:] == run[:, -1:])[:, None, :]
         final_states.copy_(torch.where(keep, raw[:, :, length:], torch.zeros_like(raw[:, :, length:])))

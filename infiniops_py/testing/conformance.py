@@ -111,9 +111,11 @@ class OpReport:
                 values.append(value)
 
     def render_coverage(self) -> str:
-        """``name: v1 v2 ...`` per recorded field, values sorted, sizes as their maximum."""
+        """``name: v1 v2 ...`` per recorded field (flags left out), values sorted, sizes as their maximum."""
         parts = []
         for name, values in sorted(self.coverage.items()):
+            if all(isinstance(v, bool) for v in values):
+                continue
             if name.startswith("max_"):
                 parts.append(f"{name}={max(values)}")
             else:

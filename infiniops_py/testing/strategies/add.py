@@ -1,4 +1,8 @@
-"""Strategies for Add: broadcasting shapes (FlagGems test_add's grid: 0-D to 5-D), in place or not."""
+"""Strategies for Add: broadcasting shapes (FlagGems test_add's grid: 0-D to 5-D), in place or not.
+
+On `CaseContext.large` (GPU) runs, now and then the peer's own shapes ((1024, 1024), (20, 320, 15),
+(16, 128, 64, 60)) and random ones with dims up to 48.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,15 @@ from infiniops_py.testing.case import Case, CaseContext, randn
 
 __all__ = ["STRATEGIES"]
 
+_PEER_SHAPES = ((1024, 1024), (20, 320, 15), (16, 128, 64, 60), (2, 3, 4, 5, 6))
+
 
 def add_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    shape = ctx.draw(st.lists(st.integers(1, 9), min_size=0, max_size=5))
+    if ctx.large and ctx.draw(st.booleans()):
+        shape = list(ctx.draw(st.sampled_from(_PEER_SHAPES)))
+    else:
+        shape = ctx.draw(st.lists(st.integers(1, 48 if ctx.large else 9), min_size=0, max_size=4 if ctx.large else 5))
     broadcast = ctx.pick("broadcast", (False, True))
     inplace = ctx.pick("inplace", (False, True))
     other_shape = list(shape)

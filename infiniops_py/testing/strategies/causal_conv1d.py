@@ -5,6 +5,10 @@ The peer's grid scaled down: dims up to 128 (odd ones too), lengths 1..300 with 
 initial/final states, ``seq_idx`` packing several sequences with trailing -1 padding; the update with a
 state length in [W-1, W+3], one or a few new tokens, slots gathered through indices with -1 padding, and
 the vLLM state layout (a transposed view). Final and updated conv states are copies of inputs: exact.
+
+On `CaseContext.large` (GPU) runs, the peer's own sizes: dims up to 4128 (Mamba-2's 1792 among them),
+lengths up to 4096 (1134 among them) with up to 4 rows, at most 2**25 elements per input, widths {2, 3, 4}
+favored; the update with up to 64 rows over up to 128 slots, state lengths up to W+10.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ _WIDTHS = (2, 3, 4, 5, 8, 16)
 _DIMS = (1, 8, 48, 64, 96, 127, 128)
 _LENGTHS = (1, 2, 3, 8, 31, 64, 129, 151, 300)
 _FLAGS = (False, True)
+# large (GPU) runs
+_PEER_WIDTHS = (2, 3, 4)
+_LARGE_DIMS = (*_DIMS, 768, 1536, 1792, 2048, 4096, 4128)
+_LARGE_LENGTHS = (*_LENGTHS, 512, 1134, 2048, 4096)
+_LARGE_ELEMENTS = 2**25
 
 
 def segments(gen: torch.Generator, batch: int, length: int, count: int, padding: bool) -> torch.Tensor:
@@ -45,13 +54,19 @@ def padded_indices(gen: torch.Generator, batch: int, slots: int, padding: float)
 
 def causal_conv1d_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    width = ctx.pick("width", _WIDTHS)
+    width = ctx.pick("width", _WIDTHS, _PEER_WIDTHS)
     has_bias, silu = ctx.pick("has_bias", _FLAGS), ctx.pick("silu", _FLAGS)
     channel_last = ctx.pick("channel_last", _FLAGS)
     has_seq_idx, has_init = ctx.pick("has_seq_idx", _FLAGS), ctx.pick("has_initial_states", _FLAGS)
     final = ctx.pick("return_final_states", _FLAGS)
-    batch, dim = ctx.draw(st.integers(1, 3)), ctx.draw(st.sampled_from(_DIMS))
-    length = ctx.draw(st.one_of(st.sampled_from(_LENGTHS), st.integers(1, 300)))
+    if ctx.large:
+        dim = ctx.draw(st.sampled_from(_LARGE_DIMS))
+        length = ctx.draw(st.one_of(st.sampled_from(_LARGE_LENGTHS), st.integers(1, 4096)))
+        batch = ctx.draw(st.integers(1, max(1, min(4, _LARGE_ELEMENTS // (dim * length)))))
+    else:
+        batch, dim = ctx.draw(st.integers(1, 3)), ctx.draw(st.sampled_from(_DIMS))
+        length = ctx.draw(st.one_of(st.sampled_from(_LENGTHS), st.integers(1, 300)))
+    ctx.record("max_length", length)
 
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return randn(*shape, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)
@@ -77,13 +92,16 @@ def causal_conv1d_case(ctx: CaseContext) -> Case:
 
 def causal_conv1d_update_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    width = ctx.pick("width", _WIDTHS)
-    state_len = ctx.pick("state_len", tuple(range(width - 1, width + 4)))
+    width = ctx.pick("width", _WIDTHS, _PEER_WIDTHS)
+    state_len = ctx.pick("state_len", tuple(range(width - 1, width + (11 if ctx.large else 4))))
     has_bias, silu = ctx.pick("has_bias", _FLAGS), ctx.pick("silu", _FLAGS)
     has_indices = ctx.pick("has_indices", _FLAGS)
-    batch, dim = ctx.draw(st.integers(1, 4)), ctx.draw(st.sampled_from(_DIMS))
+    if ctx.large:
+        batch, dim = ctx.draw(st.integers(1, 64)), ctx.draw(st.sampled_from(_LARGE_DIMS))
+    else:
+        batch, dim = ctx.draw(st.integers(1, 4)), ctx.draw(st.sampled_from(_DIMS))
     length = ctx.draw(st.sampled_from((None, None, 1, 2, 4)))  # None: one token, x [B, D]
-    slots = batch + (ctx.draw(st.integers(0, 4)) if has_indices else 0)
+    slots = batch + (ctx.draw(st.integers(0, 64 if ctx.large else 4)) if has_indices else 0)
 
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return randn(*shape, dtype=ctx.dtype, device=ctx.device, scale=scale, generator=gen)

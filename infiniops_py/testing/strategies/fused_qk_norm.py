@@ -3,6 +3,9 @@
 Head dims, Q and KV head counts around the peer's (and Qwen3's) values, tokens up to 64, weights
 ~ N(1, 0.1), rows sometimes strided (the packed qkv a column slice of a wider buffer). The V columns must
 come back bit for bit (`Case.untouched`).
+
+On `CaseContext.large` (GPU) runs, head dims 64, 128 and 256 are favored, Q heads reach 64 (Qwen3's 32/8
+and the peer's 16/4 among the draws) and tokens 4096, with at most 2**24 elements in the packed qkv.
 """
 
 from __future__ import annotations
@@ -19,14 +22,23 @@ _Q_HEADS = (1, 2, 4, 8, 16, 32)
 _KV_HEADS = (1, 2, 4, 8)
 _TOKENS = (1, 3, 7, 16, 64)
 _EPS = (1e-6, 1e-5)
+# large (GPU) runs
+_GRID_HEAD_DIMS = (64, 128, 256)
+_LARGE_Q_HEADS = (*_Q_HEADS, 64)
+_LARGE_TOKENS = (*_TOKENS, 83, 256, 1024, 4096)
+_LARGE_ELEMENTS = 2**24
 
 
 def fused_qk_norm_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    d = ctx.pick("head_dim", _HEAD_DIMS)
-    hq, hkv = ctx.pick("num_q_heads", _Q_HEADS), ctx.pick("num_kv_heads", _KV_HEADS)
-    t = ctx.draw(st.sampled_from(_TOKENS))
+    d = ctx.pick("head_dim", _HEAD_DIMS, _GRID_HEAD_DIMS)
+    hq = ctx.pick("num_q_heads", _LARGE_Q_HEADS if ctx.large else _Q_HEADS)
+    hkv = ctx.pick("num_kv_heads", _KV_HEADS)
     width = (hq + 2 * hkv) * d
+    if ctx.large:
+        t = ctx.draw(st.sampled_from([n for n in _LARGE_TOKENS if n * width <= _LARGE_ELEMENTS] or [1]))
+    else:
+        t = ctx.draw(st.sampled_from(_TOKENS))
     pad = ctx.draw(st.sampled_from((0, 0, d)))  # a wider row buffer: strided rows
     qkv = randn(t, width + pad, dtype=ctx.dtype, device=ctx.device, generator=gen)[:, :width]
     weights = (torch.randn(2, d, generator=gen) * 0.1 + 1.0).to(device=ctx.device, dtype=ctx.dtype)

@@ -5,6 +5,10 @@ from 512+ blocks to a few more than the tokens need; unique random slots with so
 past the slot count (padding rows); key/value sometimes strided views of a packed qkv; caches NHD or an
 HND buffer viewed as NHD, filled with random values so that every slot not written is checked too.
 The written caches must be exact and key/value untouched.
+
+On `CaseContext.large` (GPU) runs, head dims 64, 128 and 256 and block sizes 16 and 256 (issue 3's grid;
+256 joins the peer's sizes) are favored, up to 2048 tokens (a prefill chunk) go into caches with up to
+4096 spare slots, closer to the peer's 512+ blocks.
 """
 
 from __future__ import annotations
@@ -19,6 +23,12 @@ __all__ = ["STRATEGIES"]
 _HEAD_DIMS = (64, 80, 120, 128, 256)
 _BLOCK_SIZES = (8, 16, 32)
 _KV_HEADS = (1, 2, 4, 8)
+# large (GPU) runs
+_GRID_HEAD_DIMS = (64, 128, 256)
+_GRID_BLOCK_SIZES = (16, 256)
+_LARGE_BLOCK_SIZES = (*_BLOCK_SIZES, 256)
+_LARGE_TOKENS = (1, 7, 256, 2048)
+_SPARE_SLOTS = 4096
 
 
 def _key_value(ctx: CaseContext, gen: torch.Generator, t: int, hkv: int, d: int) -> tuple[torch.Tensor, ...]:
@@ -39,11 +49,17 @@ def _cache(ctx: CaseContext, gen: torch.Generator, nb: int, bs: int, hkv: int, d
 
 def reshape_and_cache_flash_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    d, bs = ctx.pick("head_dim", _HEAD_DIMS), ctx.pick("block_size", _BLOCK_SIZES)
+    d = ctx.pick("head_dim", _HEAD_DIMS, _GRID_HEAD_DIMS)
+    bs = ctx.pick("block_size", _LARGE_BLOCK_SIZES if ctx.large else _BLOCK_SIZES, _GRID_BLOCK_SIZES)
     hkv = ctx.pick("num_kv_heads", _KV_HEADS)
-    n = ctx.draw(st.integers(1, 64))
+    if ctx.large:
+        n = ctx.draw(st.one_of(st.sampled_from(_LARGE_TOKENS), st.integers(1, 2048)))
+        spare = ctx.draw(st.integers(0, max(3, _SPARE_SLOTS // bs)))
+    else:
+        n = ctx.draw(st.integers(1, 64))
+    ctx.record("max_tokens", n)
     t = n + ctx.draw(st.sampled_from((0, 0, 1, 3)))
-    nb = -(-n // bs) + ctx.draw(st.integers(0, 3))
+    nb = -(-n // bs) + (spare if ctx.large else ctx.draw(st.integers(0, 3)))
     key, value, packed = _key_value(ctx, gen, t, hkv, d)
     hnd = ctx.draw(st.booleans())
     key_cache, value_cache = (_cache(ctx, gen, nb, bs, hkv, d, hnd) for _ in range(2))

@@ -4,6 +4,10 @@ Hidden sizes from the peer's {8, 768, 769, 5120, 5125, 8192} cut to 1024 (odd si
 64, x and residual scaled by 1/(2H) and weight ~ N(1, 0.1) as the peer draws them; rows sometimes
 strided (a slice of a wider buffer), sometimes 3-D, and for the fused op sometimes 3-D rows that cannot
 be flattened into one strided dim.
+
+On `CaseContext.large` (GPU) runs, the peer's full sweep: hidden sizes up to 8192 (its own {768, 769, 5120,
+5125, 8192} and 4096 favored), tokens up to 4096, at most 2**23 elements per [T, H] (before a layout's
+doubling).
 """
 
 from __future__ import annotations
@@ -18,11 +22,25 @@ __all__ = ["STRATEGIES"]
 _HIDDEN = (8, 64, 127, 256, 768, 769, 1000, 1024)
 _TOKENS = (1, 2, 7, 16, 33, 64)
 _EPS = (1e-6, 1e-5)
+# large (GPU) runs
+_LARGE_HIDDEN = (*_HIDDEN, 2048, 4096, 5120, 5125, 8192)
+_PEER_HIDDEN = (768, 769, 4096, 5120, 5125, 8192)
+_LARGE_TOKENS = (*_TOKENS, 83, 256, 1024, 4096)
+_LARGE_ELEMENTS = 2**23
+
+
+def _hidden(ctx: CaseContext) -> int:
+    if ctx.large:
+        return ctx.pick("hidden_size", _LARGE_HIDDEN, _PEER_HIDDEN)
+    return ctx.pick("hidden_size", _HIDDEN)
 
 
 def _rows(ctx: CaseContext, gen: torch.Generator, h: int, *, allow_unflattenable: bool) -> tuple[torch.Tensor, str]:
     """An ``[..., H]`` input, scaled by 1/(2H), in one of the layouts the contract allows."""
-    t = ctx.draw(st.sampled_from(_TOKENS))
+    if ctx.large:
+        t = ctx.draw(st.sampled_from([n for n in _LARGE_TOKENS if n * h <= _LARGE_ELEMENTS]))
+    else:
+        t = ctx.draw(st.sampled_from(_TOKENS))
     layout = ctx.draw(st.sampled_from(("contiguous", "strided", "3d", "3d-gapped") if allow_unflattenable
                                       else ("contiguous", "strided", "3d")))
     scale = 1.0 / (2 * h)
@@ -44,7 +62,7 @@ def _weight(ctx: CaseContext, gen: torch.Generator, h: int) -> torch.Tensor:
 
 def rms_norm_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    h = ctx.pick("hidden_size", _HIDDEN)
+    h = _hidden(ctx)
     x, note = _rows(ctx, gen, h, allow_unflattenable=True)
     eps = ctx.draw(st.sampled_from(_EPS))
     return Case((x, _weight(ctx, gen, h)), {"eps": eps}, note=f"{note} eps={eps}")
@@ -52,7 +70,7 @@ def rms_norm_case(ctx: CaseContext) -> Case:
 
 def fused_add_rms_norm_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    h = ctx.pick("hidden_size", _HIDDEN)
+    h = _hidden(ctx)
     x, note = _rows(ctx, gen, h, allow_unflattenable=True)
     residual = randn(*x.shape, dtype=ctx.dtype, device=ctx.device, scale=1.0 / (2 * h), generator=gen)
     eps = ctx.draw(st.sampled_from(_EPS))

@@ -6,6 +6,11 @@ scaled down: H {2, 4}, P {4, 8, 16}, N {8, 16}, G {1, 2}, L up to 160 with chunk
 dt_limit, initial/final states, ``seq_idx`` with several runs; the update with slots gathered through
 indices with -1 padding and, as the peer's "tied" case, dt and D broadcast (stride 0) along a dim.
 dt is drawn like Mamba's: softplus of a small raw value plus an inverse-softplus bias in [1e-3, 0.1].
+
+On `CaseContext.large` (GPU) runs, the Mamba-2 layer sizes: H up to 32 (24, Mamba-2-130m's, among them),
+P up to 128 (64 favored), N up to 128 (64 and 128 favored), G {1, 2, 4}, chunk sizes up to 256; one scan
+in five runs 1024 to 4096 steps, the others up to 512, with at most 2**24 elements in x; the update runs
+batches up to 64 over up to 128 slots, with at most 2**24 state elements.
 """
 
 from __future__ import annotations
@@ -27,6 +32,15 @@ _CHUNKS = (16, 32, 64)
 _LENGTHS = (1, 15, 16, 17, 33, 64, 100, 129, 160)
 _LIMITS = ((0.0, math.inf), (0.0, math.inf), (1e-3, 0.05))
 _FLAGS = (False, True)
+# large (GPU) runs
+_LARGE_HEAD_DIMS = (*_HEAD_DIMS, 32, 64, 128)
+_LARGE_D_STATES = (*_D_STATES, 32, 64, 128)
+_LARGE_GROUPS = (1, 2, 4)
+_LARGE_HEADS = (2, 4, 8, 16, 24, 32)
+_LARGE_CHUNKS = (*_CHUNKS, 128, 256)
+_LARGE_LENGTHS = (*_LENGTHS, 256, 257, 512)
+_LONG_LENGTHS = (1024, 2048, 2049, 4096)
+_LARGE_ELEMENTS = 2**24
 
 
 class _Draws:
@@ -35,10 +49,16 @@ class _Draws:
     def __init__(self, ctx: CaseContext) -> None:
         self.ctx = ctx
         self.gen = ctx.generator()
-        self.head_dim = ctx.pick("head_dim", _HEAD_DIMS)
-        self.d_state = ctx.pick("d_state", _D_STATES)
-        self.groups = ctx.pick("n_groups", _GROUPS)
-        self.heads = ctx.draw(st.sampled_from((2, 4)))
+        if ctx.large:
+            self.head_dim = ctx.pick("head_dim", _LARGE_HEAD_DIMS, (64,))
+            self.d_state = ctx.pick("d_state", _LARGE_D_STATES, (64, 128))
+            self.groups = ctx.pick("n_groups", _LARGE_GROUPS)
+            self.heads = ctx.draw(st.sampled_from([h for h in _LARGE_HEADS if h % self.groups == 0]))
+        else:
+            self.head_dim = ctx.pick("head_dim", _HEAD_DIMS)
+            self.d_state = ctx.pick("d_state", _D_STATES)
+            self.groups = ctx.pick("n_groups", _GROUPS)
+            self.heads = ctx.draw(st.sampled_from((2, 4)))
         self.has_D, self.has_z = ctx.pick("has_D", _FLAGS), ctx.pick("has_z", _FLAGS)
         self.has_dt_bias, self.softplus = ctx.pick("has_dt_bias", _FLAGS), ctx.pick("dt_softplus", _FLAGS)
 
@@ -71,13 +91,24 @@ class _Draws:
         return f"H={self.heads} P={self.head_dim} N={self.d_state} G={self.groups} {'+'.join(flags) or 'plain'}"
 
 
+def _batch_length(ctx: CaseContext, row: int) -> tuple[int, int]:
+    """Scan rows and steps; on large runs at most `_LARGE_ELEMENTS` in x (`row`: elements per step)."""
+    if not ctx.large:
+        return ctx.draw(st.integers(1, 2)), ctx.draw(st.one_of(st.sampled_from(_LENGTHS), st.integers(1, 160)))
+    if ctx.draw(st.integers(0, 4)) == 0:
+        length = ctx.draw(st.one_of(st.sampled_from(_LONG_LENGTHS), st.integers(1024, 4096)))
+    else:
+        length = ctx.draw(st.one_of(st.sampled_from(_LARGE_LENGTHS), st.integers(1, 512)))
+    return ctx.draw(st.integers(1, max(1, min(4, _LARGE_ELEMENTS // (length * row))))), length
+
+
 def selective_scan_case(ctx: CaseContext) -> Case:
     d = _Draws(ctx)
-    chunk = ctx.pick("chunk_size", _CHUNKS)
+    chunk = ctx.pick("chunk_size", _LARGE_CHUNKS if ctx.large else _CHUNKS)
     has_seq_idx, has_init = ctx.pick("has_seq_idx", _FLAGS), ctx.pick("has_initial_states", _FLAGS)
     final = ctx.pick("return_final_states", _FLAGS)
-    batch = ctx.draw(st.integers(1, 2))
-    length = ctx.draw(st.one_of(st.sampled_from(_LENGTHS), st.integers(1, 160)))
+    batch, length = _batch_length(ctx, d.heads * d.head_dim)
+    ctx.record("max_length", length)
     h, p, n, g = d.heads, d.head_dim, d.d_state, d.groups
     x = d.rand(batch, length, h, p)
     dt, A, kwargs = d.params((batch, length, h))
@@ -103,9 +134,14 @@ def selective_scan_case(ctx: CaseContext) -> Case:
 def selective_state_update_case(ctx: CaseContext) -> Case:
     d = _Draws(ctx)
     has_indices = ctx.pick("has_indices", _FLAGS)
-    batch = ctx.draw(st.integers(1, 4))
-    slots = batch + (ctx.draw(st.integers(0, 4)) if has_indices else 0)
     h, p, n, g = d.heads, d.head_dim, d.d_state, d.groups
+    if ctx.large:
+        most = max(1, _LARGE_ELEMENTS // (h * p * n))  # slots
+        batch = ctx.draw(st.integers(1, max(1, min(64, most // 2))))
+        slots = batch + (ctx.draw(st.integers(0, min(64, most - batch))) if has_indices else 0)
+    else:
+        batch = ctx.draw(st.integers(1, 4))
+        slots = batch + (ctx.draw(st.integers(0, 4)) if has_indices else 0)
     tied = ctx.draw(st.booleans())
     dt, A, kwargs = d.params((batch, 1) if tied else (batch, h))
     if tied:  # the peer's stride-0 case: one step size per row, broadcast over the heads
