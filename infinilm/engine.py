@@ -74,7 +74,7 @@ class Engine:
         self.graph_status = "cuda graphs: off (not on CUDA)" if self.device.type != "cuda" else "cuda graphs: off"
         if self.device.type == "cuda" and options.cuda_graphs:
             with self._scope():
-                self.graph_status = self.runner.capture_graphs(options.max_num_seqs)
+                self.graph_status = self.runner.capture_graphs(options.max_num_seqs, gate_plan.chosen.values())
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
 

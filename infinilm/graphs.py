@@ -5,16 +5,22 @@ once over static input buffers and replayed with the step's values copied in. Pa
 (slot -1) and attend over one key of block 0; their logits are dropped. Index checks of the operator
 contracts are off during capture by design (they would synchronize), so the inputs are built only by the
 runner from the allocator's own block tables. A capture that fails (an implementation that synchronizes
-or allocates in a way graphs forbid) leaves the engine in eager mode and says why.
+with the host, or allocates or launches in a way graphs forbid) leaves the engine in eager mode, with a
+status that names the synchronizing implementation when there is one (`infinilm.host_sync`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import partial
+
 import torch
 
 from infinilm.cache import KVCache
+from infinilm.host_sync import capture_failed_status
 from infinilm.layers.attention import AttnContext
 from infinilm.models.llama import LlamaModel
+from infiniops_py import Implementation
 
 __all__ = ["DecodeGraphs", "capture_sizes"]
 
@@ -26,10 +32,15 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Captured decode graphs keyed by padded batch size, over shared static buffers."""
+    """Captured decode graphs keyed by padded batch size, over shared static buffers.
 
-    def __init__(self, model: LlamaModel, cache: KVCache, device: torch.device, max_blocks: int) -> None:
+    `implementations` (the gate plan's choices) name the culprit when a step synchronizes with the host.
+    """
+
+    def __init__(self, model: LlamaModel, cache: KVCache, device: torch.device, max_blocks: int,
+                 implementations: Iterable[Implementation] = ()) -> None:
         self.model, self.cache, self.device, self.max_blocks = model, cache, device, max_blocks
+        self.implementations = list(implementations)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.sizes: list[int] = []
         self.rows = torch.empty(0)
@@ -60,20 +71,22 @@ class DecodeGraphs:
         try:
             for bs in reversed(sizes):  # largest first, so the smaller graphs reuse its memory pool
                 self._reset(bs)
-                self._forward(bs)  # warm-up: resolves every operator and settles allocations
+                self._forward(bs)  # warm-up: resolves every operator, compiles and tunes, settles allocations
                 graph, out = self._capture_one(bs, pool)
                 pool = graph.pool()
                 self.graphs[bs] = (graph, out)
         except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
             self.graphs.clear()
-            return f"cuda graphs: off (capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]})"
+            return capture_failed_status(exc, partial(self._forward, bs), self.device, self.implementations)
         self.sizes = sizes
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
 
     def _capture_one(self, bs: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # the outer stream scope restores the current stream even when capture_end raises (torch.cuda.graph
+        # leaves its side stream current then), so that a failed capture leaves eager steps where they were
+        with torch.cuda.stream(torch.cuda.current_stream(self.device)), torch.cuda.graph(graph, pool=pool):
             out = self._forward(bs)
         torch.cuda.synchronize(self.device)
         return graph, out

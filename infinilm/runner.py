@@ -8,6 +8,8 @@ batch size, which removes the per-operator Python cost from the decode loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from infinilm.cache import KVCache, slots_for
@@ -16,6 +18,7 @@ from infinilm.layers.attention import AttnContext
 from infinilm.models.llama import LlamaModel
 from infinilm.scheduler import Batch
 from infinilm.sequence import Sequence
+from infiniops_py import Implementation
 
 __all__ = ["ModelRunner"]
 
@@ -87,9 +90,11 @@ class ModelRunner:
         ids, positions, ctx, _ = self.prepare(batch)
         return self.model.logits(self.model.forward(ids, positions, ctx, self.cache))
 
-    def capture_graphs(self, max_batch: int) -> str:
-        """Capture decode CUDA graphs for batch sizes up to `max_batch`; returns a one-line status."""
-        graphs = DecodeGraphs(self.model, self.cache, self.device, self.max_blocks)
+    def capture_graphs(self, max_batch: int, implementations: Iterable[Implementation] = ()) -> str:
+        """Capture decode CUDA graphs for batch sizes up to `max_batch`; returns a one-line status.
+
+        `implementations` (the gate plan's choices) name the one that synchronizes, when one does."""
+        graphs = DecodeGraphs(self.model, self.cache, self.device, self.max_blocks, implementations)
         status = graphs.capture(max_batch)
         self.graphs = graphs if graphs.sizes else None
         return status

@@ -11,7 +11,9 @@ with the prompt's final states, so a reused row cannot leak the previous holder'
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,8 +21,10 @@ import torch
 from infinilm.cache import BlockAllocator
 from infinilm.config import EngineOptions, ModelConfig
 from infinilm.graphs import capture_sizes
+from infinilm.host_sync import capture_failed_status
 from infinilm.scheduler import Batch
 from infinilm.sequence import Sequence
+from infiniops_py import Implementation
 
 if TYPE_CHECKING:
     from infinilm.models.mamba2 import Mamba2Model
@@ -192,9 +196,11 @@ class RecurrentRunner:
         ids, ctx, _ = self.prepare(batch)
         return self.model.logits(self.model.forward(ids, ctx, self.pool))
 
-    def capture_graphs(self, max_batch: int) -> str:
-        """Capture decode CUDA graphs for batch sizes up to `max_batch` (at most the pool's rows)."""
-        graphs = _DecodeGraphs(self.model, self.pool, self.device)
+    def capture_graphs(self, max_batch: int, implementations: Iterable[Implementation] = ()) -> str:
+        """Capture decode CUDA graphs for batch sizes up to `max_batch` (at most the pool's rows).
+
+        `implementations` (the gate plan's choices) name the one that synchronizes, when one does."""
+        graphs = _DecodeGraphs(self.model, self.pool, self.device, implementations)
         status = graphs.capture(min(max_batch, self.pool.num_rows))
         self.graphs = graphs if graphs.sizes else None
         return status
@@ -203,8 +209,10 @@ class RecurrentRunner:
 class _DecodeGraphs:
     """Decode steps captured per padded batch size over static ``[ids; rows]`` buffers; padding rows are -1."""
 
-    def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device) -> None:
+    def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device,
+                 implementations: Iterable[Implementation] = ()) -> None:
         self.model, self.pool, self.device = model, pool, device
+        self.implementations = list(implementations)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.sizes: list[int] = []
         self.inputs = torch.empty(0)
@@ -235,14 +243,16 @@ class _DecodeGraphs:
                 self.graphs[bs] = (graph, out)
         except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
             self.graphs.clear()
-            return f"cuda graphs: off (capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]})"
+            return capture_failed_status(exc, partial(self._forward, bs), self.device, self.implementations)
         self.sizes = sizes
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
 
     def _capture_one(self, bs: int, mempool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=mempool):
+        # the outer stream scope restores the current stream even when capture_end raises (torch.cuda.graph
+        # leaves its side stream current then), so that a failed capture leaves eager steps where they were
+        with torch.cuda.stream(torch.cuda.current_stream(self.device)), torch.cuda.graph(graph, pool=mempool):
             out = self._forward(bs)
         torch.cuda.synchronize(self.device)
         return graph, out

@@ -1,5 +1,11 @@
 """infinilm on CUDA (``make test-gpu`` runs these): CUDA-graph decode equal to eager decode, logits equal
-to transformers'. Skipped on machines without a CUDA device."""
+to transformers'. Skipped on machines without a CUDA device.
+
+The graph tests use head dim 32 (hidden 128, 4 heads), which the Triton attention kernels serve in fp32.
+The tiny default (head dim 16) falls to the torch provider's SDPA attention, whose decode path reads the
+longest cache length on the host: a CUDA graph cannot capture it (issue 4), and the last test checks that
+the engine then says so, naming the implementation, and decodes the same tokens eagerly.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ def _engine(path: object, **options: object) -> Engine:
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_cuda_graph_decode_equals_eager_and_logits_match_transformers(checkpoint: CheckpointFactory,
                                                                       family: str) -> None:
-    path, hf = checkpoint(family)
+    path, hf = checkpoint(family, hidden_size=128)  # head dim 32: Triton attention
     graphed, eager = _engine(path), _engine(path, cuda_graphs=False)  # float32, the checkpoint's dtype
     assert graphed.graph_status.startswith("cuda graphs: on"), graphed.graph_status
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
@@ -44,3 +50,17 @@ def test_bf16_engine_captures_and_generates(checkpoint: CheckpointFactory) -> No
     outputs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=16, ignore_eos=True))
     assert [len(o) for o in outputs] == [16] * 4
     assert engine.cache.allocator.num_free == 64
+
+
+def test_graphs_stay_off_only_with_the_synchronizing_implementation_named(checkpoint: CheckpointFactory) -> None:
+    path, _ = checkpoint("llama")  # head dim 16: no Triton attention kernel, the torch provider's SDPA serves it
+    graphed, eager = _engine(path), _engine(path, cuda_graphs=False)
+    attention = next(impl.name for problem, impl in graphed.plan.chosen.items()
+                     if problem.op == "flash_attn_with_kvcache")
+    status = graphed.graph_status
+    explained = status.startswith(f"cuda graphs: off (flash_attn_with_kvcache: {attention} synchronizes with the "
+                                  "host at ")
+    assert status.startswith("cuda graphs: on") or explained, status
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    assert graphed.generate(PROMPTS, params) == eager.generate(PROMPTS, params)
+    assert graphed.cache.allocator.num_free == 64

@@ -6,11 +6,16 @@ the same forward over the same static buffers and writes the same output tensor,
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
+from fakes import cpu_capability, registered
+from infiniops_torch.flash_attn import flash_attn_with_kvcache as torch_flash_attn_with_kvcache
 from lm_helpers import CheckpointFactory
 
-from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm import Engine, EngineOptions, SamplingParams, host_sync
 from infinilm.graphs import DecodeGraphs, capture_sizes
 
 
@@ -67,3 +72,62 @@ def test_a_failed_capture_leaves_the_engine_eager(checkpoint: CheckpointFactory,
                       "capturing)")
     assert engine.runner.graphs is None
     assert len(engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))[0]) == 3
+
+
+def test_a_capture_failed_by_a_host_sync_names_the_implementation(checkpoint: CheckpointFactory,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 failure of issue 4, on CPU: an attention implementation that synchronizes; the capture fails
+    with a message that names nothing, and the probe names the operator, the implementation and the line."""
+    path, _ = checkpoint("llama")
+    trap = [False]  # the stand-in of CUDA's sync debug mode: set while the probe runs
+
+    def syncing(*args: object) -> torch.Tensor:
+        if trap[0]:
+            raise RuntimeError("called a synchronizing CUDA operation")  # what sync debug mode raises
+        return torch_flash_attn_with_kvcache(*args)
+
+    @contextlib.contextmanager
+    def trapping(device: torch.device) -> Iterator[None]:
+        trap[0] = True
+        try:
+            yield
+        finally:
+            trap[0] = False
+
+    def refuse(self: DecodeGraphs, bs: int, pool: object) -> None:
+        self._forward(bs)  # the capture runs the synchronizing call, then fails without naming it
+        raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(host_sync, "syncs_raise", trapping)
+    monkeypatch.setattr(DecodeGraphs, "_capture_one", refuse)
+    with registered(("synctest", [("flash_attn_with_kvcache", cpu_capability(), 50, syncing)])):
+        engine = Engine.from_pretrained(path, EngineOptions(block_size=8, num_blocks=32, max_model_len=64))
+        assert engine.plan.providers_by_op()["flash_attn_with_kvcache"] == "synctest"
+        status = engine.runner.capture_graphs(4, engine.plan.chosen.values())
+        assert status.startswith("cuda graphs: off (flash_attn_with_kvcache: synctest.flash_attn_with_kvcache.0 "
+                                 "synchronizes with the host at test_infinilm/test_lm_graphs.py:"), status
+        assert status.endswith("`raise RuntimeError(\"called a synchronizing CUDA operation\")  # what sync debug "
+                               "mode raises`; a CUDA graph cannot capture a host sync)"), status
+        assert engine.runner.graphs is None
+        assert len(engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3))[0]) == 3
+
+
+def test_a_capture_failure_without_a_host_sync_reports_the_capture_error(checkpoint: CheckpointFactory,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = checkpoint("qwen3")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, num_blocks=32, max_model_len=64))
+    probed = []
+
+    @contextlib.contextmanager
+    def trapping(device: torch.device) -> Iterator[None]:
+        probed.append(device)
+        yield
+
+    def refuse(self: DecodeGraphs, bs: int, pool: object) -> None:
+        raise RuntimeError("captured a forbidden launch\nmore")
+
+    monkeypatch.setattr(host_sync, "syncs_raise", trapping)
+    monkeypatch.setattr(DecodeGraphs, "_capture_one", refuse)
+    status = engine.runner.capture_graphs(4, engine.plan.chosen.values())
+    assert probed == [engine.device]  # the probe ran once, found no sync
+    assert status == "cuda graphs: off (capture failed: RuntimeError: captured a forbidden launch)"
