@@ -16,6 +16,9 @@
    - ``selective_state_update``, batch 64 gathered from 128 slots (D, dt_bias, softplus): state bytes read
      and written per second; target >= 70% of the copy bandwidth.
    The baseline column holds state-spaces/mamba's numbers on this GPU as the issue quotes them.
+   Where the time goes, in each line's note: every Triton launch of the prefill timed alone, the whole
+   call replayed as a CUDA graph (GPU time only), and the host time per eager call (launch overhead);
+   for the state update, a sweep of its tile height and warp count.
 
 `run(results)` appends one dict per line of the table (``kind`` "check" or "perf"), for benchmarks/ops.py.
 Timed calls go straight to the resolved implementations (the operator's calling convention) with index
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -270,37 +274,118 @@ def _scan_problem(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> dic
             "return_final_states": kwargs["return_final_states"]}
 
 
-def scan_call(provider: str, args: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
-    """A no-argument callable running `provider`'s selective_scan on the arguments (calling convention)."""
-    with infiniops_py.use(provider):
-        fn = infiniops_py.resolve("selective_scan", **_scan_problem(args, kwargs)).fn
+def _scan_convention(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The implementation calling convention's arguments, with fresh `out` and final-state buffers."""
     x, B = args[0], args[3]
     out = torch.empty_like(x)
     final = (torch.empty(x.shape[0], x.shape[2], x.shape[3], B.shape[-1], device=x.device, dtype=torch.float32)
              if kwargs["return_final_states"] else None)
-    conv = (*args, kwargs.get("D"), kwargs.get("z"), kwargs.get("dt_bias"), kwargs["dt_softplus"],
+    return (*args, kwargs.get("D"), kwargs.get("z"), kwargs.get("dt_bias"), kwargs["dt_softplus"],
             kwargs["dt_limit"], kwargs.get("initial_states"), kwargs.get("seq_idx"), kwargs["chunk_size"], out, final)
+
+
+def scan_call(provider: str, args: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """A no-argument callable running `provider`'s selective_scan on the arguments (calling convention)."""
+    with infiniops_py.use(provider):
+        fn = infiniops_py.resolve("selective_scan", **_scan_problem(args, kwargs)).fn
+    conv = _scan_convention(args, kwargs)
     return lambda: fn(*conv)
+
+
+def stage_times(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any], timer: Timer) -> dict[str, float]:
+    """Milliseconds of each Triton launch of one prefill, timed alone (after one warm-up pass in order)."""
+    from infiniops_triton.selective_scan import scan_stages
+
+    stages = scan_stages(*_scan_convention(args, kwargs))
+    for _, launch in stages:
+        launch()
+    return {name: timer(launch) for name, launch in stages}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def host_ms(fn: Callable[[], Any], device: str, calls: int = 50) -> float:
+    """Host milliseconds per call of `fn`, launches only (the device catches up after the clock stops)."""
+    fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    _sync(device)
+    return elapsed / calls * 1e3
+
+
+def graph_ms(fn: Callable[[], Any], timer: Timer) -> float:
+    """Milliseconds per replay of `fn` captured in a CUDA graph: the device time without launch overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timer(graph.replay)
+
+
+def _attempt(what: str, measure: Callable[[], str]) -> str:
+    """`measure()`'s text, or why it failed: an extra measurement never stops the benchmark."""
+    try:
+        return measure()
+    except Exception as e:
+        return f"{what} failed: {type(e).__name__}: {str(e)[:80]}"
+
+
+def scan_breakdown(device: str, args: tuple[torch.Tensor, ...], kwargs: dict[str, Any], fn: Callable[[], Any],
+                   timer: Timer, calls: int) -> str:
+    """Where the prefill's time goes: each launch alone, the CUDA-graph replay, the host time per call."""
+    parts = [_attempt("stages", lambda: " + ".join(f"{k} {v:.3f}" for k, v in stage_times(args, kwargs,
+                                                                                            timer).items()))]
+    parts.append(_attempt("host", lambda: f"host {host_ms(fn, device, calls):.3f} ms/call"))
+    if device == "cuda":
+        parts.append(_attempt("graph", lambda: f"graph replay {graph_ms(fn, timer):.3f} ms"))
+    return "; ".join(parts)
+
+
+def _update_convention(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The implementation calling convention's arguments, on a copy of the state and a fresh `out`."""
+    return (args[0].clone(), *args[1:], kwargs.get("D"), kwargs.get("z"), kwargs.get("dt_bias"),
+            kwargs["dt_softplus"], kwargs.get("state_batch_indices"), torch.empty_like(args[1]))
 
 
 def update_call(provider: str, args: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
     """A no-argument callable running `provider`'s selective_state_update in place on a copy of the state."""
-    state, x, B = args[0].clone(), args[1], args[4]
+    x, B = args[1], args[4]
     problem = {"device_type": x.device.type, "dtype": str(x.dtype)[6:], "head_dim": x.shape[-1],
                "d_state": B.shape[-1], "n_groups": B.shape[1], "has_D": "D" in kwargs, "has_z": "z" in kwargs,
                "has_dt_bias": "dt_bias" in kwargs, "dt_softplus": kwargs["dt_softplus"],
                "has_indices": "state_batch_indices" in kwargs}
     with infiniops_py.use(provider):
         fn = infiniops_py.resolve("selective_state_update", **problem).fn
-    out = torch.empty_like(x)
-    conv = (state, *args[1:], kwargs.get("D"), kwargs.get("z"), kwargs.get("dt_bias"), kwargs["dt_softplus"],
-            kwargs.get("state_batch_indices"), out)
+    conv = _update_convention(args, kwargs)
 
     def call() -> Any:
         with infiniops_py.unchecked_indices():
             return fn(*conv)
 
     return call
+
+
+UPDATE_SWEEP = ((16, 4), (32, 4), (64, 4), (64, 8), (32, 8))  # (BLOCK_P, num_warps) of the state update
+
+
+def update_sweep(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any], nbytes: int, timer: Timer) -> str:
+    """GB/s of the Triton state update at each (BLOCK_P, num_warps) of `UPDATE_SWEEP`."""
+    from infiniops_triton.state_update import launch
+
+    conv = _update_convention(args, kwargs)
+    rates = [f"{bp}x{nw}w {nbytes / timer(lambda bp=bp, nw=nw: launch(*conv, bp, nw)) / 1e6:.0f}"
+             for bp, nw in UPDATE_SWEEP]
+    return "sweep BLOCK_P x warps GB/s: " + ", ".join(rates)
 
 
 def _row(case: str, metric: str, triton_v: float, torch_v: float, baseline_v: float, roofline: float,
@@ -316,7 +401,8 @@ def bench_scan(device: str, copy_gbs: float, gemm_tflops: float, batch: int, len
     `MAMBA`): tokens/s, plus x torch for "8x2048", or the time for "1x2048"."""
     args, kwargs = scan_case(batch, length, layer, torch.bfloat16, device, seed=11)
     tokens = batch * length
-    tri_ms = timer(scan_call("triton", args, kwargs))
+    tri_fn = scan_call("triton", args, kwargs)
+    tri_ms = timer(tri_fn)
     tor_ms = timer(scan_call("torch", args, kwargs))
     ideal_ms = max(scan_bytes(batch, length, layer) / copy_gbs / 1e6, scan_flops(batch, length, layer) / gemm_tflops
                    / 1e9)
@@ -335,6 +421,7 @@ def bench_scan(device: str, copy_gbs: float, gemm_tflops: float, batch: int, len
             ok = ok and vs >= VS_TORCH_TARGET
             target += f" and >= {VS_TORCH_TARGET:.0f}x torch"
             notes.append("" if vs >= VS_TORCH_TARGET else f"{VS_TORCH_TARGET - vs:.1f}x short of the torch ratio")
+    notes.append(scan_breakdown(device, args, kwargs, tri_fn, timer, 50 if device == "cuda" else 1))
     case = (f"scan {batch}x{length} H{layer.heads} P{layer.head_dim} N{layer.d_state} G{layer.groups} "
             f"chunk{layer.chunk} bf16")
     return _row(case, "Mtok/s", tri, tor, MAMBA[label] / 1e6, ideal_ms / tri_ms, target, ok,
@@ -346,13 +433,18 @@ def bench_update(device: str, copy_gbs: float, *, batch: int = 64, slots: int = 
     """One decode step, bf16 inputs and fp32 states, in state bytes read + written per second."""
     args, kwargs = update_case(batch, slots, layer, torch.bfloat16, device, seed=12)
     nbytes = update_bytes(batch, layer)
-    tri = nbytes / timer(update_call("triton", args, kwargs)) / 1e6
+    tri_fn = update_call("triton", args, kwargs)
+    tri = nbytes / timer(tri_fn) / 1e6
     tor = nbytes / timer(update_call("torch", args, kwargs)) / 1e6
     frac = tri / copy_gbs
     short = "" if frac >= UPDATE_TARGET else f", short by {UPDATE_TARGET - frac:.0%}"
+    notes = [f"{frac:.0%} of copy{short}", _attempt("sweep", lambda: update_sweep(args, kwargs, nbytes, timer))]
+    notes.append(_attempt("host", lambda: f"host {host_ms(tri_fn, device, 50 if device == 'cuda' else 1):.3f} ms/call"))
+    if device == "cuda":
+        notes.append(_attempt("graph", lambda: f"graph replay {nbytes / graph_ms(tri_fn, timer) / 1e6:.0f} GB/s"))
     case = f"state update B{batch} H{layer.heads} P{layer.head_dim} N{layer.d_state} fp32 state"
     return _row(case, "GB/s", tri, tor, MAMBA["update"], frac, f">= {UPDATE_TARGET:.0%} copy BW",
-                frac >= UPDATE_TARGET, f"{frac:.0%} of copy{short}")
+                frac >= UPDATE_TARGET, "; ".join(notes))
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = False,

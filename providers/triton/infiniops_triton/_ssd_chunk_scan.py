@@ -1,7 +1,8 @@
 """SSD step 3 of 3: each chunk's outputs from the state entering it and the chunk's own tokens.
 
 For token ``t`` of chunk ``c`` (head ``h``, group ``g``; ``cs``, ``dt``, ``seg`` from step 1, ``S`` the
-state entering the chunk from step 2, ``cb[t, s] = C[t] . B[s]`` from step 2b)::
+state entering the chunk: the initial state (or 0) for the first chunk, else the state step 2 left at the end of
+the chunk before; ``cb[t, s] = C[t] . B[s]`` from step 2b)::
 
     y[t] = exp(cs[t]) * [seg[t] == 0] * C[t] . S
          + sum_{s <= t, seg[s] == seg[t]} cb[t, s] * exp(cs[t] - cs[s]) * dt[s] * x[s]
@@ -9,8 +10,10 @@ state entering the chunk from step 2, ``cb[t, s] = C[t] . B[s]`` from step 2b)::
     y[t] *= silu(z[t])            (when z is given)
 
 One program computes a ``BLOCK_M x BLOCK_P`` tile of y: the ``C . S`` term as one dot, then the causal
-``cb`` blocks up to the diagonal, each weighted and multiplied by x. Programs run heads first, so the
-heads of one chunk read the same ``cb`` tiles while they are in L2.
+``cb`` blocks up to the diagonal, each weighted and multiplied by x. The fp32 operands (the state, the
+weighted ``cb``) stay fp32: for 16-bit inputs each product is split in two tensor-core products
+(`dot_f32_right`, `dot_f32_left`), so only the output is rounded to the inputs' dtype. Programs run heads
+first, so the heads of one chunk read the same ``cb`` tiles while they are in L2.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._ssd_common import autotune_configs, dot_precision, fit_to_chunk
+from infiniops_triton._ssd_common import (
+    autotune_configs,
+    dot_f32_left,
+    dot_f32_right,
+    dot_precision,
+    fast_exp,
+    fit_to_chunk,
+)
 
 __all__ = ["chunk_scan"]
 
@@ -44,7 +54,8 @@ def _chunk_scan_kernel(
     c_ptr,  # [Bt, L, G, N]
     cb_ptr,  # [Bt, nchunks, G, CHUNK, CHUNK] fp32 contiguous: C B^T within each chunk (on/below the diagonal)
     d_ptr,  # [H] or [H, P] (read when HAS_D; stride_d_p is 0 for [H])
-    prev_ptr,  # [Bt, nchunks, H, P, N] contiguous (x's dtype, fp32 for fp32): the state entering each chunk
+    states_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: the state at the end of each chunk (step 2)
+    init_ptr,  # [Bt, H, P, N] fp32 initial states, any strides (read when HAS_INIT)
     dt_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: processed dt
     cs_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: chunk-relative cumsum of dt * A
     seg_ptr,  # [Bt, nchunks, CHUNK] int32 contiguous (read when HAS_SEQ_IDX)
@@ -54,11 +65,13 @@ def _chunk_scan_kernel(
     stride_o_b, stride_o_l, stride_o_h, stride_o_p,
     stride_c_b, stride_c_l, stride_c_g, stride_c_n,
     stride_d_h, stride_d_p,
+    stride_init_b, stride_init_h, stride_init_p, stride_init_n,
     WORK,  # autotune key only: log2 of the number of (row, chunk, head) triples
     CHUNK: tl.constexpr,
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
+    HAS_INIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr,  # >= N: the whole state dimension in one tile
     BLOCK_M: tl.constexpr,
@@ -101,13 +114,22 @@ def _chunk_scan_kernel(
         c_base + offs_m[:, None] * stride_c_l + offs_n[None, :] * stride_c_n,
         mask=mask_m[:, None] & mask_n[None, :], other=0.0,
     )
-    st = tl.load(  # [BLOCK_N, BLOCK_P]: the entering state, transposed
-        prev_ptr + ((b64 * nchunks + c) * H + h) * P * N + (offs_p[None, :] * N + offs_n[:, None]),
-        mask=mask_n[:, None] & mask_p[None, :], other=0.0,
-    )
-    acc = tl.dot(cm, st.to(cm.dtype), input_precision=DOT_PRECISION) * tl.exp(cs_m)[:, None]
-    if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
-        acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    has_state = c > 0  # the first chunk starts from the initial state, or from zero (no product at all)
+    if HAS_INIT:
+        has_state = c >= 0
+    if has_state:
+        prev_chunk = tl.maximum(c - 1, 0).to(tl.int64)
+        st_ptrs = (states_ptr + ((b64 * nchunks + prev_chunk) * H + h) * P * N
+                   + (offs_p[None, :] * N + offs_n[:, None]))  # [BLOCK_N, BLOCK_P]: the state, transposed
+        if HAS_INIT:
+            init_ptrs = (init_ptr + b64 * stride_init_b + h * stride_init_h
+                         + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n))
+            st_ptrs = tl.where(c > 0, st_ptrs, init_ptrs)
+        st = tl.load(st_ptrs, mask=mask_n[:, None] & mask_p[None, :], other=0.0)
+        acc = dot_f32_right(cm, st, acc, DOT_PRECISION) * fast_exp(cs_m)[:, None]
+        if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
+            acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
 
     cb_rows = cb_ptr + ((b64 * nchunks + c) * G + g) * CHUNK * CHUNK + offs_m[:, None] * CHUNK
     x_base = x_ptr + b64 * stride_x_b + start64 * stride_x_l + h * stride_x_h
@@ -123,10 +145,10 @@ def _chunk_scan_kernel(
             seg_s = tl.load(seg_base + offs_s, mask=mask_s, other=-1)
             keep &= seg_m[:, None] == seg_s[None, :]
         # Only kept pairs reach exp (s > t would grow) and the product (0 * inf from another sequence).
-        decay = tl.exp(tl.where(keep, cs_m[:, None] - cs_s[None, :], 0.0))
+        decay = fast_exp(tl.where(keep, cs_m[:, None] - cs_s[None, :], 0.0))
         w = tl.where(keep, cb * decay * dt_s[None, :], 0.0)
         xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_s[:, None] & mask_p[None, :], other=0.0)
-        acc += tl.dot(w.to(xs.dtype), xs, input_precision=DOT_PRECISION)
+        acc = dot_f32_left(w, xs, acc, DOT_PRECISION)
 
     mask_mp = mask_m[:, None] & mask_p[None, :]
     if HAS_D:
@@ -153,7 +175,8 @@ def chunk_scan(
     C: torch.Tensor,
     D: torch.Tensor | None,
     cb: torch.Tensor,
-    prev: torch.Tensor,
+    states: torch.Tensor,
+    initial_states: torch.Tensor | None,
     dt_proc: torch.Tensor,
     cs: torch.Tensor,
     seg: torch.Tensor | None,
@@ -162,11 +185,14 @@ def chunk_scan(
 ) -> None:
     """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1, 2 and 2b.
 
-    D ``[H]`` or ``[H, P]``; z like x or None; seg None without seq_idx.
+    `states` fp32 ``[Bt, nchunks, H, P, N]`` holds the state at the end of each chunk (step 2); D ``[H]``
+    or ``[H, P]``; z like x or None; seg None without seq_idx; `initial_states` fp32 ``[Bt, H, P, N]`` or None.
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = C.shape[2], C.shape[3]
-    nchunks = prev.shape[1]
+    nchunks = states.shape[1]
+    init = initial_states if initial_states is not None else states
+    init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
     zt = z if z is not None else x
     if D is None:
         d, d_strides = x, (0, 0)
@@ -178,14 +204,15 @@ def chunk_scan(
         return (tiles * nheads * bt * nchunks,)
 
     _chunk_scan_kernel[grid](
-        x, zt, out, C, cb, d, prev, dt_proc, cs, seg if seg is not None else cs,
+        x, zt, out, C, cb, d, states, init, dt_proc, cs, seg if seg is not None else cs,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, nheads // ngroups,
-        *x.stride(), *zt.stride(), *out.stride(), *C.stride(), *d_strides,
+        *x.stride(), *zt.stride(), *out.stride(), *C.stride(), *d_strides, *init_strides,
         (bt * nchunks * nheads).bit_length(),
         CHUNK=chunk_size,
         HAS_D=D is not None,
         HAS_Z=z is not None,
         HAS_SEQ_IDX=seg is not None,
+        HAS_INIT=initial_states is not None,
         DOT_PRECISION=dot_precision(x.dtype),
         BLOCK_N=max(16, triton.next_power_of_2(dstate)),
     )

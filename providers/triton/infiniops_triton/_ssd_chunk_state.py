@@ -13,7 +13,8 @@ For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` it
   an inf or NaN of an earlier sequence stays there).
 
 The chunk is walked in blocks of tokens, rescaling the running state by each block's decay, so every
-exponent is a decay over tokens already seen (never a growth that could overflow). ``dt``, ``cs`` and
+exponent is a decay over tokens already seen (never a growth that could overflow). The weighted ``B`` stays
+fp32: its product with x is split in two tensor-core products for 16-bit inputs (`dot_f32_right`). ``dt``, ``cs`` and
 ``seg`` per token are stored for the chunk-scan kernel by the programs of the first (p, n) tile only.
 """
 
@@ -23,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._ssd_common import autotune_configs, dot_precision, fit_to_chunk
+from infiniops_triton._ssd_common import autotune_configs, dot_f32_right, dot_precision, fast_exp, fit_to_chunk
 
 __all__ = ["chunk_state"]
 
@@ -118,7 +119,7 @@ def _chunk_state_kernel(
         cs_end = cs_prefix + tl.sum(dt * a, axis=0)
         tl.store(dt_out_ptr + tok_base + tok, dt, mask=mask_k & first_tile)
         tl.store(cs_out_ptr + tok_base + tok, cs, mask=mask_k & first_tile)
-        acc *= tl.exp(cs_end - cs_prefix)  # the running state decays across this block
+        acc *= fast_exp(cs_end - cs_prefix)  # the running state decays across this block
         live = mask_k  # tokens whose contribution reaches the chunk's end
         if HAS_SEQ_IDX:
             # A change at token t: seq_idx[t] != seq_idx[t - 1] (never at the row's first token).
@@ -132,7 +133,7 @@ def _chunk_state_kernel(
             live &= seg == seg_end
             acc = tl.where(seg_end == seg_prefix, acc, 0.0)  # a restart in this block drops the past
             seg_prefix = seg_end
-        weight = tl.where(live, tl.exp(cs_end - cs) * dt, 0.0)
+        weight = tl.where(live, fast_exp(cs_end - cs) * dt, 0.0)
         cs_prefix = cs_end
         # Dead tokens are not even loaded: an inf or NaN of an earlier sequence stays out of the dot.
         xt = tl.load(  # [BLOCK_P, BLOCK_K]: x transposed
@@ -143,12 +144,11 @@ def _chunk_state_kernel(
             b_base + tok[:, None] * stride_b_l + offs_n[None, :] * stride_b_n,
             mask=live[:, None] & mask_n[None, :], other=0.0,
         )
-        bw = (bm.to(tl.float32) * weight[:, None]).to(xt.dtype)
-        acc += tl.dot(xt, bw, input_precision=DOT_PRECISION)
+        acc = dot_f32_right(xt, bm.to(tl.float32) * weight[:, None], acc, DOT_PRECISION)  # B * weight in fp32
 
     st_base = states_ptr + ((b64 * nchunks + c) * H + h) * P * N  # int64 base, int32 tile offsets
     tl.store(st_base + (offs_p[:, None] * N + offs_n[None, :]), acc, mask=mask_p[:, None] & mask_n[None, :])
-    carry = tl.exp(cs_prefix)
+    carry = fast_exp(cs_prefix)
     if HAS_SEQ_IDX:
         carry = tl.where(seg_prefix == 0, carry, -1.0)  # -1: the entering state does not survive
     tl.store(carry_ptr + (b64 * H + h) * nchunks + c, carry, mask=first_tile)

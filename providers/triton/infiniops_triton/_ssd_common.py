@@ -1,4 +1,5 @@
-"""What the SSD kernels share: autotune configs that collapse to one under the interpreter, dot precision."""
+"""What the SSD kernels share: autotune configs that collapse to one under the interpreter, dot precision,
+fast exponentials and the split products that keep fp32 operands exact enough for 16-bit inputs."""
 
 from __future__ import annotations
 
@@ -7,8 +8,20 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 
-__all__ = ["autotune_configs", "dot_precision", "fit_to_chunk", "interpreting"]
+__all__ = [
+    "LOG2E",
+    "autotune_configs",
+    "dot_f32_left",
+    "dot_f32_right",
+    "dot_precision",
+    "fast_exp",
+    "fit_to_chunk",
+    "interpreting",
+]
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one ex2.approx, not libdevice's expf
 
 
 def interpreting() -> bool:
@@ -46,3 +59,40 @@ def dot_precision(dtype: torch.dtype) -> str:
     would break the fp32 tolerance; ``ieee`` runs on the FMA units and spills at these tile sizes); else
     ``tf32``, which 16-bit operands ignore (tensor cores with fp32 accumulation)."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def fast_exp(x):
+    """``exp(x)`` in fp32 through ``exp2`` (relative error ~2^-22, far below every tolerance)."""
+    return tl.exp2(x * LOG2E)
+
+
+@triton.jit
+def dot_f32_right(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """``acc + a @ b`` for `a` in the inputs' dtype (exact) and `b` fp32 (weights, states).
+
+    16-bit inputs: `b` is split into a rounded high part and the rounded rest, two tensor-core products
+    (relative error ~2^-16 instead of the 2^-8 of one bf16 rounding, which broke the bf16 and fp16
+    tolerances at the Mamba-2 layer shape); fp32 inputs: one product at `DOT_PRECISION`.
+    """
+    if a.dtype == tl.float32:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        hi = b.to(a.dtype)
+        lo = (b - hi.to(tl.float32)).to(a.dtype)
+        acc = tl.dot(a, hi, acc)
+        acc = tl.dot(a, lo, acc)
+    return acc
+
+
+@triton.jit
+def dot_f32_left(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """``acc + a @ b`` for `a` fp32 and `b` in the inputs' dtype: `dot_f32_right` with the sides swapped."""
+    if b.dtype == tl.float32:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        hi = a.to(b.dtype)
+        lo = (a - hi.to(tl.float32)).to(b.dtype)
+        acc = tl.dot(hi, b, acc)
+        acc = tl.dot(lo, b, acc)
+    return acc

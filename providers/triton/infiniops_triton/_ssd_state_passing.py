@@ -1,11 +1,13 @@
-"""SSD step 2 of 3: pass the state from chunk to chunk.
+"""SSD step 2 of 3: pass the state from chunk to chunk, in place.
 
 ``S_{-1}`` is the initial state (or 0) and ``S_c = carry[c] * S_{c-1} + local[c]`` (both from step 1),
-or ``S_c = local[c]`` where ``carry[c] < 0`` (a ``seq_idx`` restart inside chunk ``c``).
-The kernel writes ``S_{c-1}``, the state entering chunk ``c``, for the chunk-scan kernel, and the last
-``S`` as the final state. Each program owns one block of the flattened ``P * N`` state of one (row,
-head) and takes the chunks ``CHUNKS_PER_STEP`` at a time: one load of that many chunks' blocks (so many
-loads are in flight even at batch 1), a linear-recurrence scan over them in registers, one store.
+or ``S_c = local[c]`` where ``carry[c] < 0`` (a ``seq_idx`` restart inside chunk ``c``). The kernel
+overwrites each chunk's local state with ``S_c``, the state at the chunk's end (the chunk-scan kernel
+reads ``S_{c-1}`` there, and the initial state itself for the first chunk), and writes the last ``S`` as
+the final state. States stay fp32 throughout. Each program owns one block of the flattened ``P * N``
+state of one (row, head) and takes the chunks ``CHUNKS_PER_STEP`` at a time: one load of that many
+chunks' blocks (so many loads are in flight even at batch 1), a linear-recurrence scan over them in
+registers, one store.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ def _linear_combine(a1, b1, a2, b2):
 
 @triton.jit
 def _state_passing_kernel(
-    local_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: each chunk's local end state
+    states_ptr,  # in/out: [Bt, nchunks, H, P, N] fp32 contiguous: each chunk's local end state -> S_c
     carry_ptr,  # [Bt, H, nchunks] fp32 contiguous
     init_ptr,  # [Bt, H, P, N] fp32 initial states (read when HAS_INIT), any strides
-    prev_ptr,  # out: [Bt, nchunks, H, P, N] contiguous, any float dtype: the state entering each chunk
     final_ptr,  # out: [Bt, H, P, N] fp32 final states (written when HAS_FINAL), any strides
     H, P, N, nchunks,
     stride_init_b, stride_init_h, stride_init_p, stride_init_n,
@@ -55,21 +56,19 @@ def _state_passing_kernel(
         state = tl.load(init, mask=mask, other=0.0).to(tl.float32)
     else:
         state = tl.zeros((BLOCK,), dtype=tl.float32)
-    row_stride = H * size  # from one chunk to the next in local/prev (< 2^31; products with it are int64)
+    row_stride = H * size  # from one chunk to the next (< 2^31; products with it are int64)
     base = (b * nchunks * H + h) * size + offs
-    tl.store(prev_ptr + base, state.to(prev_ptr.dtype.element_ty), mask=mask)
     rows = tl.arange(0, CHUNKS_PER_STEP)
     for c0 in range(0, nchunks, CHUNKS_PER_STEP):
         chunk = c0 + rows
-        valid = chunk < nchunks
+        valid = (chunk < nchunks)[:, None] & mask[None, :]
         tile = base[None, :] + chunk[:, None].to(tl.int64) * row_stride
-        local = tl.load(local_ptr + tile, mask=valid[:, None] & mask[None, :], other=0.0)
-        carry = tl.load(carry_ptr + (b * H + h) * nchunks + chunk, mask=valid, other=1.0)  # padding: identity
+        local = tl.load(states_ptr + tile, mask=valid, other=0.0)
+        carry = tl.load(carry_ptr + (b * H + h) * nchunks + chunk, mask=chunk < nchunks, other=1.0)  # padding: identity
         carry = tl.broadcast_to(carry[:, None], (CHUNKS_PER_STEP, BLOCK))
         carry, local = tl.associative_scan((carry, local), 0, _linear_combine)
         ends = tl.where(carry < 0, local, carry * state[None, :] + local)  # S_c for each chunk c of the step
-        store_ok = (chunk + 1 < nchunks)[:, None] & mask[None, :]
-        tl.store(prev_ptr + tile + row_stride, ends.to(prev_ptr.dtype.element_ty), mask=store_ok)
+        tl.store(states_ptr + tile, ends, mask=valid)
         state = tl.sum(tl.where(rows[:, None] == CHUNKS_PER_STEP - 1, ends, 0.0), axis=0)
     if HAS_FINAL:
         final = final_ptr + b * stride_final_b + h * stride_final_h + p * stride_final_p + n * stride_final_n
@@ -77,19 +76,18 @@ def _state_passing_kernel(
 
 
 def state_passing(
-    local: torch.Tensor,
+    states: torch.Tensor,
     carry: torch.Tensor,
     initial_states: torch.Tensor | None,
-    prev: torch.Tensor,
     final_states: torch.Tensor | None,
 ) -> None:
-    """Fill `prev` with the state entering each chunk, and `final_states` (when given) with the last state.
+    """Turn each chunk's local state in `states` into the state at the chunk's end, in place; fill
+    `final_states` (when given) with the last one.
 
-    `local` fp32 and `prev` (fp32, or the inputs' 16-bit dtype: the chunk scan multiplies it in that
-    dtype anyway) contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
-    `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` or None.
+    `states` fp32 contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
+    `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` (any strides) or None.
     """
-    bt, nchunks, nheads, headdim, dstate = local.shape
+    bt, nchunks, nheads, headdim, dstate = states.shape
     size = headdim * dstate
     if interpreting():
         block, step = 64, 4
@@ -97,13 +95,13 @@ def state_passing(
         # 8 chunks x 256 states = 8 KB loaded per step and program: at batch 1 and H=24 that is
         # 768 programs keeping ~6 MB in flight, enough to cover the memory latency of the serial walk.
         block, step = min(256, triton.next_power_of_2(size)), 8
-    init = initial_states if initial_states is not None else local
-    final = final_states if final_states is not None else local
+    init = initial_states if initial_states is not None else states
+    final = final_states if final_states is not None else states
     init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
     final_strides = final_states.stride() if final_states is not None else (0, 0, 0, 0)
     grid = (triton.cdiv(size, block), bt, nheads)
     _state_passing_kernel[grid](
-        local, carry, init, prev, final,
+        states, carry, init, final,
         nheads, headdim, dstate, nchunks,
         *init_strides, *final_strides,
         HAS_INIT=initial_states is not None,

@@ -1,10 +1,11 @@
-"""Selective scan (Mamba-2 chunked SSD) in four Triton launches, and the one-step state update.
+"""Selective scan (Mamba-2 chunked SSD) in four Triton launches (three for one chunk without final states),
+and the one-step state update.
 
 The prefill follows the state-space-duality algorithm of Mamba-2 (the semantics of state-spaces/mamba's
 ``mamba_chunk_scan_combined``), with its dt/cumsum kernel folded into the chunk-state one:
 
 1. `_ssd_chunk_state`: dt processing, the decay cumsum and each chunk's local end state (one kernel);
-2. `_ssd_state_passing`: the state entering each chunk, and the final state;
+2. `_ssd_state_passing`: the state at each chunk's end (in place, fp32), and the final state;
    `_ssd_bmm`: ``C B^T`` within each chunk, once per group;
 3. `_ssd_chunk_scan`: the outputs, D and the z gate fused.
 
@@ -21,6 +22,8 @@ chunk scan's tile product).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from infiniops_py import Between, Capability, ComputeCapability, Implementation, OneOf
@@ -31,7 +34,7 @@ from infiniops_triton._ssd_chunk_state import chunk_state
 from infiniops_triton._ssd_state_passing import state_passing
 from infiniops_triton.state_update import IMPLEMENTATIONS as STATE_UPDATE_IMPLEMENTATIONS
 
-__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "kernel_chunk", "selective_scan"]
+__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "kernel_chunk", "scan_stages", "selective_scan"]
 
 MIN_CHUNK, MAX_CHUNK = 16, 256  # 16: tl.dot's smallest tile; 256: the largest tuned
 MAX_D_STATE = 256  # the chunk-scan kernel holds all of N in one tile
@@ -41,6 +44,57 @@ MAX_HEAD_DIM = 256
 def kernel_chunk(chunk_size: int) -> int:
     """The chunk length the kernels run for a requested `chunk_size` (see the module docstring)."""
     return min(MAX_CHUNK, max(MIN_CHUNK, 1 << (max(1, chunk_size).bit_length() - 1)))
+
+
+Stage = tuple[str, Callable[[], None]]  # (kernel name, launch)
+
+
+def scan_stages(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    dt_limit: tuple[float, float],
+    initial_states: torch.Tensor | None,
+    seq_idx: torch.Tensor | None,
+    chunk_size: int,
+    out: torch.Tensor,
+    final_states: torch.Tensor | None,
+) -> list[Stage]:
+    """The launches of one prefill, in order, on a freshly allocated workspace (`selective_scan` runs
+    them; a benchmark can time each). Arguments as `selective_scan`'s, with at least one token."""
+    bt, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    chunk = kernel_chunk(chunk_size)
+    nchunks = -(-seqlen // chunk)
+    sizes = (bt * nchunks * nheads * headdim * dstate,  # fp32 states: each chunk's local, then end state
+             bt * nchunks * ngroups * chunk * chunk,  # fp32 C B^T per chunk and group
+             2 * bt * nheads * nchunks * chunk,  # fp32 processed dt and its chunk-relative cumsum
+             bt * nheads * nchunks,  # fp32 carry
+             bt * nchunks * chunk if seq_idx is not None else 0)  # int32 segment numbers
+    work = torch.empty(sum(sizes), device=x.device, dtype=torch.float32)  # one allocation per call
+    states, cb, per_token, carry, seg = torch.split(work, sizes)
+    states = states.view(bt, nchunks, nheads, headdim, dstate)
+    cb = cb.view(bt, nchunks, ngroups, chunk, chunk)
+    per_token = per_token.view(2, bt, nheads, nchunks, chunk)
+    carry = carry.view(bt, nheads, nchunks)
+    segs = seg.view(torch.int32).view(bt, nchunks, chunk) if seq_idx is not None else None
+    stages: list[Stage] = [
+        ("chunk_state", lambda: chunk_state(x, dt, A, B, dt_bias, dt_softplus, dt_limit, seq_idx, chunk, states,
+                                            per_token[0], per_token[1], segs if segs is not None else carry,
+                                            carry)),
+        ("chunk_cb", lambda: chunk_cb(C, B, chunk, cb)),
+    ]
+    if nchunks > 1 or final_states is not None:  # else no chunk reads a passed state
+        stages.append(("state_passing", lambda: state_passing(states, carry, initial_states, final_states)))
+    stages.append(("chunk_scan", lambda: chunk_scan(x, z, C, D, cb, states, initial_states, per_token[0],
+                                                    per_token[1], segs, chunk, out)))
+    return stages
 
 
 def selective_scan(
@@ -64,37 +118,26 @@ def selective_scan(
 
     Shapes: x, z, out ``[Bt, L, H, P]``; dt ``[Bt, L, H]``; A ``[H]`` fp32; B, C ``[Bt, L, G, N]``;
     D ``[H]`` or ``[H, P]``; dt_bias ``[H]``; seq_idx int32 ``[Bt, L]``; states fp32 ``[Bt, H, P, N]``.
-    Any strides; `chunk_size` goes through `kernel_chunk`.
+    Any strides; `chunk_size` goes through `kernel_chunk`. States and every product stay fp32 (16-bit
+    operands times fp32 ones run as two tensor-core products); only `out` is rounded to x's dtype.
+    Peer: mamba_ssm's ``mamba_chunk_scan_combined``.
 
     Raises:
         ValueError: N or P above 256 (the capability gates them first).
     """
-    bt, seqlen, nheads, headdim = x.shape
-    dstate = B.shape[-1]
+    headdim, dstate = x.shape[-1], B.shape[-1]
     if dstate > MAX_D_STATE or headdim > MAX_HEAD_DIM:
         raise ValueError(f"triton selective_scan: d_state={dstate} or head_dim={headdim} above 256")
-    if bt == 0 or seqlen == 0:
+    if x.shape[0] == 0 or x.shape[1] == 0:
         if final_states is not None:
             if initial_states is None:
                 final_states.zero_()
             else:
                 final_states.copy_(initial_states)
         return
-    chunk_size = kernel_chunk(chunk_size)
-    nchunks = -(-seqlen // chunk_size)
-    dev = x.device
-    f32 = torch.float32
-    local = torch.empty((bt, nchunks, nheads, headdim, dstate), device=dev, dtype=f32)
-    prev = torch.empty_like(local, dtype=x.dtype)  # the scan multiplies it in x's dtype (as mamba_ssm)
-    cb = torch.empty((bt, nchunks, B.shape[2], chunk_size, chunk_size), device=dev, dtype=f32)
-    per_token = torch.empty((2, bt, nheads, nchunks, chunk_size), device=dev, dtype=f32)  # dt, cumsum
-    carry = torch.empty((bt, nheads, nchunks), device=dev, dtype=f32)
-    seg = None if seq_idx is None else torch.empty((bt, nchunks, chunk_size), device=dev, dtype=torch.int32)
-    chunk_state(x, dt, A, B, dt_bias, dt_softplus, dt_limit, seq_idx, chunk_size,
-                local, per_token[0], per_token[1], seg if seg is not None else carry, carry)
-    state_passing(local, carry, initial_states, prev, final_states)
-    chunk_cb(C, B, chunk_size, cb)
-    chunk_scan(x, z, C, D, cb, prev, per_token[0], per_token[1], seg, chunk_size, out)
+    for _, launch in scan_stages(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx,
+                                 chunk_size, out, final_states):
+        launch()
 
 
 IMPLEMENTATIONS = [

@@ -21,7 +21,7 @@ import triton.language as tl
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
 
-__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "selective_state_update"]
+__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "launch", "selective_state_update", "update_config"]
 
 MAX_D_STATE = 256  # one program holds a whole state row (N values) in registers
 
@@ -39,7 +39,7 @@ def _state_update_kernel(
     dt_bias_ptr,  # [H] (read when HAS_DT_BIAS)
     index_ptr,  # [B] int32/int64 slots (read when HAS_INDICES)
     out_ptr,  # out: [B, H, P] in x's dtype
-    slots, P, N, heads_per_group,
+    slots, H, P, N, heads_per_group,
     stride_s_slot, stride_s_h, stride_s_p, stride_s_n,
     stride_x_b, stride_x_h, stride_x_p,
     stride_dt_b, stride_dt_h,
@@ -54,13 +54,19 @@ def _state_update_kernel(
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_INDICES: tl.constexpr,
+    EVEN: tl.constexpr,  # BLOCK_P divides P and BLOCK_N == N: no masks on the state tile
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2)
+    # One flat axis, P blocks fastest, then heads, then rows: consecutive programs stream one slot's
+    # contiguous [H, P, N] state.
+    p_tiles = tl.cdiv(P, BLOCK_P)
+    pid = tl.program_id(0)
+    pid_p = pid % p_tiles
+    h = (pid // p_tiles) % H
+    b = (pid // (p_tiles * H)).to(tl.int64)
     g = h // heads_per_group
+    # The slot first: the state load waits on it, everything else can be in flight meanwhile.
     slot = tl.load(index_ptr + b * stride_index).to(tl.int64) if HAS_INDICES else b
     live = (slot >= 0) & (slot < slots)
     slot = tl.where(live, slot, 0)  # never form an address outside the state tensor
@@ -69,7 +75,10 @@ def _state_update_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    mask = mask_p[:, None] & mask_n[None, :] & live
+    mask = live if EVEN else mask_p[:, None] & mask_n[None, :] & live
+    s_ptrs = (state_ptr + slot * stride_s_slot + h * stride_s_h
+              + (offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n))
+    s = tl.load(s_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
 
     dt = tl.load(dt_ptr + b * stride_dt_b + h * stride_dt_h).to(tl.float32)
     if HAS_DT_BIAS:
@@ -77,11 +86,8 @@ def _state_update_kernel(
     if DT_SOFTPLUS:
         dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
     dt = tl.maximum(dt, 0.0, propagate_nan=tl.PropagateNan.ALL)  # the scan's default dt_limit (0, inf)
-    decay = tl.exp(dt * tl.load(a_ptr + h).to(tl.float32))
+    decay = tl.exp2(dt * tl.load(a_ptr + h).to(tl.float32) * 1.4426950408889634)  # exp via one ex2
 
-    s_ptrs = (state_ptr + slot * stride_s_slot + h * stride_s_h + offs_p[:, None] * stride_s_p
-              + offs_n[None, :] * stride_s_n)
-    s = tl.load(s_ptrs, mask=mask, other=0.0)
     x = tl.load(x_ptr + b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
     x = x.to(tl.float32)
     bv = tl.load(b_ptr + b * stride_b_b + g * stride_b_g + offs_n * stride_b_n, mask=mask_n, other=0.0)
@@ -124,22 +130,38 @@ def selective_state_update(
     Raises:
         ValueError: N above `MAX_D_STATE` (the capability gates it first).
     """
-    batch, nheads, headdim = x.shape
-    ngroups, dstate = B.shape[1], B.shape[2]
+    batch, headdim, dstate = x.shape[0], x.shape[2], B.shape[2]
     if dstate > MAX_D_STATE:
         raise ValueError(f"triton selective_state_update: d_state={dstate} above {MAX_D_STATE}")
     if batch == 0:
         return
+    block_p, num_warps = update_config(headdim, dstate)
+    launch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, out, block_p, num_warps)
+
+
+def update_config(head_dim: int, d_state: int) -> tuple[int, int]:
+    """``(BLOCK_P, num_warps)``: 4096-value fp32 tiles (16 KB read, 16 KB written; 32 values per thread,
+    eight 16-byte loads in flight each) over 4 warps: 3072 programs at batch 64, H=24, P=64, N=128."""
+    block_n = max(16, triton.next_power_of_2(d_state))
+    return max(1, min(triton.next_power_of_2(head_dim), 4096 // block_n)), 4
+
+
+def launch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+           C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+           dt_softplus: bool, state_batch_indices: torch.Tensor | None, out: torch.Tensor, block_p: int,
+           num_warps: int) -> None:
+    """`selective_state_update` with an explicit tile height `block_p` (a power of two) and warp count, for
+    benchmarks that sweep them; same arguments and checks as the public launcher otherwise."""
+    batch, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[1], B.shape[2]
     block_n = max(16, triton.next_power_of_2(dstate))
-    # 2048 fp32 per program (8 KB read, 8 KB written): thousands of programs at batch 64, H=24, P=64.
-    block_p = max(1, min(triton.next_power_of_2(headdim), 2048 // block_n))
     d, d_strides = (x, (0, 0)) if D is None else (D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0))
     zt = z if z is not None else x
     index = state_batch_indices if state_batch_indices is not None else dt
-    grid = (triton.cdiv(headdim, block_p), batch, nheads)
+    grid = (triton.cdiv(headdim, block_p) * nheads * batch,)
     _state_update_kernel[grid](
         state, x, dt, A, B, C, d, zt, dt_bias if dt_bias is not None else A, index, out,
-        state.shape[0], headdim, dstate, nheads // ngroups,
+        state.shape[0], nheads, headdim, dstate, nheads // ngroups,
         *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *d_strides,
         *zt.stride(), *out.stride(), index.stride(0),
         HAS_D=D is not None,
@@ -147,9 +169,10 @@ def selective_state_update(
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_INDICES=state_batch_indices is not None,
+        EVEN=headdim % block_p == 0 and dstate == block_n,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
-        num_warps=4,
+        num_warps=num_warps,
     )
 
 
