@@ -130,8 +130,23 @@ def test_conv_channel_first_taps_stay_in_registers() -> None:
     assert _count(compiled, r"(ld|st)\.shared") == 0 and _count(compiled, r"shfl") == 0
 
 
-def test_conv_channel_last_vectorizes() -> None:
-    _fast_memory(_compile(causal_conv1d._conv_kernel, _conv_args(True), 8))
+def _channel_last_args(**overrides: Any) -> dict[str, Any]:
+    drop = ("SEQ", "stride_sb", "stride_sl", "HAS_SEQ", "BLOCK_L")
+    return {k: v for k, v in _conv_args(True, BLOCK_D=1024, **overrides).items() if k not in drop}
+
+
+def test_conv_channel_last_reads_rows_once_into_registers() -> None:
+    # 8 rows + the W-1 halo rows + the bias: 12 vector loads, 8 vector stores, nothing through shared memory
+    compiled = _compile(causal_conv1d._conv_channel_last_kernel, _channel_last_args(), 4)
+    _fast_memory(compiled)
+    assert _count(compiled, r"ld\.global[.\w:]*\.v4") == 12
+    assert _count(compiled, r"st\.global[.\w:]*\.v4") == 8
+    assert _count(compiled, r"(ld|st)\.shared") == 0
+
+
+def test_conv_generic_kernel_vectorizes_channel_last() -> None:  # the seq_idx path
+    _fast_memory(_compile(causal_conv1d._conv_kernel, _conv_args(True, HAS_SEQ=True, stride_sb=4096, stride_sl=1),
+                          8))
 
 
 def test_conv_kernels_compile_with_every_flag() -> None:
@@ -142,6 +157,9 @@ def test_conv_kernels_compile_with_every_flag() -> None:
     wide = {k: v for k, v in _conv_args(False, W=8, BLOCK_W=8, **flags).items()
             if k not in ("SEQ", "stride_sb", "stride_sl", "HAS_SEQ")}
     _compile(causal_conv1d._conv_channel_first_kernel, wide, 8)
+    last = _channel_last_args(W=8, BLOCK_W=8,
+                              **{k: v for k, v in flags.items() if k not in ("HAS_SEQ", "stride_sb", "stride_sl")})
+    assert _count(_compile(causal_conv1d._conv_channel_last_kernel, last, 4), r"(ld|st)\.local") == 0
     update = {"X": _Ptr(BF16), "STATE": _Ptr(BF16), "WEIGHT": _Ptr(BF16), "BIAS": _Ptr(BF16),
               "INDEX": _Ptr("*i32"), "OUT": _Ptr(BF16), "D": 4096, "L": 1, "S": 14, "slots": 80,
               "stride_xb": 4096, "stride_xd": 1, "stride_xl": 1, "stride_cs": 14 * 4096, "stride_cd": 1,

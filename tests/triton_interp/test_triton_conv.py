@@ -59,11 +59,14 @@ def test_conv_runs_and_states_across_time_tiles(channel_last: bool, dtype: torch
     assert torch.equal(out[1, :, 300:], torch.zeros(dim, length - 300, dtype=dtype))
 
 
+@pytest.mark.parametrize("channel_last", [False, True])
 @pytest.mark.parametrize("width", [2, 5, 8])
-def test_channel_first_kernel_across_time_tiles(width: int) -> None:
-    # channel-first without seq_idx: the register-tap kernel; 3 time tiles, a ragged last group of 8
+def test_register_tap_kernels_across_time_tiles(width: int, channel_last: bool) -> None:
+    # without seq_idx: the register-tap kernels; channel-first: 3 time tiles, a ragged last group of 8;
+    # channel-last: 75 tiles of 8 rows, the last one ragged, 20 channels (no full 16-byte vector)
     batch, dim, length = 2, 20, 597
-    x = _randn(batch, dim, length, dtype=torch.bfloat16, seed=8)
+    x = (_randn(batch, length, dim, dtype=torch.bfloat16, seed=8).transpose(1, 2) if channel_last
+         else _randn(batch, dim, length, dtype=torch.bfloat16, seed=8))
     weight, bias = _randn(dim, width, dtype=torch.bfloat16, seed=9), _randn(dim, dtype=torch.bfloat16, seed=10)
     init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=11)
     kwargs = {"activation": "silu", "return_final_states": True}

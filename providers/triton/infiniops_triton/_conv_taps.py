@@ -5,6 +5,9 @@ Each thread holds groups of 8 consecutive columns (one 16-byte vector in 16-bit 
 into its 8 column classes (``8m + k``) is register renaming, so the value ``j`` columns back is column
 ``k - j`` of the same group or, below 0, column ``k - j + 8`` of the previous group: the caller loads the
 tile and the tile 8 columns earlier (both aligned), and `conv_taps8` does the rest in registers.
+
+The channel-last kernel uses the same arithmetic on rows: `column8` combines eight consecutive time rows
+(``e``) and the eight before them (``p``), each a ``[BLOCK_D]`` vector loaded once.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["conv_taps8"]
+__all__ = ["column8", "conv_taps8", "tap_weight"]
 
 
 @triton.jit
@@ -59,7 +62,7 @@ def _pick8(i: tl.constexpr, v0, v1, v2, v3, v4, v5, v6, v7):
 
 
 @triton.jit
-def _column8(k: tl.constexpr, W: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7,
+def column8(k: tl.constexpr, W: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7,
              e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7):
     """Output column ``8m + k``: the taps ``j`` back are column ``k - j`` of this group of 8 (``e``) or,
     below 0, of the previous group (``p``)."""
@@ -74,9 +77,11 @@ def _column8(k: tl.constexpr, W: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7,
 
 
 @triton.jit
-def _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, k: tl.constexpr, W: tl.constexpr):
-    """Tap k of every channel as a ``[BLOCK_D, 1]`` fp32 column (zeros past the width)."""
-    return tl.load(WEIGHT + d * stride_wd + k * stride_ww, mask=d_mask & (k < W), other=0.0).to(tl.float32)[:, None]
+def tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, k: tl.constexpr, W: tl.constexpr):
+    """Tap k of every channel `d` as a ``[BLOCK_D]`` fp32 vector (zeros past the width)."""
+    if k >= W:
+        return tl.zeros(d.shape, dtype=tl.float32)
+    return tl.load(WEIGHT + d * stride_wd + k * stride_ww, mask=d_mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -92,20 +97,20 @@ def conv_taps8(
     """``sum_j WEIGHT[d, W-1-j] * x[d, t-j]`` over the tile, fp32 ``[BLOCK_D, BLOCK_L]``."""
     e0, e1, e2, e3, e4, e5, e6, e7 = _split8(cur, BLOCK_D, BLOCK_L)
     p0, p1, p2, p3, p4, p5, p6, p7 = _split8(prev, BLOCK_D, BLOCK_L)
-    w0 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 0, W)
-    w1 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 1, W)
-    w2 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 2, W)
-    w3 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 3, W)
-    w4 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 4, W)
-    w5 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 5, W)
-    w6 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 6, W)
-    w7 = _tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 7, W)
-    o0 = _column8(0, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o1 = _column8(1, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o2 = _column8(2, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o3 = _column8(3, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o4 = _column8(4, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o5 = _column8(5, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o6 = _column8(6, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
-    o7 = _column8(7, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    w0 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 0, W)[:, None]
+    w1 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 1, W)[:, None]
+    w2 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 2, W)[:, None]
+    w3 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 3, W)[:, None]
+    w4 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 4, W)[:, None]
+    w5 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 5, W)[:, None]
+    w6 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 6, W)[:, None]
+    w7 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 7, W)[:, None]
+    o0 = column8(0, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o1 = column8(1, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o2 = column8(2, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o3 = column8(3, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o4 = column8(4, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o5 = column8(5, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o6 = column8(6, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
+    o7 = column8(7, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7, p0, p1, p2, p3, p4, p5, p6, p7)
     return _join8(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_D, BLOCK_L)
