@@ -79,6 +79,18 @@ def test_add_shapes_beyond_the_kernel_rank(dtype: torch.dtype) -> None:
     assert scalar.shape == ()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 4096), (3, 1000)])  # the flat kernel: whole blocks, then a ragged one
+def test_add_flat_same_shape_and_in_place(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    a, b = _randn(*shape, dtype=dtype, seed=15), _randn(*shape, dtype=dtype, seed=16)
+    with infiniops_py.use("triton"):
+        got = infiniops_py.add(a, b, alpha=0.75)
+        inplace = a.clone()
+        infiniops_py.add(inplace, b, out=inplace)
+    _check("add", got, a.double() + 0.75 * b.double())
+    _check("add", inplace, a.double() + b.double())
+
+
 def test_paged_cache_skips_out_of_range_slots_when_unchecked() -> None:
     key = _randn(6, 2, 16, dtype=torch.bfloat16, seed=8)
     value = _randn(6, 2, 16, dtype=torch.bfloat16, seed=9)

@@ -6,9 +6,17 @@ add is a flat vectorized 1-D copy loop and ``[T, H] + [H]`` is 2-D. The kernel w
 elements per program and turns the flat index into up to 4 coordinates (``NDIM`` is a constexpr: the
 1-D case does no division). More than 4 dimensions left after merging are looped over on the host.
 In place is safe: each element is read and written by the same program.
+
+Same-shape contiguous operands (the residual adds of a model, in place or not) take a flat kernel with no
+index math at all: ``BLOCK`` elements per program as 16-byte vectors, loads marked evict-first (streamed,
+never reused), no mask when ``BLOCK`` divides the size. Above `TUNE_MIN_NUMEL` elements it autotunes among
+a few block sizes, warp counts and eviction hints once per power-of-two size class (restoring `out`, so in
+place stays correct); smaller adds, and the interpreter, use one configuration.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -20,6 +28,7 @@ from infiniops_triton._common import PRIORITY, base_constraints
 __all__ = ["IMPLEMENTATIONS", "add"]
 
 MAX_KERNEL_DIMS = 4
+TUNE_MIN_NUMEL = 1 << 24  # flat adds this large autotune (once per size class); smaller ones use _FLAT
 _BLOCK = 4096  # elements per program: 16 per thread at 8 warps (two 16-byte vectors in 16-bit dtypes)
 _NUM_WARPS = 8
 
@@ -72,6 +81,59 @@ def _add_kernel(
     a = tl.load(A + pa, mask=mask).to(tl.float32)
     b = tl.load(B + pb, mask=mask).to(tl.float32)
     tl.store(OUT + po, (a + alpha * b).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_flat_kernel(
+    A,  # *dtype input, contiguous
+    B,  # *dtype other, contiguous, same shape
+    OUT,  # *dtype output, contiguous (may be A itself)
+    numel,
+    alpha,
+    size_class,  # numel.bit_length(): the autotuning key only
+    WIDE: tl.constexpr,  # int64 offsets (2**31 elements or more)
+    EVEN: tl.constexpr,  # BLOCK divides numel: no mask
+    EVICT: tl.constexpr,  # eviction policy of the loads ("" or "evict_first")
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        a = tl.load(A + offs, eviction_policy=EVICT)
+        b = tl.load(B + offs, eviction_policy=EVICT)
+        tl.store(OUT + offs, (a.to(tl.float32) + alpha * b.to(tl.float32)).to(OUT.dtype.element_ty))
+    else:
+        mask = offs < numel
+        a = tl.load(A + offs, mask=mask, eviction_policy=EVICT)
+        b = tl.load(B + offs, mask=mask, eviction_policy=EVICT)
+        tl.store(OUT + offs, (a.to(tl.float32) + alpha * b.to(tl.float32)).to(OUT.dtype.element_ty), mask=mask)
+
+
+def _flat_config(block: int, warps: int, evict: str) -> triton.Config:
+    return triton.Config({"BLOCK": block, "EVICT": evict}, num_warps=warps)
+
+
+_FLAT = _flat_config(4096, 8, "evict_first")  # 16 elements per thread: two 16-byte vectors per operand
+_FLAT_CANDIDATES = (_FLAT, _flat_config(4096, 8, ""), _flat_config(8192, 8, "evict_first"),
+                    _flat_config(2048, 4, "evict_first"))
+_even = triton.heuristics({"EVEN": lambda args: args["numel"] % args["BLOCK"] == 0})
+_add_flat_tuned = triton.autotune(list(_FLAT_CANDIDATES), key=["size_class", "WIDE"], restore_value=["OUT"])(
+    _even(_add_flat_kernel))
+_add_flat_fixed = _even(_add_flat_kernel)
+
+
+def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float) -> None:
+    numel = out.numel()
+    args = (a, b, out, numel, alpha, numel.bit_length())
+    wide = numel + 2 * max(c.kwargs["BLOCK"] for c in _FLAT_CANDIDATES) >= 2**31  # the last block's offsets too
+    if numel >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
+        _add_flat_tuned[lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)](*args, WIDE=wide)
+        return
+    block = _FLAT.kwargs["BLOCK"]
+    _add_flat_fixed[(triton.cdiv(numel, block),)](*args, WIDE=wide, BLOCK=block, EVICT=_FLAT.kwargs["EVICT"],
+                                                  num_warps=_FLAT.num_warps)
 
 
 def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
@@ -131,6 +193,9 @@ def add(input: torch.Tensor, other: torch.Tensor, alpha: float, out: torch.Tenso
         `out`.
     """
     if out.numel() == 0:
+        return out
+    if input.shape == other.shape == out.shape and all(t.is_contiguous() for t in (input, other, out)):
+        _launch_flat(input, other, out, float(alpha))
         return out
     _launch(input.expand(out.shape), other.expand(out.shape), out, float(alpha))
     return out
