@@ -8,8 +8,8 @@ scales by `alpha`, adds ``beta * c`` (read only when ``beta != 0``; broadcast th
 the bias in fp32, and rounds once to the output dtype. fp32 inputs use IEEE fp32 dots (no TF32), so
 they meet the fp32 tolerance.
 
-Block sizes are autotuned among a few Hopper-friendly configurations per problem class (128x256x64,
-256x128x64 with 8 warps and 3 stages, 128x128x64 for big problems; 128x128 or 64x128 tiles below that;
+Block sizes are autotuned among a few Hopper-friendly configurations per problem class (128x256x64 with
+8 warps and 3 or 4 stages, 256x128x64 with 3, 128x128x64 for big problems; 128x128 or 64x128 tiles below that;
 one 64x128 config for decode-like M <= 64); the interpreter uses one small config.
 """
 
@@ -33,7 +33,8 @@ def _cfg(m: int, n: int, k: int, stages: int, warps: int) -> triton.Config:
 
 
 # Candidates per problem class; the autotuner times only the class's own (one compile per candidate).
-_LARGE = (_cfg(128, 256, 64, 3, 8), _cfg(256, 128, 64, 3, 8), _cfg(128, 128, 64, 4, 8))  # M, N >= 1024
+_LARGE = (_cfg(128, 256, 64, 3, 8), _cfg(128, 256, 64, 4, 8), _cfg(256, 128, 64, 3, 8),  # M, N >= 1024
+          _cfg(128, 128, 64, 4, 8))
 _MEDIUM = (_cfg(128, 128, 64, 4, 4), _cfg(64, 128, 64, 4, 4))
 _THIN = (_cfg(64, 128, 64, 4, 4),)  # M <= 64: decode-like
 _INTERPRETER = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}, num_warps=4)
