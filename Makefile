@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 PROVIDERS := -e providers/torch -e providers/triton -e providers/cupy
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint matrix test-gpu bench-gpu clean
+.PHONY: install demo test lint matrix test-gpu check-gpu bench-gpu clean
 
 $(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,11 +33,21 @@ test: install lint
 matrix: install
 	INFINIOPS_PROVIDERS=torch,triton,cupy $(BIN)/infiniops matrix --write capability_matrix
 
-# On the GPU machine (no package registry there: everything it needs is preinstalled).
+# On the GPU machine (no package registry there: everything it needs is preinstalled). The conformance
+# suites run as parallel jobs on the one GPU (benchmarks/gpu_check.py), killed at GPU_CHECK_BUDGET
+# seconds; `check-gpu` runs them alone, within one 10-minute slot.
+GPU_CHECK        := python3 benchmarks/gpu_check.py triton:300 cupy:300 torch:50
+GPU_CHECK_BUDGET ?= 540
+GPU_CHECK_LOGS   ?= gpu-check-logs
+
 test-gpu:
 	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
 	python3 -m pytest -q -p no:cacheprovider -m gpu tests
-	python3 -m infiniops_py.cli check triton --device cuda --max-examples 300
+	$(GPU_CHECK) --logs $(GPU_CHECK_LOGS) --budget $(GPU_CHECK_BUDGET)
+
+check-gpu:
+	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
+	$(GPU_CHECK) --logs $(GPU_CHECK_LOGS) --budget $(GPU_CHECK_BUDGET)
 
 bench-gpu:
 	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
