@@ -185,6 +185,10 @@ class EngineOptions:
         providers: ``(op or None, provider)`` overrides, applied as ``infiniops_py.use`` scopes.
         qk_norm: ``auto`` (fused where a non-reference provider serves fused_qk_norm), ``fused`` or ``per_head``.
         cuda_graphs: capture decode steps in CUDA graphs (CUDA only; falls back to eager when capture fails).
+        prefill_graph_lengths: Mamba-2 only, CUDA only, with `cuda_graphs`: bucket lengths at which the prefill
+            of a lone prompt (no other request in the step) is captured as a CUDA graph; a prompt is padded on
+            the left to the smallest bucket that holds it; longer prompts and packed steps run eagerly
+            (`infinilm.prefill_graphs`). Each bucket must fit `max_num_batched_tokens`.
         kv_cache_memory: bytes for the KV cache when `num_blocks` is None and not on CUDA.
         gpu_memory_utilization: fraction of the device memory the engine may fill (weights + cache).
         progress: show a progress bar while loading; None: only for checkpoints over 1 GiB.
@@ -204,6 +208,7 @@ class EngineOptions:
     providers: tuple[tuple[str | None, str], ...] = ()
     qk_norm: str = "auto"
     cuda_graphs: bool = True
+    prefill_graph_lengths: tuple[int, ...] = ()
     kv_cache_memory: int = 512 << 20
     gpu_memory_utilization: float = 0.9
     progress: bool | None = None
@@ -218,6 +223,9 @@ class EngineOptions:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.qk_norm not in ("auto", "fused", "per_head"):
             raise ConfigError(f"qk_norm={self.qk_norm!r} must be one of auto, fused, per_head")
+        if any(n <= 0 or n > self.max_num_batched_tokens for n in self.prefill_graph_lengths):
+            raise ConfigError(f"prefill_graph_lengths={self.prefill_graph_lengths}: each must be in [1, "
+                              f"max_num_batched_tokens={self.max_num_batched_tokens}]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
 

@@ -54,6 +54,7 @@ class Engine:
 
     def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan,
                  model: LlamaModel | Mamba2Model) -> None:
+        _check_prefill_graphs(config, options)
         self.config, self.options, self.plan, self.model = config, options, gate_plan, model
         self.device = torch.device(options.device)
         dtype = options.resolved_dtype(config)
@@ -75,6 +76,9 @@ class Engine:
         if self.device.type == "cuda" and options.cuda_graphs:
             with self._scope():
                 self.graph_status = self.runner.capture_graphs(options.max_num_seqs, gate_plan.chosen.values())
+                if isinstance(self.runner, RecurrentRunner) and options.prefill_graph_lengths:
+                    self.graph_status += "; " + self.runner.capture_prefill_graphs(
+                        options.prefill_graph_lengths, gate_plan.chosen.values())
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
 
@@ -90,6 +94,7 @@ class Engine:
         config = ModelConfig.from_pretrained(path)
         if options.num_blocks is not None and config.ssm is None:
             _check_blocks(config, options, options.num_blocks)
+        _check_prefill_graphs(config, options)
         gate_plan = plan(config, options)
         model = cls._build(config, options, gate_plan)
         load_weights(path, model.targets(), ignored=lambda n: model.ignored(n, config.tie_word_embeddings),
@@ -205,3 +210,9 @@ def _check_blocks(config: ModelConfig, options: EngineOptions, num_blocks: int) 
         raise ConfigError(f"num_blocks={num_blocks} cannot hold one sequence of max_model_len="
                           f"{options.model_len(config)} ({per_seq} blocks of {options.block_size}); "
                           f"lower max_model_len or give more blocks")
+
+
+def _check_prefill_graphs(config: ModelConfig, options: EngineOptions) -> None:
+    if options.prefill_graph_lengths and config.ssm is None:
+        raise ConfigError(f"prefill_graph_lengths={options.prefill_graph_lengths}: prefill graphs serve recurrent "
+                          f"(Mamba-2) models only, not {config.model_type}")

@@ -22,6 +22,7 @@ from infinilm.cache import BlockAllocator
 from infinilm.config import EngineOptions, ModelConfig
 from infinilm.graphs import capture_sizes
 from infinilm.host_sync import capture_failed_status
+from infinilm.prefill_graphs import PrefillGraphs
 from infinilm.scheduler import Batch
 from infinilm.sequence import Sequence
 from infiniops_py import Implementation
@@ -148,12 +149,14 @@ def prefill_layout(lengths: list[int]) -> tuple[list[list[int]], list[list[int]]
 class RecurrentRunner:
     """Turns a scheduled batch into a `SsmContext`, runs the model over `pool`, returns logits.
 
-    Decode-only steps on CUDA replay a captured CUDA graph when one serves the batch size.
+    Decode-only steps on CUDA replay a captured CUDA graph when one serves the batch size; a step that is
+    one lone prompt replays a prefill graph when one serves its length (`EngineOptions.prefill_graph_lengths`).
     """
 
     def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device) -> None:
         self.model, self.pool, self.device = model, pool, device
         self.graphs: _DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
 
     def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -184,6 +187,10 @@ class RecurrentRunner:
         if not batch.prefills and self.graphs is not None and self.graphs.serves(len(batch.decodes)):
             return self.graphs.replay([s.tokens[-1] for s in batch.decodes],
                                       [self.pool.row(s) for s in batch.decodes])
+        if (not batch.decodes and len(batch.prefills) == 1 and self.prefill_graphs is not None
+                and self.prefill_graphs.serves(len(batch.prefills[0]))):
+            seq = batch.prefills[0]
+            return self.prefill_graphs.replay(seq.tokens, self.pool.row(seq))
         ids, ctx, last = self.prepare(batch)
         hidden = self.model.forward(ids, ctx, self.pool)
         if len(last) != hidden.shape[0]:
@@ -203,6 +210,15 @@ class RecurrentRunner:
         graphs = _DecodeGraphs(self.model, self.pool, self.device, implementations)
         status = graphs.capture(min(max_batch, self.pool.num_rows))
         self.graphs = graphs if graphs.sizes else None
+        return status
+
+
+    def capture_prefill_graphs(self, lengths: Iterable[int], implementations: Iterable[Implementation] = ()) -> str:
+        """Capture single-prompt prefill CUDA graphs at bucket `lengths` (`infinilm.prefill_graphs`); call it
+        before any request runs (capture writes pool row 0). Returns a one-line status."""
+        graphs = PrefillGraphs(self.model, self.pool, self.device, implementations)
+        status = graphs.capture(lengths)
+        self.prefill_graphs = graphs if graphs.lengths else None
         return status
 
 
