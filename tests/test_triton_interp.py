@@ -27,3 +27,13 @@ def test_triton_kernels_under_the_interpreter(module: str) -> None:
            "--rootdir", str(FOLDER.parent.parent)]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-20000:]}\n{run.stderr[-5000:]}"
+
+
+def test_cli_check_runs_under_the_interpreter_outside_pytest() -> None:
+    # the provider hook applies the interpreter fixes itself: a bfloat16 gemm (tl.dot) passes from the CLI
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFINIOPS_")}
+    env.update(TRITON_INTERPRET="1", INFINIOPS_TRITON_INTERPRET_CPU="1")
+    cmd = [sys.executable, "-m", "infiniops_py.cli", "check", "triton", "--device", "cpu", "--op", "gemm", "--dtype",
+           "bfloat16", "--max-examples", "5", "--seed", "3"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stdout[-5000:]}\n{run.stderr[-5000:]}"

@@ -9,6 +9,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 
 from infiniops_py import Provider, hookimpl
+from infiniops_triton._common import interpreting_on_cpu
 
 __all__ = ["infiniops_provider"]
 
@@ -18,6 +19,10 @@ _MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "flash_at
 
 @hookimpl
 def infiniops_provider() -> Provider:
+    if interpreting_on_cpu():  # the CPU interpreter run (CI): make it compute what the GPU computes
+        from infiniops_triton._interpreter import patch_interpreter
+
+        patch_interpreter()
     impls = [impl for m in _MODULES for impl in importlib.import_module(f"infiniops_triton.{m}").IMPLEMENTATIONS]
     try:
         ver = version("infiniops-provider-triton")
