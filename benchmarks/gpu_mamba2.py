@@ -19,28 +19,35 @@
    how often transformers-fp32 (a forward over prompt + tokens) picks the same token; PASS when infinilm's
    agreement is at most 5 points below transformers-bf16's own.
 3. Speed, bf16, in this same run (transformers runs its PyTorch path: no mamba_ssm or causal_conv1d there):
-   prefill of one 2048-token prompt, tokens/s, infinilm (``Engine``, one step) vs transformers' forward
-   (``use_cache=False``, logits of the last token only), median of 5 after 2 warm-ups, target >= 20x; and
+   prefill of one 2048-token prompt, tokens/s, infinilm (``Engine``, one step, with its prefill replayed as
+   a CUDA graph captured for that length, ``prefill_graph_lengths``; and eagerly, for comparison) vs
+   transformers' forward (``use_cache=False``, logits of the last token only), median of 5 after 2
+   warm-ups, target >= 20x (judged on the CUDA-graph prefill when it captured, else the eager one); and
    batch-1 decode tokens/s, infinilm (CUDA graphs when every operator captures; the status line says) vs
    transformers' ``generate`` (greedy), each as (tokens after the first) / (time after the first),
    target >= 10x.
+4. Where the prefill time goes: a ``torch.profiler`` summary of one eager and one graphed infinilm prefill
+   (host wall time vs device busy time, blocking host calls, the top 15 kernels, the top host ops), printed
+   after the table (`infinilm.profiling.profile_summary`).
 Exit status 1 when a PASS/FAIL line fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 from infinilm import Engine, EngineOptions, SamplingParams
-from infinilm.bench import compare_logits, run_bench
+from infinilm.bench import ERR_ATOL, ERR_FACTOR, compare_logits, run_bench
+from infinilm.profiling import profile_summary
 
 # state-spaces/mamba2-130m config.json (d_model 768, n_layer 24, d_state 128, expand 2, headdim 64,
 # ngroups 1, d_conv 4, chunk_size 256, vocab_size 50277 padded to a multiple of 16: 50288, tied embeddings),
@@ -87,8 +94,21 @@ def check_prefill(engine: Engine, hf16: torch.nn.Module, hf32: torch.nn.Module) 
         ids = torch.tensor([prompt], device=engine.device)
         reference.append(hf32(ids).logits[0].float())
         theirs.append(hf16(ids).logits[0].float())
-    check = compare_logits([o.float() for o in engine.prefill_logits(prompts)], theirs, reference)
-    return check.ok, check.line("prefill logits")
+    eager = [o.float() for o in engine.prefill_logits(prompts)]
+    check = compare_logits(eager, theirs, reference)
+    ok, line = check.ok, check.line("prefill logits")
+    graphs = getattr(engine.runner, "prefill_graphs", None)
+    if graphs is not None:  # each prompt alone, left-padded to the captured length, last token only
+        mine = [graphs.replay(p, 0).float() for p in prompts]  # row 0: free while the engine is idle
+        last = compare_logits(mine, [t[-1:] for t in theirs], [r[-1:] for r in reference])
+        close = last.err_ours <= ERR_FACTOR * last.err_theirs + ERR_ATOL
+        eager_err = max((e[-1:] - r[-1:]).abs().max().item() for e, r in zip(eager, reference))
+        line += (f"\n{'PASS' if close else 'FAIL'} prefill CUDA graph (prompts of 97 and 600 tokens left-padded to "
+                 f"{graphs.lengths[-1]}), last-token logits vs transformers fp32 (rule: max err <= "
+                 f"{ERR_FACTOR:g} x transformers bf16's + {ERR_ATOL:g}): max err graph {last.err_ours:.4f}, eager "
+                 f"infinilm {eager_err:.4f}, transformers bf16 {last.err_theirs:.4f}")
+        ok = ok and close
+    return ok, line
 
 
 @torch.no_grad()
@@ -121,14 +141,37 @@ def _median_seconds(fn: Callable[[], object], sync: Callable[[], None], repeats:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def eager_prefill(engine: Engine) -> Iterator[None]:
+    """Within the block, lone prompts run eagerly even where a prefill graph was captured."""
+    runner = engine.runner
+    saved = getattr(runner, "prefill_graphs", None)
+    runner.prefill_graphs = None  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        runner.prefill_graphs = saved  # type: ignore[union-attr]
+
+
 @torch.no_grad()
-def prefill_tokens_per_s(engine: Engine, hf16: torch.nn.Module, length: int) -> tuple[float, float]:
+def prefill_tokens_per_s(engine: Engine, hf16: torch.nn.Module, length: int) -> tuple[float, float, float, str]:
+    """infinilm with prefill graphs, infinilm eager, transformers (tokens/s), and the profiles of infinilm's."""
     prompt = _prompts(engine.config.vocab_size, (length,), seed=4)[0]
     ids = torch.tensor([prompt], device=engine.device)
     sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
-    ours = _median_seconds(lambda: engine.generate([prompt], SamplingParams(max_new_tokens=1)), sync)
+    one = lambda: engine.generate([prompt], SamplingParams(max_new_tokens=1))  # noqa: E731
+    profiles = []
+    with eager_prefill(engine):
+        eager = _median_seconds(one, sync)
+        profiles.append(profile_summary(one, engine.device, title=f"profile: infinilm prefill of {length} tokens, "
+                                        "eager"))
+    graphed = eager
+    if getattr(engine.runner, "prefill_graphs", None) is not None:
+        graphed = _median_seconds(one, sync)
+        profiles.append(profile_summary(one, engine.device, title=f"profile: infinilm prefill of {length} tokens, "
+                                        "CUDA graph"))
     theirs = _median_seconds(lambda: hf16(ids, use_cache=False, logits_to_keep=1), sync)
-    return length / ours, length / theirs
+    return length / graphed, length / eager, length / theirs, "\n\n".join(profiles)
 
 
 @torch.no_grad()
@@ -155,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=128, help="prompt of the decode benchmark")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--hf-output-len", type=int, default=64, help="transformers is slow: fewer tokens")
+    parser.add_argument("--no-prefill-graphs", action="store_true", help="do not capture the prefill in a CUDA graph")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, to try the script")
     args = parser.parse_args(argv)
     device = "cpu" if args.smoke else "cuda"
@@ -167,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         build(path, SMOKE if args.smoke else MAMBA2_130M, device)
         options = EngineOptions(device=device, dtype=torch.bfloat16, num_blocks=4, max_num_seqs=4,
                                 max_model_len=max(4096, args.prefill_len + 1),
-                                max_num_batched_tokens=max(4096, args.prefill_len))
+                                max_num_batched_tokens=max(4096, args.prefill_len),
+                                prefill_graph_lengths=() if args.no_prefill_graphs else (args.prefill_len,))
         engine = Engine.from_pretrained(path, options)
         setup = time.perf_counter() - start
         hf16, hf32 = hf_model(path, torch.bfloat16, device), hf_model(path, torch.float32, device)
@@ -176,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
         ok_decode, decode_line = check_decode(engine, hf16, hf32)
         print(decode_line)
         del hf32
-        ours_prefill, theirs_prefill = prefill_tokens_per_s(engine, hf16, args.prefill_len)
+        ours_prefill, eager_prefill, theirs_prefill, profiles = prefill_tokens_per_s(engine, hf16, args.prefill_len)
         ours1 = run_bench(engine, 1, args.input_len, args.output_len)
         theirs1 = hf_decode_tokens_per_s(hf16, args.input_len, args.hf_output_len)
     prefill_x, decode_x = ours_prefill / theirs_prefill, ours1.decode_tokens_per_s / theirs1
     fast_prefill, fast_decode = prefill_x >= PREFILL_TARGET, decode_x >= DECODE_TARGET
-    print(f"{'PASS' if fast_prefill else 'FAIL'} prefill {args.prefill_len} tokens speedup {prefill_x:.1f}x "
-          f"(target >= {PREFILL_TARGET:.0f}x)")
+    graphed = getattr(engine.runner, "prefill_graphs", None) is not None
+    print(f"{'PASS' if fast_prefill else 'FAIL'} prefill {args.prefill_len} tokens speedup {prefill_x:.1f}x, "
+          f"{'CUDA-graph' if graphed else 'eager'} prefill (eager: {eager_prefill / theirs_prefill:.1f}x; "
+          f"target >= {PREFILL_TARGET:.0f}x)")
     print(f"{'PASS' if fast_decode else 'FAIL'} batch-1 decode speedup {decode_x:.1f}x "
           f"(target >= {DECODE_TARGET:.0f}x)")
     providers = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
@@ -192,13 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode: input {args.input_len} tokens, infinilm output {args.output_len}, transformers output "
           f"{args.hf_output_len}; {engine.graph_status}; build + gates + load + capture {setup:.0f}s\n")
     print("| metric | infinilm | transformers | ratio |\n|---|---|---|---|")
-    print(f"| prefill {args.prefill_len} tokens, batch 1 (tok/s) | {ours_prefill:.0f} | {theirs_prefill:.0f} | "
-          f"{prefill_x:.1f}x |")
+    print(f"| prefill {args.prefill_len} tokens, batch 1 (tok/s){', CUDA graph' if graphed else ', eager'} | "
+          f"{ours_prefill:.0f} | {theirs_prefill:.0f} | {prefill_x:.1f}x |")
+    if graphed:
+        print(f"| prefill {args.prefill_len} tokens, batch 1 (tok/s), eager | {eager_prefill:.0f} | "
+              f"{theirs_prefill:.0f} | {eager_prefill / theirs_prefill:.1f}x |")
     print(f"| batch-1 decode (tok/s) | {ours1.decode_tokens_per_s:.0f} | {theirs1:.0f} | {decode_x:.1f}x |")
     step = sorted(ours1.decode_step_seconds)[len(ours1.decode_step_seconds) // 2] * 1e3
     print(f"| decode step p50, batch 1 (ms) | {step:.2f} | {1e3 / theirs1:.2f} | |")
     print(f"\nproviders: {providers}")
     print(f"logits: {prefill_line}\ndecode: {decode_line}")
+    print(f"\n{profiles}")
     return 0 if ok_prefill and ok_decode and fast_prefill and fast_decode else 1
 
 
