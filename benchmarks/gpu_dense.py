@@ -13,6 +13,9 @@
      bytes read + written per second; target >= 85% of the copy bandwidth and faster than the torch
      provider (FusedQkNorm: >= 1.5x the torch provider's two separate RmsNorms of the Q and K heads);
    - Gemm 8192^3 with bias (``nn.Linear`` layout): TFLOP/s; target >= 0.8x ``torch.matmul`` + bias.
+   Add is timed out of place and in place. Each Triton/torch pair is timed on the same buffers, alternately
+   twice (the better median of each), so neither side gets the cold or the hot clock; ``do_bench`` clears
+   L2 before every call. The total wall time is printed before the final table.
 
 `run(results)` appends one dict per table line (``kind`` "check" or "perf", the same keys as
 benchmarks/gpu_attention.py) for benchmarks/ops.py. Timed calls go straight to the resolved
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -286,6 +290,16 @@ def _bandwidth_row(case: str, nbytes: int, tri_ms: float, torch_ms: float, copy_
                 not misses, note)
 
 
+def _add_config() -> str:
+    """The flat add kernel's autotuned configuration, when it tuned (large sizes on a GPU)."""
+    from infiniops_triton import add as triton_add
+
+    best = getattr(triton_add._add_flat_tuned, "best_config", None)
+    if best is None:
+        return ""
+    return f"; flat add BLOCK {best.kwargs['BLOCK']}, {best.num_warps} warps, loads {best.kwargs['EVICT'] or 'default'}"
+
+
 def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
                small: bool = False) -> list[Callable[[], dict[str, Any]]]:
     """One closure per timed line (each allocates its own tensors when called)."""
@@ -297,8 +311,12 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
         return (torch.randn(shape, device=dev) * scale).to(bf16)
 
     def both(op: str, problem: dict[str, Any], *args: Any) -> tuple[float, float]:
+        """(triton ms, torch ms) on the same buffers, timed alternately twice, the better median of each: neither
+        side runs first on a cold GPU clock or last on a hot one."""
         fields = {"device_type": torch.device(dev).type, "dtype": "bfloat16", **problem}
-        return (timer(implementation("triton", op, fields, *args)), timer(implementation("torch", op, fields, *args)))
+        calls = [implementation(p, op, fields, *args) for p in ("triton", "torch")]
+        times = [[timer(call) for call in calls] for _ in range(2)]
+        return min(t[0] for t in times), min(t[1] for t in times)
 
     def rms() -> dict[str, Any]:
         t, h = 32768 // s, 4096 // s
@@ -312,11 +330,17 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
         tri, tor = both("fused_add_rms_norm", {"hidden_size": h}, x, res, w, 1e-6)
         return _bandwidth_row(f"fused_add_rms_norm [{t}x{h}] bf16", 4 * x.nbytes, tri, tor, copy_gbs)
 
-    def add() -> dict[str, Any]:
-        a, b = r(16384 // s, 8192 // s), r(16384 // s, 8192 // s)
-        out = torch.empty_like(a)
-        tri, tor = both("add", {"broadcast": False, "inplace": False}, a, b, 1.0, out)
-        return _bandwidth_row(f"add [{a.shape[0]}x{a.shape[1]}] bf16", 3 * a.nbytes, tri, tor, copy_gbs)
+    def add(inplace: bool) -> Callable[[], dict[str, Any]]:
+        def bench() -> dict[str, Any]:
+            a, b = r(16384 // s, 8192 // s), r(16384 // s, 8192 // s, scale=1e-3)  # small b: in place stays finite
+            out = a if inplace else torch.empty_like(a)
+            tri, tor = both("add", {"broadcast": False, "inplace": inplace}, a, b, 1.0, out)
+            row = _bandwidth_row(f"add [{a.shape[0]}x{a.shape[1]}]{' in place' if inplace else ''} bf16", 3 * a.nbytes,
+                                 tri, tor, copy_gbs)
+            row["note"] += _add_config()
+            return row
+        bench.__name__ = "add in place" if inplace else "add"
+        return bench
 
     def qk_norm() -> dict[str, Any]:
         t, hq, hkv, d = 24576 // s**2, 32, 8, 128
@@ -357,6 +381,7 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
             layout = "channel-last" if channel_last else "channel-first"
             return _bandwidth_row(f"causal_conv1d B{b} D{dim} L{length} W{width} {layout} bf16", 2 * x.nbytes, tri,
                                   tor, copy_gbs)
+        bench.__name__ = f"causal_conv1d {'channel-last' if channel_last else 'channel-first'}"
         return bench
 
     def gemm() -> dict[str, Any]:
@@ -373,7 +398,7 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
         return _row(f"gemm {n}^3 linear+bias bf16", "TFLOP/s", tri_t, tor_t, "matmul+bias", base_t,
                     tri_t / gemm_tflops, f">= {GEMM_TARGET}x matmul+bias", ratio >= GEMM_TARGET, note)
 
-    return [rms, fused, add, qk_norm, cache, conv(False), conv(True), gemm]
+    return [rms, fused, add(False), add(True), qk_norm, cache, conv(False), conv(True), gemm]
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, timer: Timer = median_ms,
@@ -419,7 +444,9 @@ def main() -> int:
         print("gpu_dense: needs a CUDA device", file=sys.stderr)
         return 2
     results: list[dict[str, Any]] = []
+    start = time.perf_counter()
     run(results)
+    print(f"\ngpu_dense: {time.perf_counter() - start:.0f} s in all")
     print(f"\n{'case':<58} status")
     print(format_table(results))
     return 0 if all(r["status"] == "PASS" for r in results) else 1

@@ -137,7 +137,7 @@ def test_gpu_benchmark_script_runs_end_to_end_at_small_sizes() -> None:
     perf = [r for r in results if r["kind"] == "perf"]
     assert len(checks) == 2 * len(gpu_dense.correctness_cases(torch.float32, "cpu", small=True))  # bf16, fp32
     assert all(r["status"] == "PASS" for r in checks), gpu_dense.format_table(checks)
-    assert len(perf) == 8 and all("triton" in r for r in perf), gpu_dense.format_table(perf)
+    assert len(perf) == 9 and all("triton" in r for r in perf), gpu_dense.format_table(perf)
     assert len(gpu_dense.format_table(results).splitlines()) == len(results)
 
 
