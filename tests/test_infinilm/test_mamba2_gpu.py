@@ -53,3 +53,19 @@ def test_bf16_engine_captures_and_generates(checkpoint: tuple[Path, torch.nn.Mod
     outputs = engine.generate(prompts((9, 30, 2), seed=4), SamplingParams(max_new_tokens=16, ignore_eos=True))
     assert [len(o) for o in outputs] == [16] * 3
     assert engine.cache.allocator.num_free == 4
+
+
+def test_prefill_graphs_capture_and_give_the_eager_tokens(checkpoint: tuple[Path, torch.nn.Module]) -> None:
+    path, _ = checkpoint
+    graphed = _engine(path, prefill_graph_lengths=(16, 64), max_model_len=128)
+    eager = _engine(path, cuda_graphs=False, max_model_len=128)
+    assert "prefill graphs: on (prompt lengths up to 16, 64)" in graphed.graph_status, graphed.graph_status
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    for prompt in prompts((16, 5, 40, 64, 90), seed=6):  # exact, padded to 16, padded to 64, exact, eager
+        assert graphed.generate([prompt], params) == eager.generate([prompt], params)
+    graphs = graphed.runner.prefill_graphs
+    assert graphs is not None
+    for prompt in prompts((33, 64), seed=7):
+        torch.testing.assert_close(graphs.replay(prompt, 1), eager.prefill_logits([prompt])[0][-1:], rtol=0,
+                                   atol=1e-4)
+    assert graphed.cache.allocator.num_free == 4
