@@ -103,6 +103,8 @@ def test_bad_arguments_exit_2(checkpoint: CheckpointFactory, capsys: pytest.Capt
     assert main(["check", "--model", str(path), "--provider", "=triton"]) == 2
     assert main(["generate", "--model", str(path), "--prompt", "hello", *SMALL]) == 2
     assert "has no tokenizer.json" in capsys.readouterr().err
+    assert main(["bench", "--model", str(path), "--prefill-graph-lengths", "16", *SMALL]) == 2
+    assert "prefill graphs serve recurrent (Mamba-2) models only, not llama" in capsys.readouterr().err
 
 
 def test_demo_builds_once_and_generates_the_sentence_it_was_taught(
