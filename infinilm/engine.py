@@ -48,7 +48,8 @@ class Engine:
 
     Attributes:
         plan: the gate plan (which implementation serves each operator problem).
-        graph_status: whether decode steps run as CUDA graphs, and why not when they do not.
+        graph_status: whether decode steps (and, for Mamba-2 with `prefill_graph_lengths`, lone-prompt prefills) run
+            as CUDA graphs, and why not when they do not (naming an implementation that synchronizes with the host).
         prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
     """
 
