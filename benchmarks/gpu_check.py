@@ -8,10 +8,12 @@ A provider argument is ``NAME`` or ``NAME:EXAMPLES`` (default ``--max-examples``
 
     python -m infiniops_py.cli check NAME --device D --op OP --dtype T --max-examples N --json LOGS/NAME-OP-T.json
 
-with its output in ``LOGS/NAME-OP-T.log``. ``--jobs`` of them run at a time on the one GPU (their float64
-references run there too: ``infiniops check``'s default on cuda), the heaviest operators first, each with
-an equal share of the CPU threads. When ``--budget`` seconds have passed, the running jobs are killed and
-reported as ``killed (budget)``, the ones not started as ``not run (budget)``.
+with its output in ``LOGS/NAME-OP-T.log``; below `SPLIT_EXAMPLES` examples one job per (provider, operator)
+runs all its dtypes (``NAME-OP-all``), since a job's start (imports, CUDA context) then outweighs its work.
+``--jobs`` of them run at a time on the one GPU (their float64 references run there too: ``infiniops
+check``'s default on cuda), the heaviest operators first, each with an equal share of the CPU threads.
+When ``--budget`` seconds have passed, the running jobs are killed and reported as ``killed (budget)``,
+the ones not started as ``not run (budget)``.
 
 Printed last: the failures, then one table of every job's rows: provider, operator, dtype, examples run,
 gated, failed, worst |err|, seconds, status, and ``grid``: which values of issue 3's GPU grid (head dims
@@ -47,6 +49,7 @@ LONGEST: Final = {"flash_attn_varlen": 8192, "flash_attn_with_kvcache": 8192}
 _WEIGHT: Final = {"flash_attn_varlen": 6, "flash_attn_with_kvcache": 5, "selective_scan": 5, "causal_conv1d": 3,
                   "gemm": 3, "causal_conv1d_update": 2, "selective_state_update": 2}
 _KEPT_FAILURES: Final = 3
+SPLIT_EXAMPLES: Final = 100
 
 
 @dataclass
@@ -55,7 +58,7 @@ class Job:
 
     provider: str
     op: str
-    dtype: str
+    dtype: str | None  # None: every dtype the provider declares for `op`
     examples: int
     logs: Path
     status: str = "not run (budget)"
@@ -66,12 +69,12 @@ class Job:
 
     @property
     def name(self) -> str:
-        return f"{self.provider}-{self.op}-{self.dtype}"
+        return f"{self.provider}-{self.op}-{self.dtype or 'all'}"
 
     def command(self, device: str) -> list[str]:
+        dtype = ["--dtype", self.dtype] if self.dtype else []
         return [sys.executable, "-m", "infiniops_py.cli", "check", self.provider, "--device", device, "--op",
-                self.op, "--dtype", self.dtype, "--max-examples", str(self.examples),
-                "--json", str(self.logs / f"{self.name}.json")]
+                self.op, *dtype, "--max-examples", str(self.examples), "--json", str(self.logs / f"{self.name}.json")]
 
     def start(self, device: str, env: dict[str, str]) -> None:
         log = (self.logs / f"{self.name}.log").open("wb")
@@ -109,10 +112,14 @@ def plan(providers: list[tuple[str, int]], device: str, ops: list[str] | None, d
         pairs, error = declared_pairs(name, device)
         if error:
             errors.append(error)
-        jobs += [Job(name, op, dtype, examples, logs) for op, dtype in pairs
+        pairs = [(op, dtype) for op, dtype in pairs
                  if (ops is None or op in ops) and (dtypes is None or dtype in dtypes)]
+        if examples >= SPLIT_EXAMPLES or dtypes is not None:
+            jobs += [Job(name, op, dtype, examples, logs) for op, dtype in pairs]
+        else:
+            jobs += [Job(name, op, None, examples, logs) for op in sorted({op for op, _ in pairs})]
     order = {name: i for i, (name, _) in enumerate(providers)}
-    jobs.sort(key=lambda j: (order[j.provider], -_WEIGHT.get(j.op, 1), j.op, j.dtype))
+    jobs.sort(key=lambda j: (order[j.provider], -_WEIGHT.get(j.op, 1), j.op, j.dtype or ""))
     return jobs, errors
 
 
@@ -168,7 +175,7 @@ def rows(jobs: list[Job]) -> list[list[str]]:
             out.append([j.provider, r["op"], r["dtype"], str(r["examples"]), str(r["gated"]), str(r["failed"]),
                         f"{r['worst']:.3g}", f"{r['seconds']:.0f}", status, grid(r["op"], r["coverage"])])
         if not ops:
-            out.append([j.provider, j.op, j.dtype, "-", "-", "-", "-", f"{j.seconds:.0f}", j.status, "-"])
+            out.append([j.provider, j.op, j.dtype or "all", "-", "-", "-", "-", f"{j.seconds:.0f}", j.status, "-"])
     return out
 
 
