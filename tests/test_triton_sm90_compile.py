@@ -127,9 +127,12 @@ def _conv_args(channel_last: bool, **overrides: Any) -> dict[str, Any]:
     return {**args, **overrides}
 
 
-def test_conv_channel_first_taps_stay_in_registers() -> None:
-    args = {k: v for k, v in _conv_args(False).items() if k not in ("SEQ", "stride_sb", "stride_sl", "HAS_SEQ")}
-    compiled = _compile(causal_conv1d._conv_channel_first_kernel, args, 8)
+@pytest.mark.parametrize("config", causal_conv1d._CHANNEL_FIRST_CANDIDATES,
+                         ids=lambda c: f"{c.kwargs['BLOCK_D']}x{c.kwargs['BLOCK_L']}_{c.num_warps}w")
+def test_conv_channel_first_taps_stay_in_registers(config: Any) -> None:
+    args = {k: v for k, v in _conv_args(False, size_class=13, **config.kwargs).items()
+            if k not in ("SEQ", "stride_sb", "stride_sl", "HAS_SEQ")}
+    compiled = _compile(causal_conv1d._conv_channel_first_kernel, args, config.num_warps)
     _fast_memory(compiled)
     assert _count(compiled, r"(ld|st)\.shared") == 0 and _count(compiled, r"shfl") == 0
 
@@ -158,7 +161,7 @@ def test_conv_kernels_compile_with_every_flag() -> None:
              "stride_ib": 3 * 4096, "stride_id": 3, "stride_iw": 1, "stride_fb": 3 * 4096, "stride_fd": 3,
              "stride_fw": 1}
     _compile(causal_conv1d._conv_kernel, _conv_args(True, **flags), 8)
-    wide = {k: v for k, v in _conv_args(False, W=8, BLOCK_W=8, **flags).items()
+    wide = {k: v for k, v in _conv_args(False, W=8, BLOCK_W=8, size_class=13, **flags).items()
             if k not in ("SEQ", "stride_sb", "stride_sl", "HAS_SEQ")}
     _compile(causal_conv1d._conv_channel_first_kernel, wide, 8)
     last = _channel_last_args(W=8, BLOCK_W=8,

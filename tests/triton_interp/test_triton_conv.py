@@ -63,8 +63,8 @@ def test_conv_runs_and_states_across_time_tiles(channel_last: bool, dtype: torch
 @pytest.mark.parametrize("width", [2, 5, 8])
 def test_register_tap_kernels_across_time_tiles(width: int, channel_last: bool) -> None:
     # without seq_idx: the register-tap kernels; channel-first: 3 time tiles, a ragged last group of 8;
-    # channel-last: 75 tiles of 8 rows, the last one ragged, 20 channels (no full 16-byte vector)
-    batch, dim, length = 2, 20, 597
+    # channel-last: 8 tiles of 8 rows, the last one ragged, 20 channels (no full 16-byte vector)
+    batch, dim, length = 2, 20, 61 if channel_last else 597
     x = (_randn(batch, length, dim, dtype=torch.bfloat16, seed=8).transpose(1, 2) if channel_last
          else _randn(batch, dim, length, dtype=torch.bfloat16, seed=8))
     weight, bias = _randn(dim, width, dtype=torch.bfloat16, seed=9), _randn(dim, dtype=torch.bfloat16, seed=10)
@@ -100,3 +100,16 @@ def test_update_skips_out_of_range_slots_when_unchecked() -> None:
 def test_update_gates_states_too_long_for_registers() -> None:
     with infiniops_py.use("triton"), pytest.raises(GateError, match="state_len"):
         infiniops_py.resolve("causal_conv1d_update", device_type="cpu", dtype="bfloat16", state_len=1025)
+
+
+def test_channel_first_autotune_candidates_fit_the_row() -> None:
+    # the interpreter runs one config, so the GPU's candidate pruning is checked here as plain Python
+    from infiniops_triton import causal_conv1d as triton_conv
+
+    def tiles(length: int) -> list[int]:
+        chosen = triton_conv._prune_channel_first(list(triton_conv._CHANNEL_FIRST_CANDIDATES), {"L": length})
+        return sorted({c.kwargs["BLOCK_L"] for c in chosen})
+
+    assert tiles(4096) == [256, 512, 1024]
+    assert tiles(300) == [256, 512]
+    assert tiles(3) == [256]  # nothing fits: the shortest tile

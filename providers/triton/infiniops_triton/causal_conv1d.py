@@ -9,7 +9,8 @@ output position (a chain of ``W - 1`` equality tests); positions before 0 read `
 belong to the row's first sequence. The last time tile of each row also writes the final states.
 Channel-first input without ``seq_idx`` (W <= 8) takes a second kernel: there the shifted windows would be
 misaligned loads along the unit stride, so it loads the tile and the 8 columns before each group of 8
-(two aligned vector loads) and picks the taps from registers (`_conv_taps`). Channel-last input without
+(two aligned vector loads) and picks the taps from registers (`_conv_taps`); above `TUNE_MIN_NUMEL`
+elements it autotunes its tile among a few shapes and warp counts. Channel-last input without
 ``seq_idx`` (W <= 8) takes a third: a program loads 8 time rows of up to 1024 channels and the W-1 rows
 before them, each row one coalesced load of 16-byte vectors held in registers, so x is read about once
 (the generic kernel's W shifted loads mostly miss L1 and cost W times the traffic in L2). SiLU divides
@@ -22,6 +23,8 @@ no state.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -37,6 +40,7 @@ __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 MAX_STATE_LEN = 1024  # the decode step holds a slot's state columns in registers
 _FAST_MAX_WIDTH = 8  # the channel-first kernel reads taps from the previous group of 8 columns only
 _ELEMS_PER_PROGRAM = 4096
+TUNE_MIN_NUMEL = 1 << 24  # channel-first inputs this large autotune their tile (once per D and size class)
 _CHANNEL_LAST_WARPS = 4  # the channel-last kernel: 8 rows of up to 32 * 4 16-byte vectors per program
 
 
@@ -179,6 +183,7 @@ def _conv_channel_first_kernel(
     OUT,  # *dtype [B, D, L] output
     FINAL,  # *dtype [B, D, W-1] final states to fill; unused unless HAS_FINAL
     D, L,
+    size_class,  # L.bit_length(): the autotuning key only
     stride_xb, stride_xd, stride_xl,
     stride_wd, stride_ww,
     stride_ib, stride_id, stride_iw,
@@ -190,9 +195,9 @@ def _conv_channel_first_kernel(
     HAS_INIT: tl.constexpr,
     HAS_FINAL: tl.constexpr,
     WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
+    BLOCK_W: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,  # a multiple of 8
-    BLOCK_W: tl.constexpr,
 ):
     # The shifted windows of the generic kernel would be misaligned loads along the unit stride; here the
     # tile and the 8 columns before each group of 8 are two aligned vector loads, and the taps are picked
@@ -326,6 +331,28 @@ def _conv_channel_last_kernel(
                                 BLOCK_W)
 
 
+def _channel_first_config(block_d: int, block_l: int, warps: int) -> triton.Config:
+    return triton.Config({"BLOCK_D": block_d, "BLOCK_L": block_l}, num_warps=warps)
+
+
+# Large channel-first problems autotune among these once per (D, size class of L); longer rows waste less of
+# the misaligned `prev` load's first sector, fewer warps give each thread more loads in flight.
+_CHANNEL_FIRST_CANDIDATES = (_channel_first_config(16, 256, 8), _channel_first_config(8, 512, 8),
+                             _channel_first_config(4, 1024, 8), _channel_first_config(16, 256, 4))
+
+
+def _prune_channel_first(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+    """The candidates whose time tile is no longer than the row (at least the shortest)."""
+    length = triton.next_power_of_2(named_args["L"])
+    fits = [c for c in configs if c.kwargs["BLOCK_L"] <= max(8, length)]
+    return fits or [min(configs, key=lambda c: c.kwargs["BLOCK_L"])]
+
+
+_conv_channel_first_tuned = triton.autotune(
+    list(_CHANNEL_FIRST_CANDIDATES), key=["D", "size_class"],
+    prune_configs_by={"early_config_prune": _prune_channel_first})(_conv_channel_first_kernel)
+
+
 @triton.jit
 def _update_kernel(
     X,  # *dtype [B, D, L] new columns, any strides
@@ -448,10 +475,14 @@ def causal_conv1d(
         )
         return
     if not channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
-        _conv_channel_first_kernel[grid](
-            x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
-            **blocks,
-        )
+        args = (x, weight, bias_arg, init, out, final, dim, length, length.bit_length(), *x.stride(), *common,
+                *final_strides)
+        if x.numel() >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
+            _conv_channel_first_tuned[lambda meta: (triton.cdiv(length, meta["BLOCK_L"]),
+                                                    triton.cdiv(dim, meta["BLOCK_D"]), batch)](
+                *args, **flags, BLOCK_W=blocks["BLOCK_W"])
+        else:
+            _conv_channel_first_kernel[grid](*args, **flags, **blocks)
         return
     seq = seq_idx if seq_idx is not None else dummy
     seq_strides = seq.stride()[:2] if seq_idx is not None else (0, 0)
