@@ -222,7 +222,7 @@ def run_conformance(
 
     report = Report(provider, device)
     ref_device = torch.device(reference_device or ("cuda" if device == "cuda" else "cpu"))
-    scale = Scale(device == "cuda" if large is None else large, ref_device)
+    scale = _Scale(device == "cuda" if large is None else large, ref_device)
     found, report.error = _provider(provider)
     if found is None:
         return report
@@ -245,7 +245,7 @@ def run_conformance(
 
 
 @dataclass(frozen=True)
-class Scale:
+class _Scale:
     """How big the drawn cases are (`CaseContext.large`) and where their reference runs."""
 
     large: bool
@@ -253,7 +253,7 @@ class Scale:
 
 
 def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, strategy: Any, device: str,
-         max_examples: int, seed: int | None, scale: Scale) -> None:
+         max_examples: int, seed: int | None, scale: _Scale) -> None:
     try:
         tol = tolerance(spec.name, report.dtype)
     except KeyError as err:
