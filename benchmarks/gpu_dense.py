@@ -85,6 +85,7 @@ def correctness_cases(dtype: torch.dtype, device: str, small: bool = False) -> l
         (f"add [{big}x{2 * big}]", "add", lambda: ((r(big, 2 * big), r(big, 2 * big)), {})),
         (f"add [{big}x{2 * big}]+[{2 * big}] alpha", "add", lambda: ((r(big, 2 * big), r(2 * big)), {"alpha": -0.5})),
         ("add 5-D broadcast in place", "add", _add_in_place(r)),
+        (f"add [{big}x{big}] flat in place", "add", _add_flat_in_place(r, big)),
         (f"rms_norm [{big}x{2 * big}]", "rms_norm",
          lambda: ((r(big, 2 * big, scale=1 / (4 * big)), norm_w(2 * big)), {})),
         ("rms_norm [83x769] strided", "rms_norm", lambda: ((r(83, 800)[:, :769], norm_w(769)), {})),
@@ -99,9 +100,13 @@ def correctness_cases(dtype: torch.dtype, device: str, small: bool = False) -> l
         (f"reshape_and_cache_flash T{z(500)} D80 bs256", "reshape_and_cache_flash",
          _cache(r, z(500), 4, 80, 256, 12)),
         (f"causal_conv1d D{z(4128)} L{z(1134)} W4 states", "causal_conv1d",
-         _conv(r, gen, 2, z(4128), z(1134), 4, False)),
+         _conv(r, gen, 2, z(4128), z(1134), 4, False, False)),
+        (f"causal_conv1d B8 D{z(2048)} L{z(1100)} W4 states (tuned tile)", "causal_conv1d",
+         _conv(r, gen, 8, z(2048), z(1100), 4, False, False)),
+        (f"causal_conv1d B2 D{z(4096)} L{z(1000)} W4 channel-last states", "causal_conv1d",
+         _conv(r, gen, 2, z(4096), z(1000), 4, True, False)),
         (f"causal_conv1d D64 L{z(4096)} W3 channel-last seq_idx", "causal_conv1d",
-         _conv(r, gen, 2, 64, z(4096), 3, True)),
+         _conv(r, gen, 2, 64, z(4096), 3, True, True)),
         (f"causal_conv1d_update B{z(64)} D{z(4096)} S=W+10", "causal_conv1d_update",
          _conv_update(r, z(64), z(4096), 4, 14, z(80))),
     ]
@@ -119,6 +124,13 @@ def _add_in_place(r: Callable[..., torch.Tensor]) -> Callable[[], tuple[tuple[An
     def build() -> tuple[tuple[Any, ...], dict[str, Any]]:
         a = r(3, 12, 5, 15, 6)
         return (a, r(12, 1, 15, 1)), {"alpha": 2.0, "out": a}
+    return build
+
+
+def _add_flat_in_place(r: Callable[..., torch.Tensor], n: int) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
+    def build() -> tuple[tuple[Any, ...], dict[str, Any]]:  # 2**24 elements: the autotuned flat kernel
+        a = r(n, n)
+        return (a, r(n, n)), {"alpha": -0.5, "out": a}
     return build
 
 
@@ -145,12 +157,12 @@ def _cache(r: Callable[..., torch.Tensor], t: int, hkv: int, d: int, block: int,
 
 
 def _conv(r: Callable[..., torch.Tensor], gen: torch.Generator, batch: int, dim: int, length: int, width: int,
-          channel_last: bool) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
+          channel_last: bool, seq_idx: bool) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
     def build() -> tuple[tuple[Any, ...], dict[str, Any]]:
         x = r(batch, length, dim).transpose(1, 2) if channel_last else r(batch, dim, length)
         kwargs: dict[str, Any] = {"activation": "silu", "initial_states": r(batch, dim, width - 1),
                                   "return_final_states": True}
-        if channel_last:
+        if seq_idx:
             seq = torch.zeros(batch, length, dtype=torch.int32)
             for cut in torch.randint(1, length, (6,), generator=gen).tolist():
                 seq[:, cut:] += 1
