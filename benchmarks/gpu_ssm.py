@@ -308,8 +308,8 @@ def _sync(device: str) -> None:
 
 
 def host_ms(fn: Callable[[], Any], device: str, calls: int = 50) -> float:
-    """Host milliseconds per call of `fn`, launches only (the device catches up after the clock stops)."""
-    fn()
+    """Host milliseconds per call of an already warmed-up `fn`: launches only (the device catches up after
+    the clock stops)."""
     _sync(device)
     start = time.perf_counter()
     for _ in range(calls):
