@@ -68,6 +68,12 @@ def fast_exp(x):
 
 
 @triton.jit
+def _rest(value, high):
+    """``value - high``, or 0 where they are equal (an infinite `value` keeps its inf, not inf - inf)."""
+    return tl.where(value == high, 0.0, value - high)
+
+
+@triton.jit
 def dot_f32_right(a, b, acc, DOT_PRECISION: tl.constexpr):
     """``acc + a @ b`` for `a` in the inputs' dtype (exact) and `b` fp32 (weights, states).
 
@@ -79,7 +85,7 @@ def dot_f32_right(a, b, acc, DOT_PRECISION: tl.constexpr):
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         hi = b.to(a.dtype)
-        lo = (b - hi.to(tl.float32)).to(a.dtype)
+        lo = _rest(b, hi.to(tl.float32)).to(a.dtype)
         acc = tl.dot(a, hi, acc)
         acc = tl.dot(a, lo, acc)
     return acc
@@ -92,7 +98,7 @@ def dot_f32_left(a, b, acc, DOT_PRECISION: tl.constexpr):
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         hi = a.to(b.dtype)
-        lo = (a - hi.to(tl.float32)).to(b.dtype)
+        lo = _rest(a, hi.to(tl.float32)).to(b.dtype)
         acc = tl.dot(hi, b, acc)
         acc = tl.dot(lo, b, acc)
     return acc
