@@ -1,7 +1,8 @@
 """Provider discovery: pluggy over the ``infiniops.providers`` entry points, each plugin in isolation.
 
 A plugin whose import or hook raises is kept as a `Provider` with its error, so that
-``infiniops providers`` and the matrix can show it, and every other plugin still loads.
+``infiniops providers`` and the matrix can show it, and every other plugin still loads. So is a second
+entry point under a provider name already taken (never silently dropped).
 
 Environment:
     INFINIOPS_DISABLE_PLUGIN_AUTOLOAD=1: load no entry points (register plugins by hand).
@@ -49,19 +50,31 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
 
 
 def discover() -> list[Provider]:
-    """Load every allowed entry point of the ``infiniops.providers`` group."""
+    """Load every allowed entry point of the ``infiniops.providers`` group.
+
+    Entry points load in order of name, then distribution. A second entry point with a name already
+    taken is not loaded: it is kept as a failed provider (its name suffixed with its distribution, so
+    both show) whose error names the distribution that provides the name first.
+    """
     if os.environ.get("INFINIOPS_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0"):
         return []
     allow = {n.strip() for n in os.environ.get("INFINIOPS_PROVIDERS", "").split(",") if n.strip()}
     providers: list[Provider] = []
-    seen: set[str] = set()
-    for ep in sorted(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=lambda e: e.name):
-        if ep.name in seen or (allow and ep.name not in allow):
+    first: dict[str, str] = {}  # provider name -> the source that took it
+    entry_points = importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+    for ep in sorted(entry_points, key=lambda e: (e.name, e.dist.name if e.dist else "")):
+        if allow and ep.name not in allow:
             continue
-        seen.add(ep.name)
         dist = ep.dist
         source = f"{dist.name} {dist.version} (entry point {ep.name} = {ep.value})" if dist else ep.value
         version = dist.version if dist else ""
+        if ep.name in first:
+            error = (f"duplicate provider name {ep.name!r}: also provided by {first[ep.name]}; "
+                     "uninstall one of the two distributions or rename one entry point")
+            name = f"{ep.name} [{dist.name if dist else ep.value}]"
+            providers.append(Provider(name=name, version=version, source=source, error=error))
+            continue
+        first[ep.name] = source
         try:
             module = ep.load()
         except Exception as exc:  # a broken plugin must not break the others

@@ -1,56 +1,56 @@
-"""Install the test provider plugins (tests/plugins/) into the running environment, once.
+"""The test provider plugins (tests/plugins/), made discoverable without installing them.
 
-``example`` (a working ``add`` provider) and ``broken`` (raises on import) are separate distributions
-with an ``infiniops.providers`` entry point, installed editable with pip. A process that installs them
-cannot import them through entry points until it restarts (pip's editable finders load at start-up), so
-`ensure_installed` also puts the plugins' folders on ``sys.path`` after installing them.
+``example`` (a working ``add`` provider) and ``broken`` (raises on import) are meant to be separate
+distributions with an ``infiniops.providers`` entry point. Installing them into the environment would
+leave them behind for the user (a broken provider in ``infiniops providers``), so `plugin_site` lays
+them out in a folder the way pip would (the package, plus a ``NAME-VERSION.dist-info`` with ``METADATA``
+and ``entry_points.txt``): `importlib.metadata` finds the entry points of any folder on ``sys.path``, so
+putting the folder on ``PYTHONPATH`` of a subprocess (or on ``sys.path``) is all a test needs.
 """
 
 from __future__ import annotations
 
-import fcntl
-import importlib
-import importlib.metadata
-import subprocess
-import sys
-import tempfile
+import shutil
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 HERE: Final = Path(__file__).resolve().parent
-PLUGINS: Final = {
-    "infiniops-provider-example": HERE / "plugins" / "example_provider",
-    "infiniops-provider-broken": HERE / "plugins" / "broken_provider",
-}
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+class Plugin(NamedTuple):
+    """A distribution to lay out: its name, the package folder it ships and its provider entry points."""
+
+    dist: str
+    package: Path
+    entry_points: dict[str, str]
 
 
-def ensure_installed() -> None:
-    """``pip install --no-deps --no-build-isolation -e`` the plugins that are not installed yet.
+# The entry points repeat those of tests/plugins/*/pyproject.toml (which pip would read).
+EXAMPLE: Final = Plugin("infiniops-provider-example", HERE / "plugins" / "example_provider" / "infiniops_example",
+                        {"example": "infiniops_example"})
+BROKEN: Final = Plugin("infiniops-provider-broken", HERE / "plugins" / "broken_provider" / "infiniops_broken",
+                       {"broken": "infiniops_broken"})
+# A second distribution claiming the provider name ``example``: the clash must be reported.
+CLONE: Final = Plugin("infiniops-provider-example-clone", EXAMPLE.package, {"example": "infiniops_example"})
 
-    Idempotent and safe across concurrent test processes (a file lock).
-    """
-    if all(_installed(d) for d in PLUGINS):
-        return
-    lock = Path(tempfile.gettempdir()) / "infiniops-test-plugins.lock"
-    with lock.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        importlib.invalidate_caches()
-        missing = [path for dist, path in PLUGINS.items() if not _installed(dist)]
-        if missing:
-            editable = [arg for path in missing for arg in ("-e", str(path))]
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", *editable],
-                check=True, capture_output=True,
-            )
-            for path in missing:  # what the editable finder would do after a restart
-                if str(path) not in sys.path:
-                    sys.path.append(str(path))
-            importlib.invalidate_caches()
+VERSION: Final = "0.1.0"
+
+
+def write_distribution(root: Path, plugin: Plugin) -> None:
+    """Put `plugin`'s package (unless there already) and its ``.dist-info`` folder in `root`."""
+    target = root / plugin.package.name
+    if not target.exists():
+        shutil.copytree(plugin.package, target, ignore=shutil.ignore_patterns("__pycache__"))
+    info = root / f"{plugin.dist.replace('-', '_')}-{VERSION}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {plugin.dist}\nVersion: {VERSION}\n")
+    lines = [f"{name} = {module}" for name, module in plugin.entry_points.items()]
+    (info / "entry_points.txt").write_text("\n".join(["[infiniops.providers]", *lines, ""]))
+
+
+def plugin_site(root: Path, *plugins: Plugin) -> Path:
+    """A folder `root` holding `plugins` (default: example and broken) as installed distributions."""
+    root.mkdir(parents=True, exist_ok=True)
+    for plugin in plugins or (EXAMPLE, BROKEN):
+        write_distribution(root, plugin)
+    return root
