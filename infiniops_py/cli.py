@@ -188,7 +188,7 @@ def _explain(args: argparse.Namespace) -> int:
 # --- check ----------------------------------------------------------------------------------------------
 
 def _check(args: argparse.Namespace) -> int:
-    from infiniops_py.testing.conformance import run_conformance
+    from infiniops_py.testing.conformance import NOTHING_RAN, run_conformance
 
     report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples,
                              seed=args.seed, dtypes=args.dtype, reference_device=args.reference_device)
@@ -200,16 +200,22 @@ def _check(args: argparse.Namespace) -> int:
         console.print(f"[red]{escape(report.error)}[/red]")
         return 1
     table = Table(title=f"conformance of {args.provider} on {args.device} ({args.max_examples} examples per row)")
-    for column in ("operator", "dtype", "implementation", "run", "gated", "failed", "worst |err|"):
-        table.add_column(column, justify="right" if column in ("run", "gated", "failed", "worst |err|") else "left")
+    for column in ("operator", "dtype", "implementation"):
+        table.add_column(column)
+    for column in ("run", "gated", "failed", "worst |err|", "worst err / allowed"):
+        table.add_column(column, justify="right")
     for r in report.ops:
         failed = f"[red]{r.failed}[/red]" if r.failed else "0"
+        share = "-" if r.failed or r.examples == r.gated else f"{r.worst_allowed:.2f}"
         table.add_row(r.op, r.dtype, escape(r.implementation), str(r.examples), str(r.gated), failed,
-                      f"{r.worst:.3g}")
+                      f"{r.worst:.3g}", share)
     console.print(table)
+    console.print("worst err / allowed: the largest error of the passing cases over the error the tolerance "
+                  "allows there (infiniops_py/testing/tolerances.py); 1 is the limit")
     for r in report.ops:
-        if r.coverage:
-            console.print(f"drawn {r.op} {r.dtype} ({r.seconds:.1f} s): {escape(r.render_coverage())}")
+        drawn = r.render_coverage()
+        if drawn:
+            console.print(f"drawn {r.op} {r.dtype} ({r.seconds:.1f} s): {escape(drawn)}")
     if report.gates is not None:
         console.print(f"gate checks: {report.gates.checked} problems outside the capability, "
                       f"{len(report.gates.failures)} not rejected with GateError")
@@ -218,6 +224,8 @@ def _check(args: argparse.Namespace) -> int:
             console.print(f"[red]FAIL[/red] {r.op} {r.dtype} ({escape(r.implementation)}): {escape(str(f))}")
     for g in report.gates.failures if report.gates is not None else ():
         console.print(f"[red]FAIL[/red] gate {escape(str(g))}")
+    if not report.ran:
+        console.print(f"[red]{escape(NOTHING_RAN)}[/red]")
     console.print("[green]ok[/green]" if report.ok else "[red]FAILED[/red]")
     return 0 if report.ok else 1
 

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from fakes import cpu_capability, registered
+from fakes import correct_add, cpu_capability, registered
 
 import infiniops_py as io
+from infiniops_py import Capability, Check, OneOf
 from infiniops_py.cli import main
 from infiniops_py.operators import OPERATORS
 
@@ -109,3 +110,42 @@ def test_check_fails_a_wrong_provider(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     assert "FAIL add float32 (wrong.add.0)" in out and out.rstrip().endswith("FAILED")
     assert main(["check", "not-installed"]) == 1
+
+
+def test_check_of_a_provider_that_serves_nothing_here_fails_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    capability = Capability(OneOf("device_type", ("cuda",)), OneOf("dtype", ("float16",)))
+    with registered(("gpuonly", [("add", capability, 1, correct_add)])):
+        assert main(["check", "gpuonly"]) == 1
+        assert main(["check", "gpuonly", "--device", "cpu", "--op", "rms_norm"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["provider 'gpuonly' serves nothing to test on cpu: device_type=cpu not in {cuda}: try --device cuda",
+                   "provider 'gpuonly' serves nothing to test on cpu: it implements no operator among those asked "
+                   "(rms_norm)"]
+
+
+def test_check_of_a_provider_that_gates_every_case_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    never = Check("broadcast", lambda problem: False, "serves no add at all")
+    with registered(("never", [("add", cpu_capability(never), 1, correct_add)])):
+        assert main(["check", "never", "--max-examples", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "no case ran: the provider's capability gated every case drawn" in out and "FAILED" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_check_on_cuda_without_a_cuda_device_stops_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "torch", "--device", "cuda"]) == 1
+    assert capsys.readouterr().out.strip() == "no CUDA device on this machine (torch.cuda.is_available() is False)"
+
+
+def test_check_shows_the_worst_error_as_a_share_of_the_allowed_one(capsys: pytest.CaptureFixture[str]) -> None:
+    def half_off(input, other, alpha, out):  # type: ignore[no-untyped-def]
+        # float32 add allows 1e-4 + 1e-6 |ref|: an error of 5e-5 is about half of it
+        return torch.add(input + 5e-5, other, alpha=alpha, out=out)
+
+    with registered(("halfoff", [("add", cpu_capability(), 1, half_off)])):
+        assert main(["check", "halfoff", "--max-examples", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "worst err / allowed" in out
+    row = next(line for line in out.splitlines() if "halfoff.add.0" in line)
+    share = float(row.split("│")[-2])
+    assert 0.4 < share < 0.55, row

@@ -50,7 +50,7 @@ from infiniops_py.resolver import use
 from infiniops_py.testing.case import Case, CaseContext, Draw
 from infiniops_py.testing.compare import bits_equal, compare
 from infiniops_py.testing.gates import GateFailure, GateReport, check_gates
-from infiniops_py.testing.tolerances import LowPrecisionRule, tolerance
+from infiniops_py.testing.tolerances import EXACT, Allclose, LowPrecisionRule, tolerance
 
 __all__ = [
     "DTYPES",
@@ -59,13 +59,17 @@ __all__ = [
     "GateReport",
     "OpReport",
     "Report",
+    "allowed_share",
     "check_gates",
     "copies",
     "declared_pairs",
     "run_conformance",
+    "serves_nothing",
 ]
 
 DTYPES: Final = ("float16", "bfloat16", "float32")
+NO_CUDA: Final = "no CUDA device on this machine (torch.cuda.is_available() is False)"
+NOTHING_RAN: Final = "no case ran: the provider's capability gated every case drawn, so nothing was compared"
 _KEPT_FAILURES: Final = 5
 
 
@@ -95,6 +99,7 @@ class OpReport:
     gated: int = 0
     failed: int = 0
     worst: float = 0.0
+    worst_allowed: float = 0.0  # the worst error as a share of the error the tolerance allows (1: the limit)
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
     coverage: dict[str, list[Any]] = field(default_factory=dict)  # values run (not gated), per field or size
@@ -139,9 +144,15 @@ class Report:
     error: str = ""
 
     @property
+    def ran(self) -> int:
+        """How many cases ran and were compared (drawn, less those gated), over every row."""
+        return sum(r.examples - r.gated for r in self.ops)
+
+    @property
     def ok(self) -> bool:
+        """No error, no failure, no gate failure, and at least one case compared: a check of nothing fails."""
         gates_ok = self.gates is None or not self.gates.failures
-        return not self.error and gates_ok and all(r.ok for r in self.ops)
+        return not self.error and gates_ok and self.ran > 0 and all(r.ok for r in self.ops)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (for ``infiniops check --json``), with ``ok`` filled in."""
@@ -154,7 +165,9 @@ class Report:
             return "\n".join([*lines, f"  {self.error}"])
         for r in self.ops:
             lines.append(f"  {r.op:<26} {r.dtype:<9} {r.implementation:<34} run {r.examples:>4}  gated {r.gated:>4}"
-                         f"  failed {r.failed:>4}  worst |err| {r.worst:.3g}")
+                         f"  failed {r.failed:>4}  worst |err| {r.worst:.3g} ({r.worst_allowed:.2f} of allowed)")
+        if not self.ran:
+            lines.append(f"  {NOTHING_RAN}")
         if self.gates is not None:
             lines.append(f"  gate checks: {self.gates.checked} problems outside the capability, "
                          f"{len(self.gates.failures)} not rejected with GateError")
@@ -183,13 +196,42 @@ def _declared(impl: Implementation, device: str) -> list[str]:
     return [d for d in DTYPES if dtypes is None or d in dtypes]
 
 
-def declared_pairs(provider: str, device: str = "cpu") -> tuple[list[tuple[str, str]], str]:
-    """The (operator, dtype) pairs `provider` declares on `device`, or an error when it is not usable."""
+def declared_pairs(provider: str, device: str = "cpu", *, option: str = "--device"
+                   ) -> tuple[list[tuple[str, str]], str]:
+    """The (operator, dtype) pairs `provider` declares on `device`, or an error when it is not usable.
+
+    The error also says when `device` is cuda and the machine has none, or when the provider serves
+    nothing on `device` (then it names the devices it serves as `option` flags to try).
+    """
     found, error = _provider(provider)
     if found is None:
         return [], error
+    if device == "cuda" and not torch.cuda.is_available():
+        return [], NO_CUDA
     pairs = {(i.op, d) for i in found.implementations if i.op in OPERATORS for d in _declared(i, device)}
-    return sorted(pairs), ""
+    return sorted(pairs), "" if pairs else serves_nothing(found, device, option=option)
+
+
+def serves_nothing(found: Provider, device: str, ops: Sequence[str] | None = None,
+                   dtypes: Sequence[str] | None = None, *, option: str = "--device") -> str:
+    """Why `found` has nothing to test on `device` among `ops` and `dtypes` (None: all), as one line.
+
+    Names the devices its capabilities do serve as a `option` flag to try (``try --device cuda``).
+    """
+    head = f"provider {found.name!r} serves nothing to test on {device}"
+    impls = [i for i in found.implementations if i.op in OPERATORS and (ops is None or i.op in ops)]
+    if not impls:
+        asked = f" among those asked ({', '.join(ops)})" if ops is not None else ""
+        return f"{head}: it implements no operator{asked}"
+    devices = [impl.capability.values("device_type") for impl in impls]
+    if all(d is not None and device not in d for d in devices):
+        served = sorted(set().union(*devices))
+        tries = " or ".join(f"{option} {d}" for d in served)
+        return f"{head}: device_type={device} not in {{{', '.join(served)}}}: try {tries}"
+    declared = sorted({d for i in impls for d in _declared(i, device)}, key=DTYPES.index)
+    if not declared:
+        return f"{head}: it declares none of the dtypes {', '.join(DTYPES)}"
+    return f"{head}: it declares {', '.join(declared)}, none of the dtypes asked ({', '.join(dtypes or ())})"
 
 
 def run_conformance(
@@ -216,7 +258,9 @@ def run_conformance(
         large: draw GPU-scale cases (`CaseContext.large`; None: when `device` is cuda).
 
     Returns:
-        The report; ``report.ok`` is False on any failure. Nothing raises for a failing provider.
+        The report; ``report.ok`` is False on any failure, and when no case ran at all (``report.error``
+        says why when the provider serves nothing there, or when `device` is cuda and the machine has no
+        CUDA device). Nothing raises for a failing provider.
     """
     from infiniops_py.testing.strategies import STRATEGIES
 
@@ -225,6 +269,9 @@ def run_conformance(
     scale = _Scale(device == "cuda" if large is None else large, ref_device)
     found, report.error = _provider(provider)
     if found is None:
+        return report
+    if device == "cuda" and not torch.cuda.is_available():
+        report.error = NO_CUDA
         return report
     for impl in sorted(found.implementations, key=lambda i: (list(OPERATORS).index(i.op) if i.op in OPERATORS
                                                               else len(OPERATORS), i.name)):
@@ -239,6 +286,9 @@ def run_conformance(
                     op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
                     continue
                 _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples, seed, scale)
+    if not report.ops:
+        report.error = serves_nothing(found, device, ops, dtypes)
+        return report
     if gates:
         report.gates = check_gates(provider, device=device, ops=ops)
     return report
@@ -278,8 +328,9 @@ def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, st
         report.examples += 1
         if outcome != "gated":
             report.cover(ctx.seen)
-        if isinstance(outcome, float):
-            report.worst = max(report.worst, outcome)
+        if isinstance(outcome, tuple):
+            report.worst = max(report.worst, outcome[0])
+            report.worst_allowed = max(report.worst_allowed, outcome[1])
         elif outcome == "gated":
             report.gated += 1
         else:
@@ -371,8 +422,9 @@ def _takes_out(spec: OpSpec) -> bool:
 
 
 def _check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch.device, dtype: torch.dtype,
-                draw: Draw, ref_device: torch.device) -> float | str:
-    """Run one case; the worst error when it passes, ``"gated"``, or the failure message."""
+                draw: Draw, ref_device: torch.device) -> tuple[float, float] | str:
+    """Run one case; when it passes the worst error and its share of the allowed error (`allowed_share`),
+    else ``"gated"`` or the failure message."""
     args64, kwargs64 = copies((case.args, dict(case.kwargs)), torch.float64, ref_device)
     with use("reference"):
         expected_result = spec.function(*args64, **kwargs64)
@@ -410,17 +462,41 @@ def _check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch
             low.append(("out=", low_result))
     if len(got) != len(expected):
         return f"{len(got)} outputs, the reference gives {len(expected)}"
-    worst = 0.0
+    worst = share = 0.0
     for i, ((label, g), (_, r)) in enumerate(zip(got, expected)):
         err, message = compare(label, g, r, tol, k=case.k, low=None if low is None else low[i][1],
                                exact=i in exact)
         if message is not None:
             return message
         worst = max(worst, err)
+        share = max(share, allowed_share(g, r, tol, k=case.k, low=None if low is None else low[i][1],
+                                         exact=i in exact))
     for u, old in before:
         if not bits_equal(_untouched_view(spec, args, kwargs, u), old):
             return f"argument {u!r} changed although the contract leaves it untouched"
-    return worst
+    return worst, share
+
+
+def allowed_share(got: torch.Tensor, ref: torch.Tensor, tol: Allclose | LowPrecisionRule, *, k: int | None = None,
+                  low: torch.Tensor | None = None, exact: bool = False) -> float:
+    """The worst error of an output that passed `compare`, as a share of the error `tol` allows there.
+
+    0 is exact, 1 is the limit. `Allclose`: the largest ``|got - ref| / (atol + atol_per_k * k + rtol * |ref|)``
+    over the elements; `LowPrecisionRule`: the max abs error over ``factor * (the low-dtype reference's
+    error) + atol``; bit-for-bit outputs give 0.
+    """
+    if exact or tol == EXACT or got.numel() == 0:
+        return 0.0
+    g, r = got.detach().to(ref.device, torch.float64), ref.detach().to(torch.float64)
+    diff = torch.where((g == r) | (g.isnan() & r.isnan()), 0.0, (g - r).abs())
+    if isinstance(tol, LowPrecisionRule):
+        if low is None:
+            return 0.0
+        lo = low.detach().to(r.device, torch.float64)
+        low_err = torch.where(lo.isfinite() & r.isfinite(), (lo - r).abs(), 0.0)
+        return float(diff.max()) / (tol.factor * float(low_err.max()) + tol.atol)
+    allowed = tol.atol + tol.atol_per_k * (k or 0) + tol.rtol * r.abs()
+    return float(torch.where(diff == 0, 0.0, diff / allowed).max())
 
 
 def _untouched_view(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], entry: Any) -> torch.Tensor:

@@ -8,9 +8,10 @@ Registered under the ``pytest11`` entry points, so a third-party provider's CI n
 It adds one test item per (operator, dtype) the provider declares on the device, with the node id
 ``infiniops[PROVIDER]::conformance[OP-DTYPE]``, plus one ``infiniops[PROVIDER]::gates[OP]`` item per
 operator checking that problems outside the provider's capability raise `GateError` (or one failing
-``infiniops[PROVIDER]::provider`` item when the provider is unknown or failed to load). The items are
-collected from a virtual collector during ``pytest_collection_modifyitems``, so ``-k`` selects among
-them. Without the option the plugin does nothing, and loading it imports nothing but pytest.
+``infiniops[PROVIDER]::provider`` item saying why when the provider is unknown, failed to load or serves
+nothing on the device, or the device is cuda and the machine has none: a run that tests nothing never
+passes). The items are collected from a virtual collector during ``pytest_collection_modifyitems``, so
+``-k`` selects among them. Without the option the plugin does nothing, and loading it imports nothing but pytest.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class _InfiniopsItem(pytest.Item):
 
 
 class ProviderItem(_InfiniopsItem):
-    """Fails when the provider is unknown or failed to load."""
+    """Fails when there is nothing to test: the provider is unknown, failed to load or serves nothing."""
 
     def __init__(self, *, message: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -100,7 +101,7 @@ class ProviderSuite(pytest.Collector):
     def collect(self) -> list[pytest.Item]:
         from infiniops_py.testing.conformance import declared_pairs
 
-        pairs, error = declared_pairs(self.provider, self.device)
+        pairs, error = declared_pairs(self.provider, self.device, option="--infiniops-device")
         if error:
             return [ProviderItem.from_parent(self, name="provider", message=error)]
         found: list[pytest.Item] = [
