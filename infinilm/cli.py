@@ -99,7 +99,7 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate(args: argparse.Namespace, model: str) -> int:
+def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False) -> int:
     from infinilm.engine import Engine
     from infinilm.sequence import SamplingParams
     from infinilm.tokenizer import StreamDecoder, load_tokenizer
@@ -119,6 +119,8 @@ def _generate(args: argparse.Namespace, model: str) -> int:
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
     seq = engine.add_request(prompt, params)
     decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
+    if echo_prompt and decoder is not None:  # the generated text then reads on from the prompt
+        sys.stdout.write(args.prompt)
     start = time.perf_counter()
     for _ in engine.stream():
         text = decoder.push(seq.output) if decoder else f"{seq.output[-1]} "
@@ -155,7 +157,9 @@ def _demo(args: argparse.Namespace) -> int:
 
     path = demo_checkpoint()
     print(f"demo checkpoint (a small Qwen3 taught one sentence, byte-level tokenizer): {path}")
-    return _generate(args, str(path))
+    print(f"prompt {args.prompt!r} (the model knows one sentence only: a prompt that does not start it gives "
+          "noise), then what it generates:")
+    return _generate(args, str(path), echo_prompt=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
