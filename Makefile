@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# A CPU wheel of torch for CPU machines (a plain `torch` would pull the CUDA build).
+# torch for CPU machines: on the project's machines pip finds a local CPU wheel of this version; elsewhere
+# a plain `torch` would pull the CUDA build, so pass
+#   TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# (TORCH is passed to pip unquoted, so it may carry pip options).
 TORCH  ?= torch==2.13.0
 PROVIDERS := -e providers/torch -e providers/triton -e providers/cupy
 STAMP  := $(VENV)/.installed
@@ -12,7 +15,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[llm,test]" $(PROVIDERS)
 	touch $(STAMP)
 
