@@ -13,6 +13,8 @@ import infiniops_py as io
 from infiniops_py import Capability, Check, OneOf
 from infiniops_py.cli import main
 from infiniops_py.operators import OPERATORS
+from infiniops_py.testing.conformance import allowed_share
+from infiniops_py.testing.tolerances import EXACT, Allclose, LowPrecisionRule
 
 
 @pytest.fixture(autouse=True)
@@ -149,3 +151,14 @@ def test_check_shows_the_worst_error_as_a_share_of_the_allowed_one(capsys: pytes
     row = next(line for line in out.splitlines() if "halfoff.add.0" in line)
     share = float(row.split("│")[-2])
     assert 0.4 < share < 0.55, row
+
+
+def test_the_allowed_share_of_each_tolerance_rule() -> None:
+    ref = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
+    # Allclose: |err| / (atol + rtol |ref|), the worst element
+    assert allowed_share(ref + torch.tensor([0.5, 0.0, 0.25]), ref, Allclose(0.5, 0.5)) == pytest.approx(0.5)
+    assert allowed_share(ref + 6.4e-3, ref, Allclose(0.0, 0.0, atol_per_k=1e-4), k=128) == pytest.approx(0.5)
+    # LowPrecisionRule: max |err| / (factor x the low-dtype reference's own max error + atol)
+    low = ref + torch.tensor([0.0, 1e-2, 0.0])
+    assert allowed_share(ref + 1e-2, ref, LowPrecisionRule(2.0, 0.0), low=low) == pytest.approx(0.5)
+    assert allowed_share(ref + 1e-2, ref, EXACT) == 0.0 and allowed_share(ref, ref, Allclose(0.0, 1e-9)) == 0.0
