@@ -1,7 +1,7 @@
 """Gemm through CuPy's cuBLAS binding (cublasGemmStridedBatchedEx, fp32 compute).
 
-Without `c` or `bias`, cuBLAS writes `out` directly. With them, cuBLAS writes ``alpha * op(a) @ op(b)`` to
-an fp32 workspace and one small kernel adds ``beta * c + bias`` and rounds once to the output dtype
+In fp32 without `c` or `bias`, cuBLAS writes `out` directly. Otherwise cuBLAS writes ``alpha * op(a) @ op(b)``
+to an fp32 workspace and one small kernel adds ``beta * c + bias`` and rounds once to the output dtype
 (rounding ``beta * c`` to fp16/bf16 first loses digits that large `beta` makes visible). `c` is never read
 when the contract dropped it (beta == 0); `out` may be `c` (each element is read before it is written).
 Row-major tensors are handed to column-major cuBLAS as the transposed
@@ -67,7 +67,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
     if out.numel() == 0:
         return out
     a, b = a.contiguous(), b.contiguous()
-    epilogue = c is not None or bias is not None
+    # fp16/bf16 always accumulate into the fp32 workspace: cuBLAS' default may reduce split-K partial sums
+    # in the output dtype, which the H200 run showed 4 ulps off at K=511 (bf16).
+    epilogue = c is not None or bias is not None or out.dtype != torch.float32
     target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if epilogue else out
     with stream(out.device):
         if k == 0:
