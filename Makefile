@@ -53,9 +53,12 @@ check-gpu:
 	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
 	$(GPU_CHECK) --logs $(GPU_CHECK_LOGS) --budget $(GPU_CHECK_BUDGET)
 
+# The tables of one run; benchmarks/RESULTS.md is the curated, dated record of the runs quoted in issues.
+BENCH_OUT ?= bench-latest.md
+
 bench-gpu:
 	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
-	python3 benchmarks/ops.py --write benchmarks/RESULTS.md
+	python3 benchmarks/ops.py --write $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info providers/*/*.egg-info
