@@ -28,6 +28,8 @@ __all__ = [
     "MultipleOf",
     "OneOf",
     "Requires",
+    "constraint_text",
+    "safe_reject",
 ]
 
 
@@ -232,24 +234,57 @@ class ComputeCapability(Constraint):
         return f"compute capability >= {self.minimum[0]}.{self.minimum[1]}"
 
 
+def constraint_text(c: Constraint) -> str:
+    """``c.describe()``, or the constraint's class name when a faulty plugin constraint's describe raises."""
+    try:
+        return c.describe()
+    except Exception:  # describe() of a faulty plugin constraint may raise too
+        return type(c).__name__
+
+
+def safe_reject(c: Constraint, problem: Problem) -> Rejection | None:
+    """``c.reject(problem)``, except that a check which raises is a rejection of its own.
+
+    The rejection reads ``<field>=<value> (constraint <name> raised ZeroDivisionError: division by zero)``
+    and carries no fix (nothing about the problem can fix a faulty constraint), so the resolver never
+    picks that candidate and the others still serve.
+    """
+    try:
+        return c.reject(problem)
+    except Exception as exc:  # a plugin's constraint is foreign code: contain it
+        return Rejection("raised", c.field, problem.get(c.field),
+                         f"(constraint {constraint_text(c)} raised {type(exc).__name__}: {exc})")
+
+
 class Capability:
     """What one implementation serves: a tuple of constraints, all of which must hold."""
 
     __slots__ = ("constraints",)
 
     def __init__(self, *constraints: Constraint) -> None:
+        """Raises:
+            TypeError: an argument that is not a `Constraint` (say, a bare tuple of values).
+        """
+        for n, c in enumerate(constraints):
+            if not isinstance(c, Constraint):
+                raise TypeError(f"Capability: argument {n} is {type(c).__name__} {c!r}, not a Constraint "
+                                "(use OneOf, Between, MultipleOf, Check, Requires, ...)")
         self.constraints = tuple(constraints)
         devices = self.values("device_type")
         if (devices is None or "cuda" in devices) and not any(isinstance(c, CudaAvailable) for c in constraints):
             self.constraints += (CudaAvailable(),)
 
     def reasons(self, problem: Problem, *, environment: bool = True) -> tuple[Rejection, ...]:
-        """Every rejection of `problem`; empty when the capability accepts it."""
+        """Every rejection of `problem`; empty when the capability accepts it.
+
+        A constraint whose check raises rejects the problem (see `safe_reject`) instead of propagating,
+        so one faulty plugin constraint cannot break the other providers of the operator.
+        """
         out = []
         for c in self.constraints:
             if c.environmental and not environment:
                 continue
-            r = c.reject(problem)
+            r = safe_reject(c, problem)
             if r is not None:
                 out.append(r)
         return tuple(out)
@@ -265,4 +300,4 @@ class Capability:
     def describe(self, skip: Iterable[str] = ("device_type", "dtype")) -> list[str]:
         """Each constraint as text, except those on the `skip` fields."""
         skipped = set(skip)
-        return [c.describe() for c in self.constraints if c.field not in skipped]
+        return [constraint_text(c) for c in self.constraints if c.field not in skipped]

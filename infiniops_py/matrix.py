@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from infiniops_py import runtime
-from infiniops_py.capability import CudaAvailable
+from infiniops_py.capability import CudaAvailable, constraint_text, safe_reject
 from infiniops_py.operators import OPERATORS
 from infiniops_py.registry import Implementation, Provider
 
@@ -88,16 +88,16 @@ def _static_rejections(impl: Implementation, device: str, dtype: str) -> list[st
     for c in impl.capability.constraints:
         if c.environmental or c.field not in _KEYS:
             continue
-        r = c.reject(problem)
+        r = safe_reject(c, problem)
         if r is not None:
             found.append(f"{r.field}={r.found} {r.allowed}")
     return found
 
 
 def _limits(impl: Implementation) -> str:
-    parts = [c.describe() for c in impl.capability.constraints if not c.environmental and c.field not in _KEYS]
+    parts = [constraint_text(c) for c in impl.capability.constraints if not c.environmental and c.field not in _KEYS]
     # every cuda cell needs a CUDA device (the intro says so): listing it on each row is noise
-    parts += [c.describe() for c in impl.capability.constraints
+    parts += [constraint_text(c) for c in impl.capability.constraints
               if c.environmental and not isinstance(c, CudaAvailable)]
     return f"{impl.name}: " + (", ".join(parts) if parts else "no other limits")
 

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
+
 from infiniops_py import plugins
 from infiniops_py.operators import OPERATORS
 from infiniops_py.operators._base import OpSpec, Problem, dtype_name, install_dispatcher
@@ -36,7 +38,7 @@ _manual: list[Provider] = []
 def _build() -> Resolver:
     from infiniops_py import reference_provider
 
-    found = [reference_provider.provider(), *plugins.discover(), *_manual]
+    found = plugins.deduplicate([reference_provider.provider(), *plugins.discover(), *_manual])
     return Resolver(found, Settings.from_env(), OPERATORS)
 
 
@@ -59,17 +61,22 @@ def register_provider(plugin: Any, *, name: str | None = None) -> Provider:
     """Register a provider plugin object by hand (a module or object with an ``infiniops_provider`` hook).
 
     For use with ``INFINIOPS_DISABLE_PLUGIN_AUTOLOAD=1`` or in tests; returns the loaded `Provider`
-    (check ``provider.error``).
+    (check ``provider.error``). Nothing raises for a bad plugin: a missing or raising hook, unusable
+    declarations (see `plugins.declaration_errors`) or a provider name already taken (``torch``) give a
+    failed provider, listed by ``infiniops providers``; the provider already holding the name keeps serving.
     """
     provider = plugins.load_plugin(plugin, name=name or getattr(plugin, "__name__", "manual"), source="manual")
+    taken = get_resolver().providers.get(provider.name)
+    if taken is not None:
+        provider = plugins.duplicate(provider, taken, origin="manual")
     _manual.append(provider)
     reload()
     return provider
 
 
 def unregister_provider(name: str) -> None:
-    """Remove a provider registered by hand."""
-    _manual[:] = [p for p in _manual if p.name != name]
+    """Remove a provider registered by hand (and a duplicate of that name refused at registration)."""
+    _manual[:] = [p for p in _manual if p.name not in (name, f"{name} [manual]")]
     reload()
 
 
@@ -81,16 +88,63 @@ def providers() -> list[Provider]:
 def make_problem(op: str, **fields: Any) -> Problem:
     """A problem for `op` from named fields (``device_type``, ``dtype``, ``head_dim``, ...).
 
+    Each field must have the type of its default in the operator's `OpSpec` (a bool field takes a bool,
+    an int field an int, not a bool; a float field an int or a float; a str field a str), and an int
+    field must be >= 0 unless its default is negative. ``device_type`` is a str, ``dtype`` a str or a
+    ``torch.dtype``.
+
     Raises:
-        KeyError: an unknown operator. ValueError: an unknown field.
+        KeyError: an unknown operator. ValueError: an unknown field, or a negative size.
+        TypeError: `op` is not a str, or a field value of the wrong type (``head_dim=[64]``).
     """
+    if not isinstance(op, str):
+        raise TypeError(f"make_problem: the operator must be a str name, got {type(op).__name__} {op!r}")
     if op not in OPERATORS:
         raise KeyError(f"unknown operator {op!r}; known: {', '.join(sorted(OPERATORS))}")
-    return OPERATORS[op].problem(**fields)
+    spec = OPERATORS[op]
+    return spec.problem(**{name: _field_value(spec, name, value) for name, value in fields.items()})
+
+
+_KINDS: tuple[tuple[type, str], ...] = ((bool, "a bool"), (int, "an int"), (float, "a float"), (str, "a str"))
+
+
+def _field_value(spec: OpSpec, name: str, value: Any) -> Any:
+    """`value` checked against the type of the field's default (see `make_problem`)."""
+    if name == "device_type":
+        if not isinstance(value, str):
+            raise TypeError(f"{spec.name}: device_type={value!r} must be a str (cpu, cuda), got {type(value).__name__}")
+        return value
+    if name == "dtype":
+        if not isinstance(value, (str, torch.dtype)):
+            raise TypeError(f"{spec.name}: dtype={value!r} must be a str or a torch.dtype, got {type(value).__name__}")
+        return value
+    if name not in spec.fields:
+        return value  # OpSpec.problem names the unknown field
+    default = spec.fields[name]
+    kind, what = next(((k, w) for k, w in _KINDS if isinstance(default, k)), (None, ""))
+    if kind is None:
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(f"{spec.name}: {name}={value!r} must be hashable, got {type(value).__name__}") from None
+        return value
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise TypeError(f"{spec.name}: {name}={value!r} must be {what} (its default is {default!r}), "
+                        f"got {type(value).__name__}")
+    if kind is int and value < 0 <= default:
+        raise ValueError(f"{spec.name}: {name}={value} must be >= 0")
+    return value
 
 
 def _as_problem(op_or_problem: str | Problem, fields: Mapping[str, Any]) -> Problem:
-    return op_or_problem if isinstance(op_or_problem, Problem) else make_problem(op_or_problem, **fields)
+    if isinstance(op_or_problem, Problem):
+        if fields:
+            raise TypeError(f"got a Problem and fields {sorted(fields)}: pass one or the other")
+        return op_or_problem
+    return make_problem(op_or_problem, **fields)
 
 
 def explain(op: str | Problem, **fields: Any) -> Explanation:
@@ -115,9 +169,21 @@ def resolve_closure(requests: Iterable[Problem | tuple[str, Mapping[str, Any]]])
 
     Raises:
         GateError: one error listing every problem that no provider can serve.
+        TypeError: a request that is neither a `Problem` nor an ``(op, fields)`` pair with a str `op` and a
+            mapping of `fields`, or a field of the wrong type (see `make_problem`).
+        KeyError, ValueError: an unknown operator or field, or a negative size (see `make_problem`).
     """
-    problems = [r if isinstance(r, Problem) else make_problem(r[0], **r[1]) for r in requests]
-    return get_resolver().resolve_closure(problems, current_overrides())
+    return get_resolver().resolve_closure([_request(n, r) for n, r in enumerate(requests)], current_overrides())
+
+
+def _request(n: int, request: Any) -> Problem:
+    if isinstance(request, Problem):
+        return request
+    if not (isinstance(request, tuple | list) and len(request) == 2 and isinstance(request[0], str)
+            and isinstance(request[1], Mapping)):
+        raise TypeError(f"resolve_closure: request {n} is {request!r}: expected a Problem or an (op, fields) "
+                        "pair, such as ('rms_norm', {'hidden_size': 4096})")
+    return make_problem(request[0], **request[1])
 
 
 def fallbacks() -> list[Fallback]:
