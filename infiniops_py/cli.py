@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,6 +30,17 @@ _SHORTCUTS = (("head_dim", "--head-dim"), ("block_size", "--block-size"), ("widt
 def _console() -> Console:
     # a pipe or a test gets wide tables instead of wrapped 80-column ones
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def _positive(text: str) -> int:
+    """argparse type of a count or a size: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,13 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--device", default="cpu", help="device type (default: cpu)")
     explain.add_argument("--dtype", default="float32", help="dtype (default: float32)")
     for field, flag in _SHORTCUTS:
-        explain.add_argument(flag, dest=field, type=int, default=None, help=f"problem field {field}")
+        explain.add_argument(flag, dest=field, type=_positive, default=None, help=f"problem field {field} (>= 1)")
     explain.add_argument("--field", action="append", default=[], metavar="K=V", help="any other problem field")
 
     check = sub.add_parser("check", help="run the conformance suite on a provider")
     check.add_argument("provider")
     check.add_argument("--device", default="cpu", help="device type (default: cpu)")
-    check.add_argument("--max-examples", type=int, default=200,
+    check.add_argument("--max-examples", type=_positive, default=200,
                        help="hypothesis examples per (implementation, dtype) (default: 200)")
     check.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
     check.add_argument("--dtype", action="append", help="a dtype (repeatable; default: all declared)")
@@ -104,7 +116,12 @@ def _matrix(args: argparse.Namespace) -> int:
         print(f"infiniops matrix: {err.args[0]}", file=sys.stderr)
         return 2
     if args.write:
-        for path in matrix.write(m, args.write):
+        try:
+            written = matrix.write(m, args.write)
+        except OSError as err:
+            print(f"infiniops matrix: cannot write {args.write}: {err.strerror or err}", file=sys.stderr)
+            return 2
+        for path in written:
             print(f"wrote {path}")
     fmt = args.format or (None if args.write else "table")
     if fmt == "json":
@@ -168,9 +185,12 @@ def _explain(args: argparse.Namespace) -> int:
             name, sep, text = item.partition("=")
             if not sep:
                 raise ValueError(f"--field {item!r}: expected K=V")
-            fields[name] = _value(text, spec.fields.get(name))
-        problem = spec.problem(args.device, args.dtype, **fields)
-    except ValueError as err:
+            try:
+                fields[name] = _value(text, spec.fields.get(name))
+            except ValueError as err:
+                raise ValueError(f"--field {item!r}: {err}") from None
+        problem = runtime.make_problem(args.op, device_type=args.device, dtype=args.dtype, **fields)
+    except (TypeError, ValueError) as err:
         print(f"infiniops explain: {err}", file=sys.stderr)
         return 2
     ex = runtime.explain(problem)
@@ -187,14 +207,33 @@ def _explain(args: argparse.Namespace) -> int:
 
 # --- check ----------------------------------------------------------------------------------------------
 
+def _check_usage(args: argparse.Namespace) -> str:
+    """What is wrong with the arguments of `check` before anything runs (empty when nothing is)."""
+    import torch
+
+    if args.reference_device == "cuda" and not torch.cuda.is_available():
+        return "--reference-device cuda: this machine has no CUDA device"
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        return f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist"
+    return ""
+
+
 def _check(args: argparse.Namespace) -> int:
     from infiniops_py.testing.conformance import NOTHING_RAN, run_conformance
 
+    usage = _check_usage(args)
+    if usage:
+        print(f"infiniops check: {usage}", file=sys.stderr)
+        return 2
     report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples,
                              seed=args.seed, dtypes=args.dtype, reference_device=args.reference_device)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.as_dict(), f, indent=1, default=str)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report.as_dict(), f, indent=1, default=str)
+        except OSError as err:
+            print(f"infiniops check: cannot write --json {args.json}: {err.strerror or err}", file=sys.stderr)
+            return 2
     console = _console()
     if report.error:
         console.print(f"[red]{escape(report.error)}[/red]")

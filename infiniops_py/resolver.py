@@ -9,6 +9,11 @@ Ranking, for one problem:
    then the rest by priority (highest first).
 4. The first candidate whose capability accepts the problem wins.
 
+Names are checked: ``use(op=...)`` raises on an unknown operator; an operator or provider named by the
+environment that does not exist (or did not load) logs a warning once, when the resolver is built; a
+provider named by ``use(provider=...)`` or ``use(deny=...)`` that is not loaded logs a warning once, and
+when nothing else is allowed the `GateError` says ``provider 'zzz' is not loaded (known: ...)``.
+
 A *fallback* is a win by a candidate ranked below a preferred one that rejected the problem (a provider
 named in ``INFINIOPS_PRIORITY``), or a win by the last-resort ``reference`` provider while another
 provider implements the operator. Fallbacks are logged and recorded (`Resolver.fallbacks`); with
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infiniops_py.errors import CandidateReport, GateError
+from infiniops_py.operators import OPERATORS
 from infiniops_py.operators._base import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
 
@@ -92,24 +98,62 @@ class Override:
 _OVERRIDES: contextvars.ContextVar[tuple[Override, ...]] = contextvars.ContextVar("infiniops_use", default=())
 
 
-@contextlib.contextmanager
+def _names(argument: str, value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """One name or a sequence of names as a tuple; TypeError/ValueError name `argument` otherwise."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else value
+    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
+        raise TypeError(f"use({argument}={value!r}): expected a name (str) or a sequence of names, "
+                        f"got {type(value).__name__}")
+    names = tuple(items)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"use({argument}={value!r}): expected names as str, got {type(name).__name__} "
+                            f"{name!r}")
+        if not name.strip():
+            raise ValueError(f"use({argument}={value!r}): an empty name")
+    return names
+
+
 def use(
     provider: str | Sequence[str] | None = None,
     *,
     op: str | Sequence[str] | None = None,
     deny: str | Sequence[str] | None = None,
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """Scope in which `op` (one name, several, or all when None) is served only by `provider`.
 
     ``use(provider="triton", op="flash_attn_varlen")`` forces Triton for that operator (a problem Triton
     cannot serve raises `GateError`, it never falls back); ``use(provider=("triton", "torch"))`` allows
     those two, in that order; ``use(deny="cupy")`` excludes a provider. Scopes nest (the inner one wins)
     and follow `contextvars` (threads and asyncio tasks each see their own).
+
+    Provider names are checked when a call resolves, not here (a provider may be registered inside the
+    scope): forcing only providers that are not loaded raises `GateError` saying ``provider 'zzz' is not
+    loaded (known: ...)``, and a forced or denied name that is not loaded logs a warning once.
+
+    Raises:
+        TypeError: `provider`, `op` or `deny` is neither a str nor a sequence of str (``use(provider=5)``).
+        ValueError: an unknown operator in `op` (the message lists the known ones), or an empty name.
     """
-    names = (provider,) if isinstance(provider, str) else tuple(provider or ())
-    ops = None if op is None else frozenset((op,) if isinstance(op, str) else op)
-    denied = (deny,) if isinstance(deny, str) else tuple(deny or ())
-    token = _OVERRIDES.set((*_OVERRIDES.get(), Override(names, ops, denied)))
+    names = _names("provider", provider)
+    denied = _names("deny", deny)
+    ops = None
+    if op is not None:
+        ops = frozenset(_names("op", op))
+        unknown = sorted(ops - set(OPERATORS))
+        if unknown:
+            raise ValueError(f"use(op={op!r}): unknown operator(s) {', '.join(map(repr, unknown))} "
+                             f"(known: {', '.join(OPERATORS)})")
+        if not ops:
+            raise ValueError(f"use(op={op!r}): names no operator (leave op out to cover every operator)")
+    return _scope(Override(names, ops, denied))
+
+
+@contextlib.contextmanager
+def _scope(override: Override) -> Iterator[None]:
+    token = _OVERRIDES.set((*_OVERRIDES.get(), override))
     try:
         yield
     finally:
@@ -141,9 +185,12 @@ class Explanation:
     candidates: tuple[CandidateReport, ...]
     chosen: Implementation | None
     fallback: Fallback | None
+    note: str = ""  # what the overrides excluded, and forced providers that are not loaded
 
     def render(self) -> str:
         lines = [f"{self.problem.op} {self.problem.describe()}"]
+        if self.note:
+            lines.append(f"  note: {self.note}")
         for rank, c in enumerate(self.candidates, 1):
             mark = "chosen" if self.chosen is not None and c.implementation == self.chosen.name else (
                 "accepts" if c.accepted else "rejects")
@@ -173,6 +220,41 @@ class Resolver:
             impls.sort(key=lambda i: (-i.priority, i.provider, i.name))
         self.cache: dict[tuple[Any, ...], Implementation] = {}
         self.fallbacks: list[Fallback] = []
+        self._warned: set[str] = set()
+        for message in self._settings_problems():
+            self._warn_once(message)
+
+    # -- names the overrides use ---------------------------------------------------------------------
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning("infiniops: %s", message)
+
+    def _loaded(self) -> str:
+        return ", ".join(sorted(p.name for p in self.providers.values() if p.loaded))
+
+    def _not_loaded(self, name: str) -> str | None:
+        """Why provider `name` cannot serve anything, or None when it is loaded."""
+        p = self.providers.get(name)
+        if p is None:
+            return f"provider {name!r} is not loaded (known: {self._loaded()})"
+        if not p.loaded:
+            return f"provider {name!r} is not loaded (it failed to load: {p.error})"
+        return None
+
+    def _settings_problems(self) -> list[str]:
+        """Unknown operators and providers named by ``INFINIOPS_PRIORITY`` / ``INFINIOPS_DENY``."""
+        out = []
+        for var, table in (("INFINIOPS_PRIORITY", self.settings.priority), ("INFINIOPS_DENY", self.settings.deny)):
+            for op, names in table.items():
+                if op is not None and op not in self.specs:
+                    out.append(f"{var}: unknown operator {op!r}, ignored (known: {', '.join(self.specs)})")
+                    continue
+                for name in names:
+                    why = self._not_loaded(name)
+                    if why is not None:
+                        out.append(f"{var}{f' for {op}' if op else ''}: {why}")
+        return out
 
     # -- ranking ------------------------------------------------------------------------------------
     def _ranked(self, op: str, overrides: tuple[Override, ...]) -> tuple[list[Implementation], list[str], str]:
@@ -187,6 +269,11 @@ class Resolver:
                     forced = ov.providers
         impls = [i for i in impls if i.provider not in denied]
         note = f"denied: {', '.join(sorted(denied))}" if denied else ""
+        for ov in overrides:  # use(deny=...) of a provider that is not loaded: a typo, most likely
+            for name in ov.deny if ov.covers(op) else ():
+                why = self._not_loaded(name)
+                if why is not None:
+                    self._warn_once(f"use(deny={name!r}): {why}")
         if forced:
             order = {name: n for n, name in enumerate(forced)}
             kept = [i for i in impls if i.provider in order]
@@ -194,6 +281,13 @@ class Resolver:
             left_out = sorted({i.provider for i in impls} - set(forced))
             if left_out:
                 note = "; ".join(filter(None, (note, f"use(provider={forced}) excludes {', '.join(left_out)}")))
+            missing = [why for why in map(self._not_loaded, forced) if why is not None]
+            for why in missing:
+                self._warn_once(f"use(provider={forced}): {why}")
+            serving = {i.provider for i in self.by_op.get(op, ())}
+            missing += [f"provider {name!r} implements no {op}" for name in forced
+                        if name not in serving and self._not_loaded(name) is None]
+            note = "; ".join(filter(None, (note, *missing)))
             return kept, list(forced), note
         preferred = list(self.settings.for_op(self.settings.priority, op))
         order = {name: n for n, name in enumerate(preferred)}
@@ -202,7 +296,7 @@ class Resolver:
 
     def explain(self, problem: Problem, overrides: tuple[Override, ...] = ()) -> Explanation:
         """Rank every candidate for `problem`, pick one, and say why; runs nothing, raises nothing."""
-        impls, preferred, _note = self._ranked(problem.op, overrides)
+        impls, preferred, note = self._ranked(problem.op, overrides)
         reports: list[CandidateReport] = []
         chosen: Implementation | None = None
         for impl in impls:
@@ -218,7 +312,7 @@ class Resolver:
             others = {i.provider for i in self.by_op.get(problem.op, ())} - {REFERENCE}
             if passed or (chosen.provider == REFERENCE and others and not preferred):
                 fallback = Fallback(problem, chosen.name, passed or tuple(above))
-        return Explanation(problem, tuple(reports), chosen, fallback)
+        return Explanation(problem, tuple(reports), chosen, fallback, note)
 
     def resolve(self, problem: Problem, overrides: tuple[Override, ...] = ()) -> Implementation:
         """The implementation for `problem`.
@@ -228,10 +322,9 @@ class Resolver:
         """
         ex = self.explain(problem, overrides)
         if ex.chosen is None:
-            _, _, note = self._ranked(problem.op, overrides)
             reports = list(ex.candidates)
-            if note:
-                reports.append(CandidateReport("(excluded)", "-", 0, (), note))
+            if ex.note:
+                reports.append(CandidateReport("(excluded)", "-", 0, (), ex.note))
             raise GateError([(problem, reports)])
         if ex.fallback is not None:
             if self.settings.strict:
