@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,16 +34,28 @@ import infiniops_py
 from infiniops_py.testing.compare import bits_equal, compare
 from infiniops_py.testing.tolerances import tolerance
 
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
+from _common import (
+    Timer,
+    bench_main,
+    check_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    matmul_tflops,
+    median_ms,
+    perf_row,
+    resolved_call,
+    run_perf,
+)
+from _common import randn as _randn
+
 FAMILY = "attention"
 PREFILL_TARGET = 0.8  # x SDPA TFLOP/s
 DECODE_TARGET = 0.75  # x copy bandwidth
 
 
 # --- inputs ----------------------------------------------------------------------------------------
-
-
-def _randn(*shape: int, dtype: torch.dtype, device: str, gen: torch.Generator) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
 
 def varlen_case(lens_q: list[int], lens_k: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, device: str,
@@ -179,39 +192,12 @@ def correctness(device: str, dtypes: tuple[torch.dtype, ...] = (torch.float16, t
     rows = []
     for dtype in dtypes:
         for name, op, args in correctness_cases(dtype, device, scale):
-            try:
-                ok, worst, message = check(op, args, reference_device or device)
-            except Exception as e:  # a crash is a FAIL of this case, the run goes on
-                ok, worst, message = False, math.inf, f"{type(e).__name__}: {e}"
-            rows.append({"kind": "check", "family": FAMILY, "case": f"{name} {str(dtype)[6:]}",
-                         "status": "PASS" if ok else "FAIL", "worst": worst, "note": message[:300]})
-            print(f"{rows[-1]['status']} {rows[-1]['case']}: max |err| {worst:.3g} {message[:300]}", flush=True)
+            rows.append(check_row(FAMILY, name, dtype,
+                                  lambda op=op, args=args: check(op, args, reference_device or device)))
     return rows
 
 
 # --- timings ---------------------------------------------------------------------------------------
-
-Timer = Callable[[Callable[[], Any]], float]  # milliseconds per call of a no-argument function
-
-
-def median_ms(fn: Callable[[], Any]) -> float:
-    """``triton.testing.do_bench``'s median, in milliseconds (CUDA)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, return_mode="median"))
-
-
-def copy_bandwidth_gbs(device: str = "cuda", nbytes: int = 2 << 30, timer: Timer = median_ms) -> float:
-    """Device-to-device copy, counting the bytes read and written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / timer(lambda: dst.copy_(src)) / 1e6
-
-
-def matmul_tflops(device: str = "cuda", n: int = 8192, timer: Timer = median_ms) -> float:
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    return 2 * n**3 / timer(lambda: a @ b) / 1e9
 
 
 def prefill_flops(batch: int, heads: int, seqlen: int, d: int, causal: bool = True) -> float:
@@ -241,8 +227,7 @@ def _problem(op: str, args: dict[str, Any]) -> dict[str, Any]:
 def implementation_call(provider: str, op: str, args: dict[str, Any], **extra: Any) -> Callable[[], Any]:
     """A no-argument callable running `provider`'s implementation of `op` on `args` (calling convention);
     `extra` keywords go to the implementation (the Triton decode takes ``splits``)."""
-    with infiniops_py.use(provider):
-        fn = infiniops_py.resolve(op, **_problem(op, args)).fn
+    problem = _problem(op, args)
     q = args["q"]
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
@@ -253,19 +238,7 @@ def implementation_call(provider: str, op: str, args: dict[str, Any], **extra: A
     else:
         conv = (q, args["k_cache"], args["v_cache"], args["cache_seqlens"], args.get("block_table"), args.get("k"),
                 args.get("v"), scale, args["causal"], args["window_size"], args["softcap"], out)
-
-    def call() -> Any:
-        with infiniops_py.unchecked_indices():
-            return fn(*conv, **extra)
-
-    return call
-
-
-def _row(case: str, metric: str, triton_v: float, torch_v: float, baseline: str, baseline_v: float,
-         roofline: float, target: str, ok: bool, note: str) -> dict[str, Any]:
-    return {"kind": "perf", "family": FAMILY, "case": case, "metric": metric, "triton": triton_v, "torch": torch_v,
-            "baseline": baseline, "baseline_value": baseline_v, "vs_torch": triton_v / torch_v,
-            "roofline": roofline, "target": target, "status": "PASS" if ok else "MISS", "note": note}
+    return resolved_call(provider, op, problem, *conv, **extra)
 
 
 def bench_prefill(device: str, gemm_tflops: float, *, batch: int = 4, heads: int = 32, seqlen: int = 4096,
@@ -280,9 +253,9 @@ def bench_prefill(device: str, gemm_tflops: float, *, batch: int = 4, heads: int
     ratio = tri / sdpa
     short = "" if ratio >= PREFILL_TARGET else f", short by {PREFILL_TARGET - ratio:.2f}x"
     tuned = _tuned_config("infiniops_triton._flash_attn_kernels", "attn_fwd_tuned")
-    return _row(f"varlen causal prefill D{d} {batch}x{heads}hx{seqlen} bf16", "TFLOP/s", tri, tor, "SDPA", sdpa,
-                tri / gemm_tflops, f">= {PREFILL_TARGET}x SDPA", ratio >= PREFILL_TARGET,
-                f"{ratio:.2f}x SDPA{short}; tuned {tuned}")
+    return perf_row(FAMILY, f"varlen causal prefill D{d} {batch}x{heads}hx{seqlen} bf16", "TFLOP/s", tri, tor,
+                    "SDPA", sdpa, tri / gemm_tflops, f">= {PREFILL_TARGET}x SDPA", ratio >= PREFILL_TARGET,
+                    f"{ratio:.2f}x SDPA{short}; tuned {tuned}")
 
 
 def _tuned_config(module: str, name: str) -> str:
@@ -310,9 +283,9 @@ def bench_decode(device: str, copy_gbs: float, *, batch: int = 64, hq: int = 32,
     frac = tri / copy_gbs
     short = "" if frac >= DECODE_TARGET else f", short by {DECODE_TARGET - frac:.0%}"
     by_split = ", ".join(f"{s}: {v:.0f}" for s, v in sweep.items())
-    return _row(f"paged decode B{batch} {hq}/{hkv}h D{d} ctx{context} bs{page} bf16", "GB/s", tri, tor, "copy",
-                copy_gbs, frac, f">= {DECODE_TARGET:.0%} copy BW", frac >= DECODE_TARGET,
-                f"{frac:.0%} of copy{short}; tuned {tuned}; GB/s by splits {by_split}")
+    return perf_row(FAMILY, f"paged decode B{batch} {hq}/{hkv}h D{d} ctx{context} bs{page} bf16", "GB/s", tri, tor,
+                    "copy", copy_gbs, frac, f">= {DECODE_TARGET:.0%} copy BW", frac >= DECODE_TARGET,
+                    f"{frac:.0%} of copy{short}; tuned {tuned}; GB/s by splits {by_split}")
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, scale: int = 1, timer: Timer = median_ms,
@@ -329,37 +302,16 @@ def run(results: list[dict[str, Any]], device: str = "cuda", *, scale: int = 1, 
         lambda: bench_prefill(device, gemm, seqlen=4096 // scale, timer=timer),
         lambda: bench_decode(device, copy_gbs, batch=max(1, 64 // scale), context=4096 // scale, timer=timer),
     ]
-    for name, bench in zip(("varlen causal prefill", "paged decode"), benches):
-        try:
-            results.append(bench())
-        except Exception as e:  # report and go on to the next benchmark
-            results.append({"kind": "perf", "family": FAMILY, "case": name, "status": "MISS",
-                            "note": f"crashed: {type(e).__name__}: {e}"[:300]})
+    run_perf(results, FAMILY, list(zip(("varlen causal prefill", "paged decode"), benches)))
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
     """The compact table: correctness lines, then one line per timing."""
-    lines = [f"{'case':<52} {'status':<6} detail"]
-    for r in results:
-        if r["kind"] == "check":
-            lines.append(f"{r['case']:<52} {r['status']:<6} max|err| {r['worst']:.3g} {r['note'][:60]}")
-        elif "triton" in r:
-            lines.append(f"{r['case']:<52} {r['status']:<6} triton {r['triton']:.0f} {r['metric']}, torch "
-                         f"{r['torch']:.0f} ({r['vs_torch']:.2f}x), {r['baseline']} {r['baseline_value']:.0f}, "
-                         f"roofline {r['roofline']:.0%}; target {r['target']}: {r['note']}")
-        else:
-            lines.append(f"{r['case']:<52} {r['status']:<6} {r['note']}")
-    return "\n".join(lines)
+    return "\n".join([f"{'case':<52} {'status':<6} detail", *format_rows(results, 52, 6)])
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("gpu_attention: needs a CUDA device", file=sys.stderr)
-        return 2
-    results: list[dict[str, Any]] = []
-    run(results)
-    print(format_table(results))
-    return 0 if all(r["status"] == "PASS" for r in results) else 1
+    return bench_main("gpu_attention", run, format_table)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,22 +38,31 @@ import infiniops_py
 from infiniops_py.testing.compare import bits_equal, compare
 from infiniops_py.testing.tolerances import tolerance
 
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
+from _common import (
+    Timer,
+    bench_main,
+    check_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    matmul_tflops,
+    median_ms,
+    perf_row,
+    resolved_call,
+    run_perf,
+)
+
 FAMILY = "dense"
 BANDWIDTH_TARGET = 0.85  # x copy bandwidth
 QK_NORM_TARGET = 1.5  # x the torch provider's two separate norms
 GEMM_TARGET = 0.8  # x torch.matmul + bias
 
-Timer = Callable[[Callable[[], Any]], float]  # median milliseconds of a no-argument call
 Case = tuple[str, str, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]
 
 
-def median_ms(fn: Callable[[], Any]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, return_mode="median"))
-
-
 def _randn(*shape: int, dtype: torch.dtype, device: str, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """Drawn on the host (a CPU generator), then moved: the same numbers on every device."""
     return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
 
 
@@ -241,49 +250,11 @@ def correctness(device: str, dtypes: tuple[torch.dtype, ...] = (torch.float16, t
     rows = []
     for dtype in dtypes:
         for name, op, build in correctness_cases(dtype, device, small):
-            try:
-                ok, worst, message = check(op, build)
-            except Exception as e:  # a crash is a FAIL of this case, the run goes on
-                ok, worst, message = False, math.inf, f"{type(e).__name__}: {e}"
-            rows.append({"kind": "check", "family": FAMILY, "case": f"{name} {str(dtype)[6:]}",
-                         "status": "PASS" if ok else "FAIL", "worst": worst, "note": message[:300]})
-            print(f"{rows[-1]['status']} {rows[-1]['case']}: max |err| {worst:.3g} {message[:300]}", flush=True)
+            rows.append(check_row(FAMILY, name, dtype, lambda op=op, build=build: check(op, build)))
     return rows
 
 
 # --- timings ---------------------------------------------------------------------------------------
-
-
-def copy_bandwidth_gbs(timer: Timer, device: str, nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy, counting the bytes read and written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / timer(lambda: dst.copy_(src)) / 1e6
-
-
-def matmul_tflops(timer: Timer, device: str, n: int = 8192) -> float:
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    return 2 * n**3 / timer(lambda: a @ b) / 1e9
-
-
-def implementation(provider: str, op: str, problem: dict[str, Any], *args: Any) -> Callable[[], Any]:
-    """A no-argument call of `provider`'s implementation of `op` (its calling convention), checks off."""
-    with infiniops_py.use(provider):
-        fn = infiniops_py.resolve(op, **problem).fn
-
-    def call() -> Any:
-        with infiniops_py.unchecked_indices():
-            return fn(*args)
-
-    return call
-
-
-def _row(case: str, metric: str, triton_v: float, torch_v: float, baseline: str, baseline_v: float,
-         roofline: float, target: str, ok: bool, note: str) -> dict[str, Any]:
-    return {"kind": "perf", "family": FAMILY, "case": case, "metric": metric, "triton": triton_v, "torch": torch_v,
-            "baseline": baseline, "baseline_value": baseline_v, "vs_torch": triton_v / torch_v if torch_v else math.nan,
-            "roofline": roofline, "target": target, "status": "PASS" if ok else "MISS", "note": note}
 
 
 def _bandwidth_row(case: str, nbytes: int, tri_ms: float, torch_ms: float, copy_gbs: float, *,
@@ -298,8 +269,8 @@ def _bandwidth_row(case: str, nbytes: int, tri_ms: float, torch_ms: float, copy_
     misses = [f"{BANDWIDTH_TARGET - frac:.0%} below the copy target"] if frac < BANDWIDTH_TARGET else []
     misses += [] if fast_enough else [f"needs {need}"]
     note = f"{frac:.0%} of copy, {ratio:.2f}x {baseline}" + (f" (MISS: {'; '.join(misses)})" if misses else "")
-    return _row(case, "GB/s", tri, tor, baseline, base, frac, f">= {BANDWIDTH_TARGET:.0%} copy BW, {need}",
-                not misses, note)
+    return perf_row(FAMILY, case, "GB/s", tri, tor, baseline, base, frac,
+                    f">= {BANDWIDTH_TARGET:.0%} copy BW, {need}", not misses, note)
 
 
 def _add_config() -> str:
@@ -326,7 +297,7 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
         """(triton ms, torch ms) on the same buffers, timed alternately twice, the better median of each: neither
         side runs first on a cold GPU clock or last on a hot one."""
         fields = {"device_type": torch.device(dev).type, "dtype": "bfloat16", **problem}
-        calls = [implementation(p, op, fields, *args) for p in ("triton", "torch")]
+        calls = [resolved_call(p, op, fields, *args) for p in ("triton", "torch")]
         times = [[timer(call) for call in calls] for _ in range(2)]
         return min(t[0] for t in times), min(t[1] for t in times)
 
@@ -407,8 +378,8 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
         tri_t, tor_t, base_t = (flops / ms / 1e9 for ms in (tri, tor, base))
         ratio = tri_t / base_t
         note = f"{ratio:.2f}x matmul+bias" + ("" if ratio >= GEMM_TARGET else f", short by {GEMM_TARGET - ratio:.2f}x")
-        return _row(f"gemm {n}^3 linear+bias bf16", "TFLOP/s", tri_t, tor_t, "matmul+bias", base_t,
-                    tri_t / gemm_tflops, f">= {GEMM_TARGET}x matmul+bias", ratio >= GEMM_TARGET, note)
+        return perf_row(FAMILY, f"gemm {n}^3 linear+bias bf16", "TFLOP/s", tri_t, tor_t, "matmul+bias", base_t,
+                        tri_t / gemm_tflops, f">= {GEMM_TARGET}x matmul+bias", ratio >= GEMM_TARGET, note)
 
     return [rms, fused, add(False), add(True), qk_norm, cache, conv(False), conv(True), gemm]
 
@@ -422,46 +393,20 @@ def run(results: list[dict[str, Any]], device: str = "cuda", *, timer: Timer = m
     results.extend(correctness(device, dtypes=(torch.bfloat16,) if small else (torch.float16, torch.bfloat16),
                                small=small))
     results.extend(correctness(device, dtypes=(torch.float32,), small=True))
-    copy_gbs = copy_bandwidth_gbs(timer, device, nbytes=(1 << 20) if small else (2 << 30))
-    gemm = matmul_tflops(timer, device, n=128 if small else 8192)
+    copy_gbs = copy_bandwidth_gbs(device, (1 << 20) if small else (2 << 30), timer)
+    gemm = matmul_tflops(device, 128 if small else 8192, timer)
     print(f"copy bandwidth {copy_gbs:.0f} GB/s, bf16 matmul {gemm:.0f} TFLOP/s", flush=True)
-    for bench in perf_cases(device, copy_gbs, gemm, timer, small):
-        try:
-            results.append(bench())
-        except Exception as e:  # report and go on to the next benchmark
-            results.append({"kind": "perf", "family": FAMILY, "case": bench.__name__, "status": "MISS",
-                            "note": f"crashed: {type(e).__name__}: {e}"[:300]})
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        print(format_table(results[-1:]), flush=True)
+    benches = perf_cases(device, copy_gbs, gemm, timer, small)
+    run_perf(results, FAMILY, [(bench.__name__, bench) for bench in benches], format_table)
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
     """The compact table: correctness lines, then one line per timing."""
-    lines = []
-    for r in results:
-        if r["kind"] == "check":
-            lines.append(f"{r['case']:<58} {r['status']:<4} max|err| {r['worst']:.3g} {r['note'][:60]}")
-        elif "triton" in r:
-            lines.append(f"{r['case']:<58} {r['status']:<4} triton {r['triton']:.0f} {r['metric']}, torch "
-                         f"{r['torch']:.0f} ({r['vs_torch']:.2f}x), {r['baseline']} {r['baseline_value']:.0f}, "
-                         f"roofline {r['roofline']:.0%}; target {r['target']}: {r['note']}")
-        else:
-            lines.append(f"{r['case']:<58} {r['status']:<4} {r['note']}")
-    return "\n".join(lines)
+    return "\n".join(format_rows(results, 58, 4))
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("gpu_dense: needs a CUDA device", file=sys.stderr)
-        return 2
-    results: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    run(results)
-    print(f"\ngpu_dense: {time.perf_counter() - start:.0f} s in all")
-    print(f"\n{'case':<58} status")
-    print(format_table(results))
-    return 0 if all(r["status"] == "PASS" for r in results) else 1
+    return bench_main("gpu_dense", run, format_table, header=58, wall_time=True)
 
 
 if __name__ == "__main__":

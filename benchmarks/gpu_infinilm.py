@@ -33,6 +33,10 @@ import torch
 from infinilm import Engine, EngineOptions
 from infinilm.bench import compare_logits, run_bench
 
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when this file is loaded by its path
+from _common import hf_generate_tokens_per_s, model_device, p50_ms
+
 # Qwen/Qwen3-0.6B config.json, the fields that shape the model.
 QWEN3_0_6B = {
     "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
@@ -87,18 +91,7 @@ def hf_decode_tokens_per_s(model: torch.nn.Module, batch: int, input_len: int, o
     Prompts avoid token 0, the pad id, so that generate sees no padding."""
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(1, model.config.vocab_size, (batch, input_len), generator=gen).to(model.device)
-    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
-
-    def timed(n: int) -> float:
-        sync()
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        sync()
-        return time.perf_counter() - start
-
-    timed(4)  # warm-up
-    first, full = timed(1), timed(output_len)
-    return batch * (output_len - 1) / (full - first)
+    return hf_generate_tokens_per_s(model, ids, output_len, min_new_tokens=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-output-len", type=int, default=64, help="transformers is slow: fewer tokens")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, to try the script")
     args = parser.parse_args(argv)
-    device = "cpu" if args.smoke else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("needs a CUDA device (or --smoke)", file=sys.stderr)
+    device = model_device(args.smoke)
+    if device is None:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
@@ -140,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| batch-1 decode (tok/s) | {ours1.decode_tokens_per_s:.0f} | {theirs1:.0f} | {speedup:.1f}x |")
     ratio32 = ours32.decode_tokens_per_s / theirs32
     print(f"| batch-32 decode (tok/s) | {ours32.decode_tokens_per_s:.0f} | {theirs32:.0f} | {ratio32:.1f}x |")
-    step1 = sorted(ours1.decode_step_seconds)[len(ours1.decode_step_seconds) // 2] * 1e3
-    step32 = sorted(ours32.decode_step_seconds)[len(ours32.decode_step_seconds) // 2] * 1e3
+    step1, step32 = p50_ms(ours1.decode_step_seconds), p50_ms(ours32.decode_step_seconds)
     print(f"| decode step p50, batch 1 / 32 (ms) | {step1:.2f} / {step32:.2f} | | |")
     print(f"| prefill, batch 32 (tok/s) | {ours32.prefill_tokens_per_s:.0f} | | |")
     print(f"\nproviders: {providers}")

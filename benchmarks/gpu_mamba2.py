@@ -49,6 +49,10 @@ from infinilm import Engine, EngineOptions, SamplingParams
 from infinilm.bench import ERR_ATOL, ERR_FACTOR, compare_logits, run_bench
 from infinilm.profiling import profile_summary
 
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when this file is loaded by its path
+from _common import hf_generate_tokens_per_s, model_device, p50_ms
+
 # state-spaces/mamba2-130m config.json (d_model 768, n_layer 24, d_state 128, expand 2, headdim 64,
 # ngroups 1, d_conv 4, chunk_size 256, vocab_size 50277 padded to a multiple of 16: 50288, tied embeddings),
 # in transformers' Mamba2Config names.
@@ -188,18 +192,7 @@ def prefill_profiles(engine: Engine, length: int) -> str:
 def hf_decode_tokens_per_s(model: torch.nn.Module, input_len: int, output_len: int) -> float:
     """transformers' generate, batch 1: (output_len - 1) tokens over the time past the first token."""
     ids = torch.tensor(_prompts(model.config.vocab_size, (input_len,), seed=2), device=model.device)
-    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
-
-    def timed(n: int) -> float:
-        sync()
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
-        sync()
-        return time.perf_counter() - start
-
-    timed(4)  # warm-up
-    first, full = timed(1), timed(output_len)
-    return (output_len - 1) / (full - first)
+    return hf_generate_tokens_per_s(model, ids, output_len)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prefill-graphs", action="store_true", help="do not capture the prefill in a CUDA graph")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, to try the script")
     args = parser.parse_args(argv)
-    device = "cpu" if args.smoke else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("needs a CUDA device (or --smoke)", file=sys.stderr)
+    device = model_device(args.smoke)
+    if device is None:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
@@ -256,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| prefill {args.prefill_len} tokens, batch 1 (tok/s), eager | {eager_prefill:.0f} | "
               f"{theirs_prefill:.0f} | {eager_prefill / theirs_prefill:.1f}x |")
     print(f"| batch-1 decode (tok/s) | {ours1.decode_tokens_per_s:.0f} | {theirs1:.0f} | {decode_x:.1f}x |")
-    step = sorted(ours1.decode_step_seconds)[len(ours1.decode_step_seconds) // 2] * 1e3
+    step = p50_ms(ours1.decode_step_seconds)
     print(f"| decode step p50, batch 1 (ms) | {step:.2f} | {1e3 / theirs1:.2f} | |")
     print(f"\nproviders: {providers}")
     print(f"logits: {prefill_line}\ndecode: {decode_line}")

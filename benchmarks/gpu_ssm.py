@@ -31,6 +31,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -39,6 +40,22 @@ import infiniops_py
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
 from infiniops_py.testing.compare import compare
 from infiniops_py.testing.tolerances import tolerance
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
+from _common import (
+    Timer,
+    bench_main,
+    check_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    matmul_tflops,
+    median_ms,
+    perf_row,
+    resolved_call,
+    run_perf,
+)
+from _common import randn as _randn
 
 FAMILY = "ssm"
 TOKENS_TARGET = 25e6  # tokens/s at 8 x 2048 and 1 x 16384
@@ -63,10 +80,6 @@ TINY = Layer(heads=2, head_dim=16, d_state=16, groups=1, chunk=16)  # for a CPU 
 
 
 # --- inputs ----------------------------------------------------------------------------------------
-
-
-def _randn(*shape: int, dtype: torch.dtype, device: str, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
 
 
 def scan_case(batch: int, length: int, layer: Layer, dtype: torch.dtype, device: str, *, z: bool = False,
@@ -208,39 +221,11 @@ def correctness(device: str, dtypes: tuple[torch.dtype, ...] = (torch.float16, t
     rows = []
     for dtype in dtypes:
         for name, check in correctness_cases(dtype, device, small):
-            try:
-                ok, worst, message = check()
-            except Exception as e:  # a crash is a FAIL of this case, the run goes on
-                ok, worst, message = False, math.inf, f"{type(e).__name__}: {e}"
-            rows.append({"kind": "check", "family": FAMILY, "case": f"{name} {str(dtype)[6:]}",
-                         "status": "PASS" if ok else "FAIL", "worst": worst, "note": message[:300]})
-            print(f"{rows[-1]['status']} {rows[-1]['case']}: max |err| {worst:.3g} {message[:300]}", flush=True)
+            rows.append(check_row(FAMILY, name, dtype, check))
     return rows
 
 
 # --- timings ---------------------------------------------------------------------------------------
-
-Timer = Callable[[Callable[[], Any]], float]  # milliseconds per call of a no-argument function
-
-
-def median_ms(fn: Callable[[], Any]) -> float:
-    """``triton.testing.do_bench``'s median, in milliseconds (CUDA)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, return_mode="median"))
-
-
-def copy_bandwidth_gbs(device: str = "cuda", nbytes: int = 2 << 30, timer: Timer = median_ms) -> float:
-    """Device-to-device copy, counting the bytes read and written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / timer(lambda: dst.copy_(src)) / 1e6
-
-
-def matmul_tflops(device: str = "cuda", n: int = 8192, timer: Timer = median_ms) -> float:
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    return 2 * n**3 / timer(lambda: a @ b) / 1e9
 
 
 def scan_bytes(batch: int, length: int, layer: Layer, elem: int = 2) -> int:
@@ -364,15 +349,7 @@ def update_call(provider: str, args: tuple[torch.Tensor, ...], kwargs: dict[str,
                "d_state": B.shape[-1], "n_groups": B.shape[1], "has_D": "D" in kwargs, "has_z": "z" in kwargs,
                "has_dt_bias": "dt_bias" in kwargs, "dt_softplus": kwargs["dt_softplus"],
                "has_indices": "state_batch_indices" in kwargs}
-    with infiniops_py.use(provider):
-        fn = infiniops_py.resolve("selective_state_update", **problem).fn
-    conv = _update_convention(args, kwargs)
-
-    def call() -> Any:
-        with infiniops_py.unchecked_indices():
-            return fn(*conv)
-
-    return call
+    return resolved_call(provider, "selective_state_update", problem, *_update_convention(args, kwargs))
 
 
 UPDATE_SWEEP = ((16, 4), (32, 4), (64, 4), (64, 8), (32, 8))  # (BLOCK_P, num_warps) of the state update
@@ -386,13 +363,6 @@ def update_sweep(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any], nbytes:
     rates = [f"{bp}x{nw}w {nbytes / timer(lambda bp=bp, nw=nw: launch(*conv, bp, nw)) / 1e6:.0f}"
              for bp, nw in UPDATE_SWEEP]
     return "sweep BLOCK_P x warps GB/s: " + ", ".join(rates)
-
-
-def _row(case: str, metric: str, triton_v: float, torch_v: float, baseline_v: float, roofline: float,
-         target: str, ok: bool, note: str) -> dict[str, Any]:
-    return {"kind": "perf", "family": FAMILY, "case": case, "metric": metric, "triton": triton_v, "torch": torch_v,
-            "baseline": "mamba_ssm", "baseline_value": baseline_v, "vs_torch": triton_v / torch_v,
-            "roofline": roofline, "target": target, "status": "PASS" if ok else "MISS", "note": note}
 
 
 def bench_scan(device: str, copy_gbs: float, gemm_tflops: float, batch: int, length: int, label: str, *,
@@ -424,8 +394,8 @@ def bench_scan(device: str, copy_gbs: float, gemm_tflops: float, batch: int, len
     notes.append(scan_breakdown(device, args, kwargs, tri_fn, timer, 50 if device == "cuda" else 1))
     case = (f"scan {batch}x{length} H{layer.heads} P{layer.head_dim} N{layer.d_state} G{layer.groups} "
             f"chunk{layer.chunk} bf16")
-    return _row(case, "Mtok/s", tri, tor, MAMBA[label] / 1e6, ideal_ms / tri_ms, target, ok,
-                ", ".join(n for n in notes if n))
+    return perf_row(FAMILY, case, "Mtok/s", tri, tor, "mamba_ssm", MAMBA[label] / 1e6, ideal_ms / tri_ms, target, ok,
+                    ", ".join(n for n in notes if n))
 
 
 def bench_update(device: str, copy_gbs: float, *, batch: int = 64, slots: int = 128, layer: Layer = MAMBA2_130M,
@@ -443,8 +413,8 @@ def bench_update(device: str, copy_gbs: float, *, batch: int = 64, slots: int = 
     if device == "cuda":
         notes.append(_attempt("graph", lambda: f"graph replay {nbytes / graph_ms(tri_fn, timer) / 1e6:.0f} GB/s"))
     case = f"state update B{batch} H{layer.heads} P{layer.head_dim} N{layer.d_state} fp32 state"
-    return _row(case, "GB/s", tri, tor, MAMBA["update"], frac, f">= {UPDATE_TARGET:.0%} copy BW",
-                frac >= UPDATE_TARGET, "; ".join(notes))
+    return perf_row(FAMILY, case, "GB/s", tri, tor, "mamba_ssm", MAMBA["update"], frac,
+                    f">= {UPDATE_TARGET:.0%} copy BW", frac >= UPDATE_TARGET, "; ".join(notes))
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = False,
@@ -468,41 +438,16 @@ def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = Fa
     rows = 4 if small else 64
     benches.append(("state update", lambda: bench_update(device, copy_gbs, batch=rows, slots=2 * rows, layer=layer,
                                                          timer=timer)))
-    for name, bench in benches:
-        try:
-            results.append(bench())
-        except Exception as e:  # report and go on to the next benchmark
-            results.append({"kind": "perf", "family": FAMILY, "case": name, "status": "MISS",
-                            "note": f"crashed: {type(e).__name__}: {e}"[:300]})
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        print(format_table(results[-1:]), flush=True)
+    run_perf(results, FAMILY, benches, format_table)
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
     """The compact table: correctness lines, then one line per timing."""
-    lines = []
-    for r in results:
-        if r["kind"] == "check":
-            lines.append(f"{r['case']:<62} {r['status']:<6} max|err| {r['worst']:.3g} {r['note'][:60]}")
-        elif "triton" in r:
-            lines.append(f"{r['case']:<62} {r['status']:<6} triton {r['triton']:.1f} {r['metric']}, torch "
-                         f"{r['torch']:.1f} ({r['vs_torch']:.1f}x), {r['baseline']} {r['baseline_value']:.1f}, "
-                         f"roofline {r['roofline']:.0%}; target {r['target']}: {r['note']}")
-        else:
-            lines.append(f"{r['case']:<62} {r['status']:<6} {r['note']}")
-    return "\n".join(lines)
+    return "\n".join(format_rows(results, 62, 6, rate=".1f", ratio=".1f"))
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("gpu_ssm: needs a CUDA device", file=sys.stderr)
-        return 2
-    results: list[dict[str, Any]] = []
-    run(results)
-    print(f"\n{'case':<62} status")
-    print(format_table(results))
-    return 0 if all(r["status"] == "PASS" for r in results) else 1
+    return bench_main("gpu_ssm", run, format_table, header=62)
 
 
 if __name__ == "__main__":

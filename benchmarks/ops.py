@@ -29,6 +29,10 @@ import torch
 
 import infiniops_py as ops
 
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py and the family scripts
+from _common import copy_bandwidth_gbs, matmul_tflops, median_ms
+
 PROVIDERS = ("torch", "triton", "cupy")
 BF16 = torch.bfloat16
 
@@ -44,26 +48,13 @@ class Bench:
     metric: str
 
 
-def median_ms(fn: Callable[[], Any]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
 def _randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=BF16) * scale
 
 
 def ceilings() -> tuple[float, float]:
-    """Copy GB/s (read + write) and bf16 matmul TFLOP/s, measured now."""
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    src.random_(0, 255)
-    copy = 2 * src.numel() / median_ms(lambda: dst.copy_(src)) / 1e6
-    n = 8192
-    a, b = _randn(n, n), _randn(n, n)
-    mm = 2 * n**3 / median_ms(lambda: torch.matmul(a, b)) / 1e9
-    return copy, mm
+    """Copy GB/s (read + write, random source bytes) and bf16 matmul TFLOP/s at 8192^3, measured now."""
+    return copy_bandwidth_gbs(fill=True), matmul_tflops()
 
 
 def benches() -> list[Bench]:
@@ -197,7 +188,6 @@ def families(skip: bool) -> list[str]:
         return []
     import importlib
 
-    sys.path.insert(0, str(Path(__file__).parent))
     tables = []
     for name in ("gpu_dense", "gpu_attention", "gpu_ssm"):
         module = importlib.import_module(name)
