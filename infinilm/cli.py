@@ -8,6 +8,7 @@ does not fit the model).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -76,11 +77,22 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--temperature", type=_finite_float, default=0.0, help="0: greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=_finite_float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
+
+
+def _finite_float(text: str) -> float:
+    """An argparse type: a float that is neither nan nor infinite (argparse's ``float`` takes both)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -114,9 +126,9 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
             raise ConfigError(
                 f"{model} has no tokenizer.json: --prompt must be token ids, got {args.prompt!r}") from None
     options = _options(args, max_num_seqs=1)
-    engine = Engine.from_pretrained(model, options)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+                            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)  # checked before loading
+    engine = Engine.from_pretrained(model, options)
     seq = engine.add_request(prompt, params)
     decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
     if echo_prompt and decoder is not None:  # the generated text then reads on from the prompt

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
+from infinilm.config_checks import ConfigError, field_problems, hf_error_reason, raise_problems, read_config_json
+
 if TYPE_CHECKING:
     from infinilm.models.mamba2 import Mamba2Dims
 
@@ -28,10 +30,6 @@ _DTYPES: Final[dict[str, torch.dtype]] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
-
-
-class ConfigError(ValueError):
-    """A checkpoint configuration or an engine option the model layer cannot run, with the fix."""
 
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
@@ -84,28 +82,51 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Read ``<path>/config.json`` (nothing else).
+        """Read ``<path>/config.json`` (nothing else); every error names the file.
+
+        The raw JSON is checked first (`infinilm.config_checks`), then read through transformers, then the
+        resolved numbers (defaults filled in) are checked again by `from_hf`.
 
         Raises:
-            ConfigError: no config.json, an unsupported ``model_type``, RoPE type or sliding window.
+            ConfigError: no config.json; a file that is not a JSON object; a missing or unsupported
+                ``model_type``; non-positive sizes or head counts, heads that do not divide (all listed in
+                one error); a value transformers rejects; an unsupported RoPE type or sliding window.
         """
+        from huggingface_hub.errors import StrictDataclassError
         from transformers import AutoConfig
 
         path = Path(path)
-        if not (path / "config.json").is_file():
+        file = path / "config.json"
+        if not path.is_dir():
+            what = "is a file" if path.exists() else "does not exist"
+            raise ConfigError(f"{path} {what} (expected a Hugging Face checkpoint directory holding config.json)")
+        if not file.is_file():
             raise ConfigError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
-        return cls.from_hf(AutoConfig.from_pretrained(str(path)))
+        raw = read_config_json(file)
+        mt = raw.get("model_type")
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(f"{file}: {_unsupported(mt)}")
+        raise_problems(mt, field_problems(mt, raw), file)
+        try:
+            hf = AutoConfig.from_pretrained(str(path))
+        except (StrictDataclassError, ValueError, TypeError, KeyError, ArithmeticError) as err:
+            raise ConfigError(f"{file}: transformers rejects it: {hf_error_reason(err)}") from None
+        try:
+            return cls.from_hf(hf)
+        except ConfigError as err:
+            raise ConfigError(f"{file}: {err}") from None
 
     @classmethod
     def from_hf(cls, hf: Any) -> ModelConfig:
         """Build from a transformers config object (LlamaConfig, Qwen2Config or Qwen3Config).
 
         Raises:
-            ConfigError: an unsupported model type, RoPE type, sliding window or head layout.
+            ConfigError: an unsupported model type, RoPE type or sliding window; non-positive sizes, head
+                counts, epsilon or RoPE theta, or a head layout that does not divide (all listed in one error).
         """
         mt = getattr(hf, "model_type", "?")
         if mt not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"model_type={mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+            raise ConfigError(_unsupported(mt))
         if mt == "mamba2":
             from infinilm.models.mamba2 import mamba2_config
 
@@ -116,9 +137,8 @@ class ModelConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in _STATIC_ROPE_TYPES:
             raise ConfigError(f"{mt}: rope_type={rope_type!r} is not supported; supported: {_STATIC_ROPE_TYPES}")
-        heads, kv_heads = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-        if heads % kv_heads:
-            raise ConfigError(f"{mt}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        heads, kv_heads, head_dim = _head_layout(mt, hf, theta)
         attention_bias = bool(getattr(hf, "attention_bias", False))
         dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
         return cls(
@@ -129,10 +149,10 @@ class ModelConfig:
             num_layers=hf.num_hidden_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            head_dim=head_dim,
             rms_norm_eps=float(hf.rms_norm_eps),
             rope_type=rope_type,
-            rope_theta=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))),
+            rope_theta=float(theta),
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             qkv_bias=True if mt == "qwen2" else attention_bias,
@@ -151,6 +171,37 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+
+def _unsupported(model_type: object) -> str:
+    if model_type is None:
+        return f"no model_type (fix: set it to one of {', '.join(SUPPORTED_MODEL_TYPES)})"
+    return f"model_type={model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+
+
+def _head_layout(mt: str, hf: Any, rope_theta: object) -> tuple[int, int, int]:
+    """``(num_heads, num_kv_heads, head_dim)`` of an attention config, after checking every size it reads.
+
+    A config without ``head_dim`` (Qwen2) takes ``hidden_size / num_attention_heads``, which must then divide.
+
+    Raises:
+        ConfigError: every problem at once (see `infinilm.config_checks.field_problems`).
+    """
+    heads = hf.num_attention_heads
+    kv_heads = getattr(hf, "num_key_value_heads", None)
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim = getattr(hf, "head_dim", None)
+    values = {k: getattr(hf, k, None) for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                "num_hidden_layers", "max_position_embeddings", "rms_norm_eps")}
+    values |= {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+               "rope_theta": rope_theta}
+    problems = [f"{k} is missing" for k, v in values.items() if v is None and k != "head_dim"]
+    problems += field_problems(mt, values)
+    if head_dim is None and not problems and values["hidden_size"] % heads:
+        problems.append(f"hidden_size={values['hidden_size']} must be a multiple of num_attention_heads={heads} "
+                        f"(without head_dim, {mt} takes head_dim = hidden_size / num_attention_heads)")
+    raise_problems(mt, problems)
+    return heads, kv_heads, head_dim if head_dim is not None else values["hidden_size"] // heads
 
 
 def _rope_parameters(hf: Any) -> dict[str, Any]:
@@ -219,6 +270,8 @@ class EngineOptions:
             raise ConfigError(f"block_size={self.block_size} must be positive")
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ConfigError(f"num_blocks={self.num_blocks} must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ConfigError(f"max_model_len={self.max_model_len} must be positive (or None: the config's)")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.qk_norm not in ("auto", "fused", "per_head"):
@@ -236,7 +289,7 @@ class EngineOptions:
         return self.dtype if self.dtype is not None else config.dtype
 
     def model_len(self, config: ModelConfig) -> int:
-        return self.max_model_len or min(config.max_position_embeddings, 8192)
+        return self.max_model_len if self.max_model_len is not None else min(config.max_position_embeddings, 8192)
 
     def blocks_per_seq(self, config: ModelConfig) -> int:
         return math.ceil(self.model_len(config) / self.block_size)

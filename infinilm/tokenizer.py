@@ -5,17 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from infinilm.config_checks import ConfigError
+
 __all__ = ["StreamDecoder", "load_tokenizer"]
 
 
 def load_tokenizer(path: str | Path) -> Any | None:
-    """The `tokenizers.Tokenizer` of ``<path>/tokenizer.json``, or None when the checkpoint has none."""
+    """The `tokenizers.Tokenizer` of ``<path>/tokenizer.json``, or None when the checkpoint has none.
+
+    Raises:
+        ConfigError: the file is not a tokenizer `tokenizers` can read (the message names the file).
+    """
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         return None
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(file))
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as err:  # tokenizers raises a bare Exception for a malformed file
+        raise ConfigError(f"{file}: not a readable tokenizer ({err})") from None
 
 
 class StreamDecoder:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from infinilm.config import ConfigError, ModelConfig, parse_dtype
+from infinilm.config_checks import POSITIVE_FLOATS, POSITIVE_INTS, field_problems, raise_problems
 from infinilm.layers.embedding import Embedding, LMHead
 from infinilm.layers.linear import Linear
 from infinilm.layers.norm import RMSNorm
@@ -94,9 +95,12 @@ def mamba2_config(hf: Any) -> ModelConfig:
     """A `ModelConfig` (with `ssm` set) from transformers' ``Mamba2Config``; the attention fields are neutral.
 
     Raises:
-        ConfigError: an activation other than SiLU, ``num_heads * head_dim != expand * hidden_size``, an
-            ``n_groups`` that does not divide ``num_heads``, or a malformed ``time_step_limit``.
+        ConfigError: non-positive sizes or epsilon (all listed in one error), an activation other than SiLU,
+            ``num_heads * head_dim != expand * hidden_size``, an ``n_groups`` that does not divide
+            ``num_heads``, or a malformed ``time_step_limit``.
     """
+    keys = POSITIVE_INTS["mamba2"] + POSITIVE_FLOATS["mamba2"]
+    raise_problems("mamba2", field_problems("mamba2", {k: getattr(hf, k, None) for k in keys}))
     heads, head_dim, groups = int(hf.num_heads), int(hf.head_dim), int(hf.n_groups)
     d_inner = int(hf.expand * hf.hidden_size)
     if hf.hidden_act != "silu":

@@ -1,0 +1,191 @@
+"""Bad checkpoint directories and options: one clear error (exit 2) naming the file or field, never a traceback.
+
+The cases are the reproducers of an adversarial review: config.json that is not JSON, a field of the wrong
+type, sizes and head counts that are zero or negative (``check`` used to report them served and
+``generate`` crashed allocating a negative dimension), and nan/inf sampling parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from lm_helpers import hf_config
+
+from infinilm import ConfigError, EngineOptions, ModelConfig, SamplingParams
+from infinilm.cli import main
+
+SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
+
+
+def _dir(tmp_path: Path, name: str, config: dict[str, Any] | str) -> Path:
+    """A checkpoint directory holding only config.json (a dict is written as JSON, a str verbatim)."""
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return path
+
+
+def _valid(family: str = "qwen3", **changes: Any) -> dict[str, Any]:
+    return {**hf_config(family, tied=False).to_dict(), **changes}
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """(exit status, stderr) of the CLI run in-process; argparse errors exit through SystemExit."""
+    try:
+        status = main(list(argv))
+    except SystemExit as stop:
+        status = int(stop.code or 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return status, err
+
+
+def _check_and_generate(capsys: pytest.CaptureFixture[str], path: Path) -> list[str]:
+    """Both commands exit 2; their stderr lines."""
+    out = []
+    for argv in (["check", "--model", str(path), *SMALL],
+                 ["generate", "--model", str(path), "--prompt", "1,2", *SMALL]):
+        status, err = _cli(capsys, *argv)
+        assert status == 2, err
+        assert err.startswith(f"infinilm {argv[0]}: error: ")
+        out.append(err)
+    return out
+
+
+def test_config_json_that_is_not_json_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _dir(tmp_path, "badjson", "{bad")
+    for err in _check_and_generate(capsys, path):
+        assert f"{path / 'config.json'}: not valid JSON: Expecting property name" in err
+        assert "line 1, column 2" in err
+    path = _dir(tmp_path, "list", "[1, 2]")
+    for err in _check_and_generate(capsys, path):
+        assert f"{path / 'config.json'}: expected a JSON object, got a JSON list" in err
+    path = tmp_path / "binary"
+    path.mkdir()
+    (path / "config.json").write_bytes(bytes([0xFF, 0xFE, 0x80]) + random.randbytes(16))
+    for err in _check_and_generate(capsys, path):
+        assert "not UTF-8 text" in err
+
+
+def test_a_model_path_that_is_a_file_or_missing_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "config.json"
+    file.write_text(json.dumps(_valid()))
+    assert "is a file (expected a Hugging Face checkpoint directory" in _check_and_generate(capsys, file)[0]
+    assert "does not exist" in _check_and_generate(capsys, tmp_path / "nowhere")[0]
+
+
+def test_a_missing_model_type_is_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no model_type \(fix: set it to one of llama, qwen2, qwen3, mamba2\)"):
+        ModelConfig.from_pretrained(_dir(tmp_path, "untyped", {"hidden_size": 64}))
+
+
+def test_a_field_of_the_wrong_type_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _dir(tmp_path, "big", {"model_type": "qwen3", "hidden_size": "big"})
+    for err in _check_and_generate(capsys, path):
+        assert "the qwen3 model config has 1 problem(s)" in err
+        assert "hidden_size='big' must be a positive integer" in err
+    for bad in (True, 64.5):
+        with pytest.raises(ConfigError, match=r"intermediate_size=.* must be a positive integer"):
+            ModelConfig.from_pretrained(_dir(tmp_path, f"t{bad}", _valid(intermediate_size=bad)))
+    # a field these checks leave to transformers: its strict validation, on one line, naming file and field
+    with pytest.raises(ConfigError, match=r"config\.json: transformers rejects it: .*'tie_word_embeddings'") as info:
+        ModelConfig.from_pretrained(_dir(tmp_path, "tie", _valid(tie_word_embeddings="yes")))
+    assert "\n" not in str(info.value)
+
+
+def test_nonpositive_sizes_fail_check_and_generate_with_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hidden = -random.randint(1, 64)
+    path = _dir(tmp_path, "neg", {"model_type": "qwen3", "hidden_size": hidden, "num_attention_heads": 0})
+    for err in _check_and_generate(capsys, path):  # check used to exit 0 with 0/32 heads, gqa_ratio=0
+        assert f"{path / 'config.json'}: the qwen3 model config has 2 problem(s)" in err
+        assert f"hidden_size={hidden} must be a positive integer" in err
+        assert "num_attention_heads=0 must be a positive integer" in err
+        assert "gqa_ratio" not in err and "negative dimension" not in err
+    config = _valid("llama", vocab_size=0, num_hidden_layers=0, intermediate_size=-3, rms_norm_eps=0.0,
+                    max_position_embeddings=-1, num_key_value_heads=-2)
+    with pytest.raises(ConfigError, match=r"the llama model config has 6 problem\(s\)") as info:
+        ModelConfig.from_pretrained(_dir(tmp_path, "many", config))
+    for field in ("vocab_size=0", "num_hidden_layers=0", "intermediate_size=-3", "rms_norm_eps=0.0",
+                  "max_position_embeddings=-1", "num_key_value_heads=-2"):
+        assert field in str(info.value)
+
+
+def test_heads_that_do_not_divide_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="num_attention_heads=4 must be a multiple of num_key_value_heads=3"):
+        ModelConfig.from_pretrained(_dir(tmp_path, "gqa", _valid(num_key_value_heads=3)))
+    # Qwen2 has no head_dim: it is hidden_size / num_attention_heads, which must then be whole
+    qwen2 = _valid("qwen2", hidden_size=66)
+    qwen2.pop("head_dim", None)
+    with pytest.raises(ConfigError, match="hidden_size=66 must be a multiple of num_attention_heads=4"):
+        ModelConfig.from_pretrained(_dir(tmp_path, "qwen2", qwen2))
+    # Qwen3 gives head_dim itself: hidden_size need not be num_attention_heads * head_dim
+    assert ModelConfig.from_pretrained(_dir(tmp_path, "qwen3", _valid(hidden_size=66))).head_dim == 32
+
+
+def _resolved(**changes: Any) -> SimpleNamespace:
+    """A config object as transformers would resolve it (defaults filled in), without its own validation."""
+    return SimpleNamespace(**{**_valid("qwen2"), "head_dim": None, "rope_parameters": None, **changes})
+
+
+def test_resolved_values_are_checked_too() -> None:
+    """Defaults transformers fills in, or a config object built in code, go through the same checks."""
+    assert ModelConfig.from_hf(_resolved()).head_dim == 16
+    with pytest.raises(ConfigError, match=r"3 problem\(s\)") as info:
+        ModelConfig.from_hf(_resolved(num_attention_heads=0, rope_theta=float("nan"), num_hidden_layers=None))
+    text = str(info.value)
+    assert "num_attention_heads=0" in text and "rope_theta=nan must be a positive finite number" in text
+    assert "num_hidden_layers is missing" in text
+    with pytest.raises(ConfigError, match="num_attention_heads=4 must be a multiple of num_key_value_heads=8"):
+        ModelConfig.from_hf(_resolved(num_key_value_heads=8))
+
+
+def test_mamba2_sizes_are_checked(tmp_path: Path) -> None:
+    config = {"model_type": "mamba2", "num_heads": 0, "head_dim": -8, "state_size": 0, "vocab_size": 64}
+    with pytest.raises(ConfigError, match=r"the mamba2 model config has 3 problem\(s\)") as info:
+        ModelConfig.from_pretrained(_dir(tmp_path, "mamba2", config))
+    assert "num_heads=0" in str(info.value) and "head_dim=-8" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+@pytest.mark.parametrize("option", ["--temperature", "--top-p"])
+def test_nonfinite_sampling_options_are_refused(value: str, option: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = _dir(tmp_path, "m", _valid())  # refused by argparse, before the config is read
+    status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "1,2", f"{option}={value}", *SMALL)
+    assert status == 2
+    assert f"argument {option}: {value!r} is not a finite number" in err
+
+
+def test_sampling_params_refuse_nonfinite_values() -> None:
+    temperature = random.uniform(0.1, 2.0)
+    assert SamplingParams(temperature=temperature).temperature == temperature
+    for bad in (float("nan"), float("inf"), -temperature):
+        with pytest.raises(ValueError, match=r"temperature=.* must be a finite number >= 0"):
+            SamplingParams(temperature=bad)
+    with pytest.raises(ValueError, match="top_p=nan"):
+        SamplingParams(top_p=float("nan"))
+
+
+def test_sampling_options_are_checked_before_the_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _dir(tmp_path, "noweights", _valid())
+    status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "1,2", "--max-new-tokens", "0", *SMALL)
+    assert status == 2 and "max_new_tokens=0 must be >= 1" in err  # not the missing model.safetensors
+    status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "1,2", "--max-model-len", "-5")
+    assert status == 2 and "max_model_len=-5 must be positive" in err
+    with pytest.raises(ConfigError, match="max_model_len=0"):
+        EngineOptions(max_model_len=0)
+
+
+def test_a_tokenizer_json_that_cannot_be_read_names_the_file(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = _dir(tmp_path, "tok", _valid())
+    (path / "tokenizer.json").write_text("{nope")
+    status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "hello", *SMALL)
+    assert status == 2 and f"{path / 'tokenizer.json'}: not a readable tokenizer" in err
