@@ -10,9 +10,10 @@ Ranking, for one problem:
 4. The first candidate whose capability accepts the problem wins.
 
 Names are checked: ``use(op=...)`` raises on an unknown operator; an operator or provider named by the
-environment that does not exist (or did not load) logs a warning once, when the resolver is built; a
-provider named by ``use(provider=...)`` or ``use(deny=...)`` that is not loaded logs a warning once, and
-when nothing else is allowed the `GateError` says ``provider 'zzz' is not loaded (known: ...)``.
+environment that does not exist (or, for a priority, did not load) logs a warning once, when the resolver
+is built; a provider forced by ``use(provider=...)`` that is not loaded, or one denied by ``use(deny=...)``
+that does not exist, logs a warning once, and when nothing else is allowed the `GateError` says
+``provider 'zzz' is not loaded (known: ...)``.
 
 A *fallback* is a win by a candidate ranked below a preferred one that rejected the problem (a provider
 named in ``INFINIOPS_PRIORITY``), or a win by the last-resort ``reference`` provider while another
@@ -131,7 +132,8 @@ def use(
 
     Provider names are checked when a call resolves, not here (a provider may be registered inside the
     scope): forcing only providers that are not loaded raises `GateError` saying ``provider 'zzz' is not
-    loaded (known: ...)``, and a forced or denied name that is not loaded logs a warning once.
+    loaded (known: ...)``; a forced provider that is not loaded, or a denied one that does not exist, logs a
+    warning once.
 
     Raises:
         TypeError: `provider`, `op` or `deny` is neither a str nor a sequence of str (``use(provider=5)``).
@@ -251,7 +253,8 @@ class Resolver:
                     out.append(f"{var}: unknown operator {op!r}, ignored (known: {', '.join(self.specs)})")
                     continue
                 for name in names:
-                    why = self._not_loaded(name)
+                    # denying a provider that failed to load is deliberate; naming one nobody knows is a typo
+                    why = self._not_loaded(name) if var == "INFINIOPS_PRIORITY" or name not in self.providers else None
                     if why is not None:
                         out.append(f"{var}{f' for {op}' if op else ''}: {why}")
         return out
@@ -271,9 +274,8 @@ class Resolver:
         note = f"denied: {', '.join(sorted(denied))}" if denied else ""
         for ov in overrides:  # use(deny=...) of a provider that is not loaded: a typo, most likely
             for name in ov.deny if ov.covers(op) else ():
-                why = self._not_loaded(name)
-                if why is not None:
-                    self._warn_once(f"use(deny={name!r}): {why}")
+                if name not in self.providers:
+                    self._warn_once(f"use(deny={name!r}): {self._not_loaded(name)}")
         if forced:
             order = {name: n for n, name in enumerate(forced)}
             kept = [i for i in impls if i.provider in order]
