@@ -11,6 +11,7 @@ declares its fields and their defaults in an `OpSpec`, so a problem can also be 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,14 +25,21 @@ __all__ = [
     "ContractError",
     "OpSpec",
     "Problem",
+    "check_bool",
     "check_device",
     "check_dtype",
     "check_index_range",
+    "check_no_overlap",
+    "check_real",
     "check_shape",
+    "check_tensor",
+    "check_writable",
     "device_type",
     "dtype_name",
     "install_dispatcher",
     "is_checked",
+    "overlaps",
+    "same_view",
 ]
 
 FLOAT_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -236,3 +244,127 @@ def check_index_range(op: str, name: str, index: torch.Tensor, high: int, *, all
         bad = hi if hi >= high else lo
         rule = f"< {high} (negative values are padding)" if allow_negative else f"in [0, {high - 1}]"
         raise ContractError(op, name, f"index {bad} out of range: each value must be {rule}")
+
+
+# --- argument kinds, scalars and memory layout ---------------------------------------------------------
+
+
+def check_tensor(op: str, name: str, t: object, *, optional: bool = False) -> None:
+    """Raise `ContractError` unless `t` is a `torch.Tensor` (or None when `optional`)."""
+    if isinstance(t, torch.Tensor) or (optional and t is None):
+        return
+    hint = " (or None)" if optional else ""
+    raise ContractError(op, name, f"expected a torch.Tensor{hint}, got {type(t).__name__}")
+
+
+def check_bool(op: str, name: str, value: object) -> bool:
+    """Raise `ContractError` unless `value` is a bool (``1``, ``"yes"`` or a numpy bool are refused)."""
+    if value is True or value is False:
+        return value
+    raise ContractError(op, name, f"expected a bool, got {type(value).__name__} {value!r}")
+
+
+def check_real(op: str, name: str, value: object, *, low: float = -math.inf, low_inclusive: bool = True) -> float:
+    """Return `value` as a float; raise `ContractError` unless it is a finite int or float (not a bool)
+    that is ``>= low`` (``> low`` when not `low_inclusive`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError(op, name, f"expected a real number (int or float), got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ContractError(op, name, f"expected a finite number, got {value!r}")
+    if v < low or (v == low and not low_inclusive):
+        bound = f">= {low:g}" if low_inclusive else f"> {low:g}"
+        raise ContractError(op, name, f"expected a number {bound}, got {value!r}")
+    return v
+
+
+def check_writable(op: str, name: str, t: torch.Tensor) -> None:
+    """Raise `ContractError` when `t`, written in place, maps two of its elements to one address.
+
+    A zero stride on a dimension of size > 1 (an expanded view) is the common case. Any other layout must,
+    with its dimensions sorted by stride, give each stride room for the whole extent of the smaller ones
+    (true of every slice, transpose or permutation of a dense tensor).
+    """
+    if t.is_contiguous():
+        return
+    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
+    extent = 0  # elements spanned by the dims with smaller strides, minus one
+    for st, n in dims:
+        if st <= extent:
+            what = "a zero stride (an expanded view)" if st == 0 else "strides that overlap"
+            raise ContractError(op, name, f"shape {list(t.shape)} with strides {list(t.stride())} has {what}: "
+                                          "several elements share one address, and it is written in place")
+        extent += st * (n - 1)
+
+
+_OVERLAP_WORK: Final = 4096  # search steps before `overlaps` answers "yes" without proof
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether some byte of an element of `a` is also a byte of an element of `b` (numpy's
+    ``shares_memory``): the two column halves of one matrix, or the key and value halves of one
+    ``[num_blocks, 2, ...]`` cache, do not overlap. An empty tensor overlaps nothing; on meta, where every
+    storage starts at address 0, tensors of different storages never overlap.
+
+    The answer is exact except for layouts so tangled that the search gives up after `_OVERLAP_WORK`
+    steps, which count as overlapping.
+    """
+    if not a.numel() or not b.numel():
+        return False
+    if (a.is_meta or b.is_meta) and a.untyped_storage()._cdata != b.untyped_storage()._cdata:  # no addresses
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    isa, isb = a.element_size(), b.element_size()
+    if a0 + _span(a) * isa <= b0 or b0 + _span(b) * isb <= a0:  # byte ranges apart: the common case
+        return False
+    # Solve  sum_i sa_i * i_i - sum_j sb_j * j_j + x - y = b0 - a0  over index vectors i, j in range and
+    # byte offsets x < a's element size, y < b's: terms (stride in bytes, lowest, highest multiple).
+    terms: dict[int, list[int]] = {1: [1 - isb, isa - 1]}
+    for t, sign, size in ((a, 1, isa), (b, -1, isb)):
+        for st, n in zip(t.stride(), t.shape):
+            if n > 1 and st:
+                lo_hi = terms.setdefault(st * size, [0, 0])
+                lo_hi[0 if sign < 0 else 1] += sign * (n - 1)
+    steps = sorted(((s, lo, hi) for s, (lo, hi) in terms.items()), reverse=True)
+    rest = [(0, 0)] * (len(steps) + 1)  # rest[k]: (min, max) of the terms after the k-th
+    for k in range(len(steps) - 1, -1, -1):
+        s, lo, hi = steps[k]
+        rest[k] = (rest[k + 1][0] + s * lo, rest[k + 1][1] + s * hi)
+    work = [_OVERLAP_WORK]
+    return _reachable(b0 - a0, steps, rest, 0, work)
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from `t`'s first to its last element, both included (`t` not empty)."""
+    return 1 + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
+
+
+def _reachable(d: int, steps: list[tuple[int, int, int]], rest: list[tuple[int, int]], k: int,
+               work: list[int]) -> bool:
+    """Whether ``d = sum s * m`` over the terms ``(s, lo, hi)`` from the k-th on, each ``lo <= m <= hi``."""
+    if not rest[k][0] <= d <= rest[k][1]:
+        return False
+    if k == len(steps):
+        return True
+    s, lo, hi = steps[k]
+    low_rest, high_rest = rest[k + 1]
+    first = max(lo, -((high_rest - d) // s))  # ceil((d - high_rest) / s)
+    last = min(hi, (d - low_rest) // s)
+    for m in range(first, last + 1):
+        work[0] -= 1
+        if work[0] < 0 or _reachable(d - s * m, steps, rest, k + 1, work):
+            return True
+    return False
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are the same non-empty elements in the same order (``out=input`` in place)."""
+    if a.data_ptr() != b.data_ptr() or a.shape != b.shape or a.stride() != b.stride() or not a.numel():
+        return False
+    return not a.is_meta or a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def check_no_overlap(op: str, name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    """Raise `ContractError` when `t` and `other` share any memory (see `overlaps`)."""
+    if overlaps(t, other):
+        raise ContractError(op, name, f"overlaps {other_name} in memory; pass separate tensors (e.g. .clone())")

@@ -31,10 +31,14 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     OpSpec,
+    check_bool,
     check_device,
     check_dtype,
     check_index_range,
+    check_no_overlap,
     check_shape,
+    check_tensor,
+    check_writable,
 )
 
 __all__ = ["MAX_WIDTH", "MIN_WIDTH", "SPECS", "causal_conv1d", "causal_conv1d_update", "run_ids"]
@@ -86,13 +90,6 @@ def _check_x(op: str, x: torch.Tensor) -> bool:
     return _check_layout(op, "x", x)
 
 
-def _no_overlap(op: str, name: str, t: torch.Tensor) -> None:
-    """An in-place argument must not map two elements to one address (an expanded view)."""
-    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
-        raise ContractError(op, name, f"zero stride {t.stride()} on a dimension of size > 1 (an expanded view); "
-                                      "it is written in place")
-
-
 def _empty_like_layout(x: torch.Tensor, channel_last: bool) -> torch.Tensor:
     b, d, length = x.shape
     if channel_last:
@@ -130,8 +127,14 @@ def causal_conv1d(
         out [B, D, L] in x's dtype, laid out like x; ``(out, final_states)`` when `return_final_states`.
 
     Raises:
-        ContractError: a shape, dtype, device, layout or width that breaks the contract, named by argument.
+        ContractError: a non-tensor, a non-bool flag, or a shape, dtype, device, layout or width that breaks
+            the contract, named by argument.
     """
+    check_tensor(_CONV, "x", x)
+    check_tensor(_CONV, "weight", weight)
+    for name, t in (("bias", bias), ("seq_idx", seq_idx), ("initial_states", initial_states)):
+        check_tensor(_CONV, name, t, optional=True)
+    check_bool(_CONV, "return_final_states", return_final_states)
     channel_last = _check_x(_CONV, x)
     batch, dim, length = x.shape
     width = _check_weight(_CONV, x, weight, bias)
@@ -235,7 +238,8 @@ def causal_conv1d_update(
     Args:
         x: [B, D] (one token) or [B, D, L], float16/bfloat16/float32/float64, stride 1 along D or L.
         conv_state: [slots, D, S] in x's dtype, S >= W-1, updated in place; stride 1 along D or S, no
-            expanded (zero-stride) dims. Without indices, slots == B.
+            expanded (zero-stride) or self-overlapping dims, no memory shared with x. Without indices,
+            slots == B (unless B == 0: an empty batch does nothing).
         weight: [D, W], any float dtype (the arithmetic runs in it), 2 <= W <= 16.
         bias: [D] in weight's dtype, or None.
         activation: None or "silu".
@@ -245,8 +249,14 @@ def causal_conv1d_update(
         out shaped like x, in x's dtype.
 
     Raises:
-        ContractError: a bad shape, dtype, device, layout or width; in checked mode an index >= slots.
+        ContractError: a non-tensor, a bad shape, dtype, device, layout or width, a conv_state that cannot be
+            written in place; in checked mode an index >= slots.
     """
+    check_tensor(_UPDATE, "x", x)
+    check_tensor(_UPDATE, "conv_state", conv_state)
+    check_tensor(_UPDATE, "weight", weight)
+    check_tensor(_UPDATE, "bias", bias, optional=True)
+    check_tensor(_UPDATE, "conv_state_indices", conv_state_indices, optional=True)
     check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
     if x.dim() not in (2, 3):
         raise ContractError(_UPDATE, "x", f"expected shape [B, D] or [B, D, L], got {list(x.shape)}")
@@ -263,10 +273,11 @@ def causal_conv1d_update(
     if state_len < width - 1:
         raise ContractError(_UPDATE, "conv_state", f"state length S={state_len} < W-1={width - 1}")
     _check_layout(_UPDATE, "conv_state", conv_state)
-    _no_overlap(_UPDATE, "conv_state", conv_state)
+    check_writable(_UPDATE, "conv_state", conv_state)
+    check_no_overlap(_UPDATE, "x", x, "conv_state", conv_state)
     slots = conv_state.shape[0]
     if conv_state_indices is None:
-        if slots != batch:
+        if slots != batch and batch:
             raise ContractError(_UPDATE, "conv_state", f"expected {batch} slots (one per row of x) without "
                                                        f"conv_state_indices, got {slots}")
     else:

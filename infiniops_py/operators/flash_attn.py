@@ -39,10 +39,15 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     OpSpec,
+    check_bool,
     check_device,
     check_dtype,
     check_index_range,
+    check_no_overlap,
+    check_real,
     check_shape,
+    check_tensor,
+    check_writable,
     is_checked,
 )
 
@@ -80,10 +85,14 @@ def flash_attn_varlen(
         cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]``: sequence b is rows ``cu[b]:cu[b+1]``; they start at 0,
             never decrease and end at ``total_q`` (``total_k`` unless paged). Checked in checked mode.
         max_seqlen_q, max_seqlen_k: at least the longest query / key sequence (ints >= 0).
-        softmax_scale: multiplies ``q @ k^T``; default ``D**-0.5``.
-        causal: bottom-right aligned causal mask.
-        window_size: ``(left, right)`` local window, -1 unbounded; values >= `max_seqlen_k` mean unbounded.
-        softcap: >= 0; ``s = softcap * tanh(s / softcap)`` when > 0.
+        softmax_scale: multiplies ``q @ k^T``, a finite number > 0; None (the default) means ``D**-0.5``.
+        causal: bottom-right aligned causal mask (a bool).
+        window_size: ``(left, right)``, a pair of ints >= -1; -1 is unbounded. Keys of query i lie in
+            ``[i + Sk - Sq - left, i + Sk - Sq + right]``, except that a value >= `max_seqlen_k` is
+            unbounded too (-1), even when ``Sq > Sk`` would make DESIGN.md's literal formula clip: this is
+            flash-attention's own rule (``flash_api.cpp`` sets ``window_size_left/right >= seqlen_k`` to
+            -1), and PEERS.md lists "window sizes >= Sk mean unbounded" among the settled semantics.
+        softcap: a finite number >= 0; ``s = softcap * tanh(s / softcap)`` when > 0.
         block_table: int32 ``[B, max_blocks]`` of block ids into the paged k/v; sequence b reads its first
             ``ceil(Sk_b / block_size)`` entries, which must be in ``[0, num_blocks)`` (checked mode).
 
@@ -91,9 +100,13 @@ def flash_attn_varlen(
         ``[total_q, Hq, D]`` in q's dtype; rows that see no key are 0.
 
     Raises:
-        ContractError: a shape, dtype, device, stride, index or scalar argument breaks the contract.
+        ContractError: a non-tensor, or a shape, dtype, device, stride, index or scalar argument that
+            breaks the contract.
     """
     op = _VARLEN
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_tensor(op, name, t)
+    check_tensor(op, "block_table", block_table, optional=True)
     paged = block_table is not None
     hq, d = _check_q(op, q, 3)
     hkv = _check_kv(op, q, k, v, ("k", "v"), 4 if paged else 3, hq, d)
@@ -145,24 +158,34 @@ def flash_attn_with_kvcache(
         q: ``[B, Sq, Hq, D]``, float16/bfloat16/float32/float64, last stride 1.
         k_cache, v_cache: ``[B, S_max, Hkv, D]``, or paged ``[num_blocks, block_size, Hkv, D]`` when
             `block_table` is given; same dtype and device as `q`, last stride 1, ``Hq % Hkv == 0``.
-            Updated in place when `k`/`v` are given.
+            Updated in place when `k`/`v` are given: then they must not share memory with each other,
+            with `q` or with the new `k`/`v`, nor have a zero-stride (expanded) or self-overlapping dim
+            (only read otherwise: one tensor may then serve as both).
         cache_seqlens: int32 ``[B]``: tokens already in the cache per sequence (>= 0, checked mode).
         block_table: int32 ``[B, max_blocks]``; sequence b uses its first ``ceil(Sk_b / block_size)``
             entries, which must be in ``[0, num_blocks)`` (checked mode).
         k, v: both or neither; ``[B, Sq_new, Hkv, D]``, written at positions ``cache_seqlens[b] + t``;
             ``cache_seqlens[b] + Sq_new`` must fit in the cache capacity (``S_max`` or
             ``max_blocks * block_size``; checked mode).
-        softmax_scale, causal, window_size, softcap: as in `flash_attn_varlen`; values of `window_size`
-            >= the cache capacity mean unbounded. Sequence b attends to ``Sk_b = cache_seqlens[b] + Sq_new``
-            keys, the causal mask aligned bottom-right.
+        softmax_scale, causal, window_size, softcap: as in `flash_attn_varlen`. Sequence b attends to
+            ``Sk_b = cache_seqlens[b] + Sq_new`` keys, the causal mask aligned bottom-right; a window value
+            >= the cache capacity (``S_max``, or ``max_blocks * block_size`` when paged: the
+            ``seqlen_k`` flash-attention's ``flash_api.cpp`` compares with) is unbounded (-1), as there,
+            even where ``Sq > Sk_b`` would make DESIGN.md's literal formula clip (PEERS.md: "window
+            sizes >= Sk mean unbounded").
 
     Returns:
         ``[B, Sq, Hq, D]`` in q's dtype; rows that see no key are 0.
 
     Raises:
-        ContractError: a shape, dtype, device, stride, index or scalar argument breaks the contract.
+        ContractError: a non-tensor, or a shape, dtype, device, stride, index or scalar argument that
+            breaks the contract, or caches written in place that overlap.
     """
     op = _KVCACHE
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        check_tensor(op, name, t)
+    for name, t in (("block_table", block_table), ("k", k), ("v", v)):
+        check_tensor(op, name, t, optional=True)
     paged = block_table is not None
     hq, d = _check_q(op, q, 4)
     b = q.shape[0]
@@ -180,6 +203,7 @@ def flash_attn_with_kvcache(
         _check_kv(op, q, k, v, ("k", "v"), 4, hq, d, expect_hkv=hkv)
         check_shape(op, "k", k, [b, None, hkv, d], " (B, Sq_new, Hkv, D)")
         new = k.shape[1]
+        _check_cache_writes(op, q, k_cache, v_cache, k, v)
     if block_table is not None:
         _check_block_table(op, block_table, b, q.device)
         block_size = k_cache.shape[1]
@@ -245,7 +269,20 @@ def _check_kv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names:
     return hkv
 
 
+def _check_cache_writes(op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        k: torch.Tensor, v: torch.Tensor) -> None:
+    """The caches receive k/v in place: each must be writable, and no input may share their memory."""
+    check_writable(op, "k_cache", k_cache)
+    check_writable(op, "v_cache", v_cache)
+    check_no_overlap(op, "v_cache", v_cache, "k_cache", k_cache)
+    for name, t in (("k", k), ("v", v), ("q", q)):
+        check_no_overlap(op, name, t, "k_cache", k_cache)
+        check_no_overlap(op, name, t, "v_cache", v_cache)
+
+
 def _non_negative_int(op: str, name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ContractError(op, name, f"expected an int, got bool {value!r}")
     try:
         n = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
@@ -308,11 +345,15 @@ def _check_used_blocks(op: str, table: torch.Tensor, lengths: Sequence[int], num
 
 def _normalize(op: str, d: int, softmax_scale: float | None, causal: bool, window_size: Sequence[int],
                softcap: float, max_seqlen_k: int) -> tuple[float, tuple[int, int], float]:
-    """Fill in the scale, canonicalize the window and check softcap; see the module docstring."""
-    scale = d**-0.5 if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ContractError(op, "softmax_scale", f"expected a finite float, got {softmax_scale}")
+    """Check the scalars, fill in the scale and canonicalize the window; see the module docstring."""
+    check_bool(op, "causal", causal)
+    if softmax_scale is None:
+        scale = d**-0.5
+    else:
+        scale = check_real(op, "softmax_scale", softmax_scale, low=0.0, low_inclusive=False)
     try:
+        if any(isinstance(w, bool) for w in window_size):
+            raise TypeError
         left, right = (operator.index(w) for w in window_size)
     except (TypeError, ValueError):
         raise ContractError(op, "window_size", f"expected a pair of ints (left, right), got {window_size!r}") from None
@@ -320,9 +361,7 @@ def _normalize(op: str, d: int, softmax_scale: float | None, causal: bool, windo
         raise ContractError(op, "window_size", f"expected values >= -1 (-1 = unbounded), got {(left, right)}")
     left = -1 if left >= max_seqlen_k else left
     right = -1 if right >= max_seqlen_k or causal else right
-    cap = float(softcap)
-    if not cap >= 0.0 or math.isinf(cap):
-        raise ContractError(op, "softcap", f"expected a finite float >= 0 (0 = off), got {softcap}")
+    cap = check_real(op, "softcap", softcap, low=0.0)
     return scale, (left, right), cap
 
 

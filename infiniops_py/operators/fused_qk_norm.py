@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from infiniops_py.operators._base import FLOAT_DTYPES, ContractError, OpSpec, check_device, check_dtype
+from infiniops_py.operators._base import (
+    FLOAT_DTYPES,
+    ContractError,
+    OpSpec,
+    check_device,
+    check_dtype,
+    check_no_overlap,
+    check_real,
+    check_tensor,
+    check_writable,
+)
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
 
 __all__ = ["SPECS", "fused_qk_norm", "reference"]
@@ -37,22 +47,28 @@ def fused_qk_norm(
 
     Args:
         qkv: the packed projection ``[T, (Hq + 2*Hkv) * D]``: Q heads, then K heads, then V heads.
-            dtype float16/bfloat16/float32/float64, last stride 1 (rows may be strided).
+            dtype float16/bfloat16/float32/float64, last stride 1 (rows may be strided); written in place,
+            so no zero-stride (expanded) or otherwise self-overlapping dims.
         q_weight, k_weight: the checkpoint's ``q_norm.weight`` / ``k_norm.weight``, ``[D]``, same dtype
-            and device, contiguous.
-        num_q_heads, num_kv_heads, head_dim: ``Hq``, ``Hkv``, ``D`` (positive ints).
-        eps: added to each head's mean square.
+            and device, contiguous, not overlapping `qkv` in memory.
+        num_q_heads, num_kv_heads, head_dim: ``Hq``, ``Hkv``, ``D`` (positive ints, not bools).
+        eps: added to each head's mean square, a finite number > 0.
 
     Returns:
         `qkv`, updated in place.
 
     Raises:
-        ContractError: a non-positive head count or head dim, a width other than ``(Hq + 2*Hkv) * D``,
-            a mismatched weight, dtype or device, a last stride other than 1.
+        ContractError: a non-tensor, a non-positive head count or head dim, a width other than
+            ``(Hq + 2*Hkv) * D``, a mismatched weight, dtype or device, a last stride other than 1, a bad
+            `eps`, an expanded `qkv` or a weight sharing its memory.
     """
+    check_tensor(_OP, "qkv", qkv)
+    check_tensor(_OP, "q_weight", q_weight)
+    check_tensor(_OP, "k_weight", k_weight)
     check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
+    check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if not isinstance(v, int) or v <= 0:
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ContractError(_OP, name, f"expected a positive int, got {v!r}")
     width = (num_q_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != width:
@@ -72,6 +88,9 @@ def fused_qk_norm(
             raise ContractError(_OP, name, f"expected a contiguous [D] tensor, got stride {w.stride(0)}")
     if qkv.shape[0] == 0:
         return qkv
+    check_writable(_OP, "qkv", qkv)
+    check_no_overlap(_OP, "q_weight", q_weight, "qkv", qkv)
+    check_no_overlap(_OP, "k_weight", k_weight, "qkv", qkv)
     key = (qkv.device.type, qkv.dtype, head_dim, num_q_heads, num_kv_heads)
     SPEC.call(key, qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
     return qkv

@@ -13,7 +13,18 @@ from __future__ import annotations
 
 import torch
 
-from infiniops_py.operators._base import FLOAT_DTYPES, ContractError, OpSpec, check_device, check_dtype
+from infiniops_py.operators._base import (
+    FLOAT_DTYPES,
+    ContractError,
+    OpSpec,
+    check_bool,
+    check_device,
+    check_dtype,
+    check_real,
+    check_tensor,
+    overlaps,
+    same_view,
+)
 
 __all__ = ["SPECS", "gemm", "reference"]
 
@@ -43,17 +54,27 @@ def gemm(
         c: optional, broadcastable to ``[(Bt,) M, N]``, same dtype. When ``beta == 0`` it is never read,
             so NaN/Inf in `c` does not reach the result (``torch.addmm`` semantics).
         bias: optional ``[N]``, same dtype, added to every row.
-        alpha, beta: scalars.
-        trans_a, trans_b: use the transpose of `a` / `b`.
+        alpha, beta: finite real numbers (int or float, not bool).
+        trans_a, trans_b: use the transpose of `a` / `b` (bools).
         out: optional contiguous ``[(Bt,) M, N]`` in `a`'s dtype; it may be `c` itself (same shape and
-            view: in-place accumulation) but must not overlap `a`, `b` or `bias`.
+            view: in-place accumulation) but must not otherwise share memory with `a`, `b`, `bias` or `c`
+            (sharing their storage without sharing elements is fine).
 
     Returns:
         `out`, or a new contiguous ``[(Bt,) M, N]`` tensor in `a`'s dtype.
 
     Raises:
-        ContractError: a rank, shape, dtype, device or stride that breaks the above, naming the argument.
+        ContractError: a non-tensor, a bad scalar, or a rank, shape, dtype, device or stride that breaks
+            the above, naming the argument.
     """
+    check_tensor(_OP, "a", a)
+    check_tensor(_OP, "b", b)
+    for name, t in (("c", c), ("bias", bias), ("out", out)):
+        check_tensor(_OP, name, t, optional=True)
+    check_real(_OP, "alpha", alpha)
+    check_real(_OP, "beta", beta)
+    check_bool(_OP, "trans_a", trans_a)
+    check_bool(_OP, "trans_b", trans_b)
     check_dtype(_OP, "a", a, FLOAT_DTYPES)
     dev, dt = a.device, a.dtype
     _check_operand("b", b, dt, dev)
@@ -126,11 +147,8 @@ def _check_out(
     check_device(_OP, "out", out, a.device)
     if not out.is_contiguous():
         raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
-    ptr = out.untyped_storage().data_ptr()
     for name, t in (("a", a), ("b", b), ("bias", bias), ("c", c)):
-        if t is None or not t.numel() or t.untyped_storage().data_ptr() != ptr:
-            continue
-        if name == "c" and t.data_ptr() == out.data_ptr() and t.stride() == out.stride():
+        if t is None or (name == "c" and same_view(t, out)) or not overlaps(t, out):
             continue
         raise ContractError(_OP, "out", f"shares memory with {name}; only out=c (the same full view) may alias")
 

@@ -21,6 +21,9 @@ from infiniops_py.operators._base import (
     check_device,
     check_dtype,
     check_index_range,
+    check_no_overlap,
+    check_tensor,
+    check_writable,
 )
 
 __all__ = ["SPECS", "reference", "reshape_and_cache_flash"]
@@ -50,10 +53,19 @@ def reshape_and_cache_flash(
         slot_mapping: int64 ``[N]``, ``N <= T``; in checked mode every value must be ``< num_blocks *
             block_size``.
 
+    The caches are written in place, so neither may have a zero-stride (expanded) or otherwise
+    self-overlapping dim, and no two of `key_cache`, `value_cache` and the new `key`/`value` may share
+    memory (the two halves of one ``[num_blocks, 2, block_size, Hkv, D]`` buffer share none). A rejected
+    call writes nothing.
+
     Raises:
-        ContractError: a mismatched shape, dtype or device, a last stride other than 1, ``N > T``, or (in
-            checked mode) a slot ``>= num_blocks * block_size``.
+        ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1,
+            ``N > T``, an expanded or overlapping cache, or (in checked mode) a slot
+            ``>= num_blocks * block_size``.
     """
+    for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
+                    ("slot_mapping", slot_mapping)):
+        check_tensor(_OP, name, t)
     check_dtype(_OP, "key", key, FLOAT_DTYPES)
     dev, dt = key.device, key.dtype
     if key.dim() != 3:
@@ -85,6 +97,12 @@ def reshape_and_cache_flash(
             _OP, "slot_mapping", f"expected shape [N] with N <= {t} (key's tokens), got {list(slot_mapping.shape)}"
         )
     num_blocks, block_size = key_cache.shape[:2]
+    check_writable(_OP, "key_cache", key_cache)
+    check_writable(_OP, "value_cache", value_cache)
+    check_no_overlap(_OP, "value_cache", value_cache, "key_cache", key_cache)
+    for name, t in (("key", key[:slot_mapping.shape[0]]), ("value", value[:slot_mapping.shape[0]])):
+        check_no_overlap(_OP, name, t, "key_cache", key_cache)
+        check_no_overlap(_OP, name, t, "value_cache", value_cache)
     check_index_range(_OP, "slot_mapping", slot_mapping, num_blocks * block_size, allow_negative=True)
     if slot_mapping.shape[0] == 0 or key_cache.numel() == 0:
         return

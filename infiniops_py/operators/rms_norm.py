@@ -12,6 +12,8 @@ Problem fields (both): hidden_size (int).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from infiniops_py.operators._base import (
@@ -20,13 +22,22 @@ from infiniops_py.operators._base import (
     OpSpec,
     check_device,
     check_dtype,
+    check_no_overlap,
+    check_real,
+    check_tensor,
+    check_writable,
     device_type,
+    overlaps,
+    same_view,
 )
 
 __all__ = ["SPECS", "fused_add_rms_norm", "fused_reference", "reference", "rms_norm"]
 
 _OP = "rms_norm"
 _FUSED = "fused_add_rms_norm"
+_INF = math.inf
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
+_Tensor = torch.Tensor
 
 
 def rms_norm(
@@ -40,19 +51,26 @@ def rms_norm(
     Args:
         x: ``[..., H]``, dtype float16/bfloat16/float32/float64, last stride 1 (rows may be strided).
         weight: ``[H]``, same dtype and device, contiguous.
-        eps: added to the mean square (> 0 keeps a zero row finite).
-        out: optional contiguous tensor of `x`'s shape, dtype and device; it may be `x` itself.
+        eps: added to the mean square, a finite number > 0 (keeps a zero row finite).
+        out: optional contiguous tensor of `x`'s shape, dtype and device; it may be `x` itself (the same
+            view) but must not otherwise overlap `x` or `weight`.
 
     Returns:
         `out`, or a new contiguous tensor of `x`'s shape.
 
     Raises:
-        ContractError: rank 0, a mismatched weight, dtype or device, a last stride other than 1, a bad `out`.
+        ContractError: a non-tensor, rank 0, a mismatched weight, dtype or device, a last stride other than
+            1, a bad `eps` or `out`.
     """
     # The checks run on every call (benchmarks/dispatch.py keeps them near 2 us, as add.py's): each
     # attribute is read once, and a helper is only called to raise.
+    if not (isinstance(x, _Tensor) and isinstance(weight, _Tensor)):
+        check_tensor(_OP, "x", x)
+        check_tensor(_OP, "weight", weight)
+    if type(eps) is not float or not 0.0 < eps < _INF:
+        check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     dtype = x.dtype
-    if dtype not in FLOAT_DTYPES:
+    if dtype not in _FLOAT_SET:
         check_dtype(_OP, "x", x, FLOAT_DTYPES)
     shape = x.shape
     try:
@@ -69,9 +87,13 @@ def rms_norm(
         _check_weight(_OP, weight, x, h)
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=x.device)
-    elif (out.shape != shape or out.dtype is not dtype or (not out.is_cpu if on_cpu else out.device != device)
-          or not out.is_contiguous()):
+    elif (not isinstance(out, _Tensor) or out.shape != shape or out.dtype is not dtype
+          or (not out.is_cpu if on_cpu else out.device != device) or not out.is_contiguous()):
         _check_out(x, out)
+    elif (x._base is not None or out._base is not None) and out is not x:
+        # Only views share a storage (short of `set_` or two `from_numpy` of one array): a storage
+        # comparison on every call would cost 0.2 us of the 2 us budget.
+        _check_out_overlap(x, weight, out)
     if 0 in shape:
         return out
     key = ("cpu" if on_cpu else device_type(x), dtype, h)
@@ -89,19 +111,27 @@ def fused_add_rms_norm(
     """In place: ``residual <- x + residual`` (rounded to the dtype), then ``x <- rms_norm(residual)``.
 
     vLLM's ``fused_add_rms_norm`` semantics (a transformer block's post-attention residual add and norm).
+    Every check runs before either tensor is written: a rejected call leaves both untouched.
 
     Args:
-        x: ``[..., H]``, dtype float16/bfloat16/float32/float64, last stride 1.
-        residual: `x`'s shape, dtype and device, last stride 1, not overlapping `x`.
-        weight: ``[H]``, same dtype and device, contiguous.
-        eps: added to the mean square.
+        x: ``[..., H]``, dtype float16/bfloat16/float32/float64, last stride 1, written in place: no
+            zero-stride (expanded) or otherwise self-overlapping dims.
+        residual: `x`'s shape, dtype and device, last stride 1, written in place like `x`; it must not
+            overlap `x` in memory (not even partly, as ``b[:4]`` and ``b[1:5]`` do).
+        weight: ``[H]``, same dtype and device, contiguous, not overlapping `x` or `residual`.
+        eps: added to the mean square, a finite number > 0.
 
     Returns:
         ``(x, residual)``, both updated in place.
 
     Raises:
-        ContractError: a mismatched shape, dtype or device, a last stride other than 1, `x` aliasing `residual`.
+        ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1, a bad
+            `eps`, an expanded `x` or `residual`, or any two of the tensors sharing memory.
     """
+    check_tensor(_FUSED, "x", x)
+    check_tensor(_FUSED, "residual", residual)
+    check_tensor(_FUSED, "weight", weight)
+    check_real(_FUSED, "eps", eps, low=0.0, low_inclusive=False)
     h = _check_rows(_FUSED, "x", x)
     if residual.shape != x.shape:
         raise ContractError(
@@ -110,13 +140,16 @@ def fused_add_rms_norm(
     if residual.dtype != x.dtype:
         raise ContractError(_FUSED, "residual", f"expected dtype {x.dtype} (same as x), got {residual.dtype}")
     check_device(_FUSED, "residual", residual, x.device)
-    if residual.stride(-1) != 1:
+    if residual.stride(-1) != 1 and h > 1:
         raise ContractError(_FUSED, "residual", f"expected last stride 1, got strides {list(residual.stride())}")
     _check_weight(_FUSED, weight, x, h)
     if x.numel() == 0:
         return x, residual
-    if residual.data_ptr() == x.data_ptr():
-        raise ContractError(_FUSED, "residual", "is the same memory as x; pass two separate tensors")
+    check_writable(_FUSED, "x", x)
+    check_writable(_FUSED, "residual", residual)
+    check_no_overlap(_FUSED, "residual", residual, "x", x)
+    check_no_overlap(_FUSED, "weight", weight, "x", x)
+    check_no_overlap(_FUSED, "weight", weight, "residual", residual)
     key = (x.device.type, x.dtype, h)
     if x.dim() == 2:
         FUSED_SPEC.call(key, x, residual, weight, eps)
@@ -152,6 +185,7 @@ def _check_weight(op: str, weight: torch.Tensor, x: torch.Tensor, h: int) -> Non
 
 
 def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    check_tensor(_OP, "out", out)
     if out.shape != x.shape:
         raise ContractError(_OP, "out", f"expected shape {list(x.shape)} (same as x), got {list(out.shape)}")
     if out.dtype != x.dtype:
@@ -159,6 +193,13 @@ def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
     check_device(_OP, "out", out, x.device)
     if not out.is_contiguous():
         raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+
+
+def _check_out_overlap(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    """`out` shares `x`'s storage: allowed only as `x` itself."""
+    if not same_view(x, out) and overlaps(x, out):
+        raise ContractError(_OP, "out", "partially overlaps x; out may share memory with x only as x itself")
+    check_no_overlap(_OP, "out", out, "weight", weight)
 
 
 def _viewable(x: torch.Tensor) -> bool:

@@ -36,10 +36,14 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     OpSpec,
+    check_bool,
     check_device,
     check_dtype,
     check_index_range,
+    check_no_overlap,
     check_shape,
+    check_tensor,
+    check_writable,
 )
 
 __all__ = ["SPECS", "process_dt", "selective_scan", "selective_state_update", "state_dtype"]
@@ -148,8 +152,16 @@ def selective_scan(
         (float64 for float64 x) when `return_final_states`.
 
     Raises:
-        ContractError: a shape, dtype, device or stride that breaks the contract, named by argument.
+        ContractError: a non-tensor, a bad flag or limit, or a shape, dtype, device or stride that breaks
+            the contract, named by argument.
     """
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+        check_tensor(_SCAN, name, t)
+    for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
+                    ("seq_idx", seq_idx)):
+        check_tensor(_SCAN, name, t, optional=True)
+    check_bool(_SCAN, "dt_softplus", dt_softplus)
+    check_bool(_SCAN, "return_final_states", return_final_states)
     check_dtype(_SCAN, "x", x, FLOAT_DTYPES)
     if x.dim() != 4:
         raise ContractError(_SCAN, "x", f"expected shape [Bt, L, H, P], got {list(x.shape)}")
@@ -198,9 +210,12 @@ def selective_scan(
 
 def _check_limit(dt_limit: tuple[float, float]) -> None:
     try:
-        low, high = (float(v) for v in dt_limit)
+        low, high = dt_limit
     except (TypeError, ValueError):
         raise ContractError(_SCAN, "dt_limit", f"expected a (low, high) pair of floats, got {dt_limit!r}") from None
+    for v in (low, high):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ContractError(_SCAN, "dt_limit", f"expected a (low, high) pair of floats, got {dt_limit!r}")
     if not low <= high:
         raise ContractError(_SCAN, "dt_limit", f"expected low <= high, got {dt_limit!r}")
 
@@ -272,7 +287,8 @@ def selective_state_update(
 
     Args:
         state: [slots, H, P, N] float32 (float64 accepted), updated in place; last dim dense, no expanded
-            (zero-stride) dims. Without indices, slots == B.
+            (zero-stride) or self-overlapping dims, no memory shared with another argument. Without
+            indices, slots == B (unless B == 0: an empty batch does nothing).
         x: [B, H, P] float16/bfloat16/float32/float64, last dim dense.
         dt: [B, H], any float dtype.
         A: [H] float32 (float64 accepted).
@@ -287,8 +303,14 @@ def selective_state_update(
         out [B, H, P] in x's dtype.
 
     Raises:
-        ContractError: a bad shape, dtype, device or stride; in checked mode an index >= slots.
+        ContractError: a non-tensor, a bad flag, shape, dtype, device or stride, a state that cannot be
+            written in place; in checked mode an index >= slots.
     """
+    for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+        check_tensor(_UPDATE, name, t)
+    for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)):
+        check_tensor(_UPDATE, name, t, optional=True)
+    check_bool(_UPDATE, "dt_softplus", dt_softplus)
     check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
     if x.dim() != 3:
         raise ContractError(_UPDATE, "x", f"expected shape [B, H, P], got {list(x.shape)}")
@@ -301,9 +323,7 @@ def selective_state_update(
     slots, d_state = state.shape[0], state.shape[3]
     check_shape(_UPDATE, "state", state, (slots, heads, head_dim, d_state), " ([slots, H, P, N], H and P from x)")
     _last_dense(_UPDATE, "state", state)
-    if any(st == 0 and n > 1 for st, n in zip(state.stride(), state.shape)):
-        raise ContractError(_UPDATE, "state", f"zero stride {state.stride()} on a dimension of size > 1 "
-                                              "(an expanded view); it is written in place")
+    check_writable(_UPDATE, "state", state)
     check_device(_UPDATE, "dt", dt, x.device)
     check_dtype(_UPDATE, "dt", dt, FLOAT_DTYPES)
     check_shape(_UPDATE, "dt", dt, (batch, heads), " ([B, H])")
@@ -316,8 +336,11 @@ def selective_state_update(
     _check_params(_UPDATE, x, heads, head_dim, A, D, dt_bias)
     if z is not None:
         _check_like_x(_UPDATE, "z", z, x, tuple(x.shape), " (same as x)")
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias)):
+        if t is not None:
+            check_no_overlap(_UPDATE, name, t, "state", state)
     if state_batch_indices is None:
-        if slots != batch:
+        if slots != batch and batch:
             raise ContractError(_UPDATE, "state", f"expected {batch} slots (one per row of x) without "
                                                   f"state_batch_indices, got {slots}")
     else:
