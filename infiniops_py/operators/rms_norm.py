@@ -63,37 +63,41 @@ def rms_norm(
             1, a bad `eps` or `out`.
     """
     # The checks run on every call (benchmarks/dispatch.py keeps them near 2 us, as add.py's): each
-    # attribute is read once, and a helper is only called to raise.
-    if not (isinstance(x, _Tensor) and isinstance(weight, _Tensor)):
-        check_tensor(_OP, "x", x)
-        check_tensor(_OP, "weight", weight)
+    # attribute is read once, and a helper is only called to raise. A non-tensor fails an attribute read
+    # (the try costs nothing when nothing is raised) or, duck-typed, a helper's `check_tensor`.
     if type(eps) is not float or not 0.0 < eps < _INF:
         check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
-    dtype = x.dtype
-    if dtype not in _FLOAT_SET:
-        check_dtype(_OP, "x", x, FLOAT_DTYPES)
-    shape = x.shape
     try:
-        h = shape[-1]
-    except IndexError:
-        raise ContractError(_OP, "x", "expected at least one dim [..., H], got a 0-d tensor") from None
-    if not x.is_contiguous() and h > 1 and x.stride(-1) != 1:
-        raise ContractError(_OP, "x", f"expected last stride 1, got strides {list(x.stride())}")
-    on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
-    device = None if on_cpu else x.device
-    # a [H] weight is contiguous exactly when its stride is 1 or H <= 1
-    if (weight.dtype is not dtype or (not weight.is_cpu if on_cpu else weight.device != device)
-            or weight.shape != (h,) or not weight.is_contiguous()):
-        _check_weight(_OP, weight, x, h)
-    if out is None:
-        out = torch.empty(shape, dtype=dtype, device=x.device)
-    elif (not isinstance(out, _Tensor) or out.shape != shape or out.dtype is not dtype
-          or (not out.is_cpu if on_cpu else out.device != device) or not out.is_contiguous()):
-        _check_out(x, out)
-    elif (x._base is not None or out._base is not None) and out is not x:
-        # Only views share a storage (short of `set_` or two `from_numpy` of one array): a storage
-        # comparison on every call would cost 0.2 us of the 2 us budget.
-        _check_out_overlap(x, weight, out)
+        dtype = x.dtype
+        if dtype not in _FLOAT_SET:
+            check_tensor(_OP, "x", x)
+            check_dtype(_OP, "x", x, FLOAT_DTYPES)
+        shape = x.shape
+        try:
+            h = shape[-1]
+        except IndexError:
+            raise ContractError(_OP, "x", "expected at least one dim [..., H], got a 0-d tensor") from None
+        if not x.is_contiguous() and h > 1 and x.stride(-1) != 1:
+            raise ContractError(_OP, "x", f"expected last stride 1, got strides {list(x.stride())}")
+        on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
+        device = None if on_cpu else x.device
+        # a [H] weight is contiguous exactly when its stride is 1 or H <= 1
+        if (weight.dtype is not dtype or (not weight.is_cpu if on_cpu else weight.device != device)
+                or weight.shape != (h,) or not weight.is_contiguous()):
+            _check_weight(_OP, weight, x, h)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=x.device)
+        elif (out.shape != shape or out.dtype is not dtype or (not out.is_cpu if on_cpu else out.device != device)
+              or not out.is_contiguous()):
+            _check_out(x, out)
+        elif (x._base is not None or out._base is not None) and out is not x:
+            # Only views share a storage (short of `set_` or two `from_numpy` of one array): a storage
+            # comparison on every call would cost 0.2 us of the 2 us budget.
+            _check_out_overlap(x, weight, out)
+    except AttributeError:
+        for name, t in (("x", x), ("weight", weight), ("out", out)):
+            check_tensor(_OP, name, t, optional=name == "out")
+        raise
     if 0 in shape:
         return out
     key = ("cpu" if on_cpu else device_type(x), dtype, h)
@@ -175,6 +179,7 @@ def _check_rows(op: str, name: str, x: torch.Tensor) -> int:
 
 
 def _check_weight(op: str, weight: torch.Tensor, x: torch.Tensor, h: int) -> None:
+    check_tensor(op, "weight", weight)
     if weight.dtype != x.dtype:
         raise ContractError(op, "weight", f"expected dtype {x.dtype} (same as x), got {weight.dtype}")
     check_device(op, "weight", weight, x.device)
