@@ -85,7 +85,8 @@ def flash_attn_varlen(
         cu_seqlens_q, cu_seqlens_k: int32 ``[B + 1]``: sequence b is rows ``cu[b]:cu[b+1]``; they start at 0,
             never decrease and end at ``total_q`` (``total_k`` unless paged). Checked in checked mode.
         max_seqlen_q, max_seqlen_k: at least the longest query / key sequence (ints >= 0).
-        softmax_scale: multiplies ``q @ k^T``, a finite number > 0; None (the default) means ``D**-0.5``.
+        softmax_scale: multiplies ``q @ k^T``, any finite number (flash-attention does not restrict its
+            sign); None (the default) means ``D**-0.5``.
         causal: bottom-right aligned causal mask (a bool).
         window_size: ``(left, right)``, a pair of ints >= -1; -1 is unbounded. Keys of query i lie in
             ``[i + Sk - Sq - left, i + Sk - Sq + right]``, except that a value >= `max_seqlen_k` is
@@ -347,10 +348,8 @@ def _normalize(op: str, d: int, softmax_scale: float | None, causal: bool, windo
                softcap: float, max_seqlen_k: int) -> tuple[float, tuple[int, int], float]:
     """Check the scalars, fill in the scale and canonicalize the window; see the module docstring."""
     check_bool(op, "causal", causal)
-    if softmax_scale is None:
-        scale = d**-0.5
-    else:
-        scale = check_real(op, "softmax_scale", softmax_scale, low=0.0, low_inclusive=False)
+    # any finite scale, as flash-attention accepts; None means D**-0.5
+    scale = d**-0.5 if softmax_scale is None else check_real(op, "softmax_scale", softmax_scale)
     try:
         if any(isinstance(w, bool) for w in window_size):
             raise TypeError
