@@ -12,12 +12,11 @@ status that names the synchronizing implementation when there is one (`infinilm.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import partial
 
 import torch
 
 from infinilm.cache import KVCache
-from infinilm.host_sync import capture_failed_status
+from infinilm.graph_capture import CapturedSteps
 from infinilm.layers.attention import AttnContext
 from infinilm.models.llama import LlamaModel
 from infiniops_py import Implementation
@@ -31,7 +30,7 @@ def capture_sizes(max_batch: int) -> list[int]:
     return [*sizes, max_batch]
 
 
-class DecodeGraphs:
+class DecodeGraphs(CapturedSteps):
     """Captured decode graphs keyed by padded batch size, over shared static buffers.
 
     `implementations` (the gate plan's choices) name the culprit when a step synchronizes with the host.
@@ -39,17 +38,16 @@ class DecodeGraphs:
 
     def __init__(self, model: LlamaModel, cache: KVCache, device: torch.device, max_blocks: int,
                  implementations: Iterable[Implementation] = ()) -> None:
-        self.model, self.cache, self.device, self.max_blocks = model, cache, device, max_blocks
-        self.implementations = list(implementations)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.sizes: list[int] = []
+        super().__init__(device, implementations)
+        self.model, self.cache, self.max_blocks = model, cache, max_blocks
         self.rows = torch.empty(0)
         self.tables = torch.empty(0)
 
     def serves(self, n: int) -> bool:
         return bool(self.sizes) and n <= self.sizes[-1]
 
-    def _reset(self, bs: int) -> None:
+    def _prepare(self, bs: int) -> None:
+        """Padding rows: slot -1 (nothing written), one key of block 0."""
         self.rows[:, :bs] = torch.tensor([0, 0, -1, 1], device=self.device)[:, None]
         self.tables[:bs] = 0
 
@@ -67,29 +65,10 @@ class DecodeGraphs:
         self.rows = torch.zeros(4, max_batch, dtype=torch.int64, device=self.device)
         self.lens32 = torch.ones(max_batch, dtype=torch.int32, device=self.device)
         self.tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=self.device)
-        pool = None
-        try:
-            for bs in reversed(sizes):  # largest first, so the smaller graphs reuse its memory pool
-                self._reset(bs)
-                self._forward(bs)  # warm-up: resolves every operator, compiles and tunes, settles allocations
-                graph, out = self._capture_one(bs, pool)
-                pool = graph.pool()
-                self.graphs[bs] = (graph, out)
-        except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
-            self.graphs.clear()
-            return capture_failed_status(exc, partial(self._forward, bs), self.device, self.implementations)
-        self.sizes = sizes
+        failed = self._capture_all(sizes)
+        if failed is not None:
+            return failed
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
-
-    def _capture_one(self, bs: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        # the outer stream scope restores the current stream even when capture_end raises (torch.cuda.graph
-        # leaves its side stream current then), so that a failed capture leaves eager steps where they were
-        with torch.cuda.stream(torch.cuda.current_stream(self.device)), torch.cuda.graph(graph, pool=pool):
-            out = self._forward(bs)
-        torch.cuda.synchronize(self.device)
-        return graph, out
 
     def replay(self, inputs: tuple[list[int], list[int], list[int], list[int], list[list[int]]]) -> torch.Tensor:
         """Logits ``[n, V]`` of a decode step of n sequences (see `ModelRunner.decode_inputs`)."""
@@ -97,7 +76,7 @@ class DecodeGraphs:
         n = len(ids)
         bs = next(s for s in self.sizes if s >= n)
         if bs > n:
-            self._reset(bs)
+            self._prepare(bs)
         self.rows[:, :n].copy_(torch.tensor([ids, positions, slots, lens], dtype=torch.int64), non_blocking=True)
         self.tables[:n].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
         graph, out = self.graphs[bs]

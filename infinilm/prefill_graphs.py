@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
-from infinilm.host_sync import capture_failed_status
+from infinilm.graph_capture import CapturedSteps
 from infiniops_py import Implementation
 
 if TYPE_CHECKING:
@@ -32,19 +31,27 @@ if TYPE_CHECKING:
 __all__ = ["PrefillGraphs"]
 
 
-class PrefillGraphs:
+class PrefillGraphs(CapturedSteps):
     """Captured single-prompt prefills keyed by bucket length; each returns the last token's logits ``[1, V]``."""
 
     def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device,
                  implementations: Iterable[Implementation] = ()) -> None:
-        self.model, self.pool, self.device = model, pool, device
-        self.implementations = list(implementations)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.lengths: list[int] = []
+        super().__init__(device, implementations)
+        self.model, self.pool = model, pool
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
+    @property
+    def lengths(self) -> list[int]:
+        """The captured bucket lengths, ascending (empty when capture is off or failed)."""
+        return self.sizes
+
     def serves(self, n: int) -> bool:
-        return bool(self.lengths) and 0 < n <= self.lengths[-1]
+        return bool(self.sizes) and 0 < n <= self.sizes[-1]
+
+    def _prepare(self, length: int) -> None:
+        self.buffers[length] = (torch.zeros(length, dtype=torch.int64, device=self.device),
+                                torch.zeros(1, length, dtype=torch.int32, device=self.device),
+                                torch.zeros(1, dtype=torch.int64, device=self.device))
 
     def _forward(self, length: int) -> torch.Tensor:
         from infinilm.state_pool import SsmContext
@@ -59,32 +66,10 @@ class PrefillGraphs:
         wanted = sorted(set(lengths))
         if not wanted:
             return "prefill graphs: off"
-        pool = None
-        length = wanted[-1]
-        try:
-            for length in reversed(wanted):  # largest first, so the smaller graphs reuse its memory pool
-                self.buffers[length] = (torch.zeros(length, dtype=torch.int64, device=self.device),
-                                        torch.zeros(1, length, dtype=torch.int32, device=self.device),
-                                        torch.zeros(1, dtype=torch.int64, device=self.device))
-                self._forward(length)  # warm-up: resolves every operator, compiles and tunes, settles allocations
-                graph, out = self._capture_one(length, pool)
-                pool = graph.pool()
-                self.graphs[length] = (graph, out)
-        except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
-            self.graphs.clear()
-            status = capture_failed_status(exc, partial(self._forward, length), self.device, self.implementations)
-            return status.replace("cuda graphs:", "prefill graphs:", 1)
-        self.lengths = wanted
+        failed = self._capture_all(wanted)
+        if failed is not None:
+            return failed.replace("cuda graphs:", "prefill graphs:", 1)
         return f"prefill graphs: on (prompt lengths up to {', '.join(map(str, wanted))})"
-
-    def _capture_one(self, length: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        # the outer stream scope restores the current stream even when capture_end raises
-        with torch.cuda.stream(torch.cuda.current_stream(self.device)), torch.cuda.graph(graph, pool=pool):
-            out = self._forward(length)
-        torch.cuda.synchronize(self.device)
-        return graph, out
 
     @torch.inference_mode()
     def replay(self, prompt: list[int], row: int) -> torch.Tensor:

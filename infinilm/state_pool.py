@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from infinilm.cache import BlockAllocator
 from infinilm.config import EngineOptions, ModelConfig
+from infinilm.graph_capture import CapturedSteps
 from infinilm.graphs import capture_sizes
-from infinilm.host_sync import capture_failed_status
 from infinilm.prefill_graphs import PrefillGraphs
 from infinilm.scheduler import Batch
 from infinilm.sequence import Sequence
@@ -222,19 +221,20 @@ class RecurrentRunner:
         return status
 
 
-class _DecodeGraphs:
+class _DecodeGraphs(CapturedSteps):
     """Decode steps captured per padded batch size over static ``[ids; rows]`` buffers; padding rows are -1."""
 
     def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device,
                  implementations: Iterable[Implementation] = ()) -> None:
-        self.model, self.pool, self.device = model, pool, device
-        self.implementations = list(implementations)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.sizes: list[int] = []
+        super().__init__(device, implementations)
+        self.model, self.pool = model, pool
         self.inputs = torch.empty(0)
 
     def serves(self, n: int) -> bool:
         return bool(self.sizes) and n <= self.sizes[-1]
+
+    def _prepare(self, bs: int) -> None:
+        self._pad(0, bs)  # padding rows: the warm-up and capture touch no state
 
     def _pad(self, start: int, stop: int) -> None:
         self.inputs[0, start:stop] = 0
@@ -249,29 +249,10 @@ class _DecodeGraphs:
         """Capture every size up to `max_batch`; returns a one-line status for the CLI and benchmarks."""
         sizes = capture_sizes(max_batch)
         self.inputs = torch.zeros(2, max_batch, dtype=torch.int64, device=self.device)
-        mempool = None
-        try:
-            for bs in reversed(sizes):  # largest first, so the smaller graphs reuse its memory pool
-                self._pad(0, bs)
-                self._forward(bs)  # warm-up on padding rows: resolves every operator, touches no state
-                graph, out = self._capture_one(bs, mempool)
-                mempool = graph.pool()
-                self.graphs[bs] = (graph, out)
-        except Exception as exc:  # an implementation that cannot be captured: stay eager, say why
-            self.graphs.clear()
-            return capture_failed_status(exc, partial(self._forward, bs), self.device, self.implementations)
-        self.sizes = sizes
+        failed = self._capture_all(sizes)
+        if failed is not None:
+            return failed
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
-
-    def _capture_one(self, bs: int, mempool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        # the outer stream scope restores the current stream even when capture_end raises (torch.cuda.graph
-        # leaves its side stream current then), so that a failed capture leaves eager steps where they were
-        with torch.cuda.stream(torch.cuda.current_stream(self.device)), torch.cuda.graph(graph, pool=mempool):
-            out = self._forward(bs)
-        torch.cuda.synchronize(self.device)
-        return graph, out
 
     def replay(self, ids: list[int], rows: list[int]) -> torch.Tensor:
         """Logits ``[n, V]`` of a decode step of n sequences (their last tokens and pool rows)."""
