@@ -1,19 +1,25 @@
 """The conformance suite of several providers on one GPU, as parallel ``infiniops check`` jobs (issue 3).
 
     python3 benchmarks/gpu_check.py triton:300 cupy:300 torch:50 --logs gpu-check [--jobs 8] [--budget 540]
-        [--device cuda] [--op OP ...] [--dtype T ...] [--max-examples N]
+        [--device cuda] [--op OP ...] [--dtype T ...] [--max-examples N] [--shards K] [--seed S]
 
 A provider argument is ``NAME`` or ``NAME:EXAMPLES`` (default ``--max-examples``, 300). There is one job per
 (provider, operator, dtype) the provider declares on the device:
 
-    python -m infiniops_py.cli check NAME --device D --op OP --dtype T --max-examples N --json LOGS/NAME-OP-T.json
+    python -m infiniops_py.cli check NAME --device D --op OP --dtype T --max-examples N --json LOGS/NAME-OP-T.json \
+        --progress
 
-with its output in ``LOGS/NAME-OP-T.log``; below `SPLIT_EXAMPLES` examples one job per (provider, operator)
+with its output in ``LOGS/NAME-OP-T.log`` (a line per example: a killed job still shows how far it got and
+which cases were slow); below `SPLIT_EXAMPLES` examples one job per (provider, operator)
 runs all its dtypes (``NAME-OP-all``), since a job's start (imports, CUDA context) then outweighs its work.
 ``--jobs`` of them run at a time on the one GPU (their float64 references run there too: ``infiniops
 check``'s default on cuda), the heaviest operators first, each with an equal share of the CPU threads.
-When ``--budget`` seconds have passed, the running jobs are killed and reported as ``killed (budget)``,
-the ones not started as ``not run (budget)``.
+When ``--budget`` seconds have passed, the running jobs are killed and reported as ``killed (budget)``
+with the examples they had passed, the ones not started as ``not run (budget)``.
+
+``--shards K`` splits each job of the heaviest operators (attention, the scan) into K jobs of N/K examples
+each, with seeds S, S+1, ... (``--seed``; default: a fresh random S, printed), so they run side by side;
+the table then has a row per shard and a ``total`` row per (provider, operator, dtype).
 
 Printed last: the failures, then one table of every job's rows: provider, operator, dtype, examples run,
 gated, failed, worst |err| (and as a share of the tolerance), seconds, status, and ``grid``: which values
@@ -29,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -51,6 +58,7 @@ _WEIGHT: Final = {"flash_attn_varlen": 6, "flash_attn_with_kvcache": 5, "selecti
                   "gemm": 3, "causal_conv1d_update": 2, "selective_state_update": 2}
 _KEPT_FAILURES: Final = 3
 SPLIT_EXAMPLES: Final = 100
+SHARDED_WEIGHT: Final = 5  # operators at least this heavy are split by --shards
 
 
 @dataclass
@@ -67,15 +75,21 @@ class Job:
     report: dict[str, Any] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     started: float = 0.0
+    shard: str = ""  # "i/K" when the row's examples are split over K jobs
+    seed: int | None = None
+    passed: int = 0  # examples a killed job had finished (from its progress lines)
 
     @property
     def name(self) -> str:
-        return f"{self.provider}-{self.op}-{self.dtype or 'all'}"
+        part = f"-s{self.shard.split('/')[0]}" if self.shard else ""
+        return f"{self.provider}-{self.op}-{self.dtype or 'all'}{part}"
 
     def command(self, device: str) -> list[str]:
         dtype = ["--dtype", self.dtype] if self.dtype else []
+        seed = ["--seed", str(self.seed)] if self.seed is not None else []
         return [sys.executable, "-m", "infiniops_py.cli", "check", self.provider, "--device", device, "--op",
-                self.op, *dtype, "--max-examples", str(self.examples), "--json", str(self.logs / f"{self.name}.json")]
+                self.op, *dtype, "--max-examples", str(self.examples), *seed, "--progress",
+                "--json", str(self.logs / f"{self.name}.json")]
 
     def start(self, device: str, env: dict[str, str]) -> None:
         log = (self.logs / f"{self.name}.log").open("wb")
@@ -100,12 +114,25 @@ class Job:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         self.seconds = time.monotonic() - self.started
-        self.status = "killed (budget)"
+        self.passed = _examples_logged(self.logs / f"{self.name}.log")
+        self.status = f"killed (budget) after {self.passed}"
+
+
+def _examples_logged(log: Path) -> int:
+    """How many examples a job's ``--progress`` lines count (the last ``#N``)."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            words = line.split()
+            if len(words) > 2 and words[2].startswith("#") and words[2][1:].isdigit():
+                count = int(words[2][1:])
+    return count
 
 
 def plan(providers: list[tuple[str, int]], device: str, ops: list[str] | None, dtypes: list[str] | None,
-         logs: Path) -> tuple[list[Job], list[str]]:
-    """The jobs, heaviest first, and an error line per provider that cannot run."""
+         logs: Path, shards: int = 1, seed: int = 0) -> tuple[list[Job], list[str]]:
+    """The jobs, heaviest first, and an error line per provider that cannot run; with `shards` > 1 the
+    heaviest operators' jobs are split (seeds `seed`, `seed` + 1, ...)."""
     from infiniops_py.testing.conformance import declared_pairs
 
     jobs, errors = [], []
@@ -119,9 +146,19 @@ def plan(providers: list[tuple[str, int]], device: str, ops: list[str] | None, d
             jobs += [Job(name, op, dtype, examples, logs) for op, dtype in pairs]
         else:
             jobs += [Job(name, op, None, examples, logs) for op in sorted({op for op, _ in pairs})]
+    if shards > 1:
+        jobs = [part for j in jobs for part in _split(j, shards, seed)]
     order = {name: i for i, (name, _) in enumerate(providers)}
     jobs.sort(key=lambda j: (order[j.provider], -_WEIGHT.get(j.op, 1), j.op, j.dtype or ""))
     return jobs, errors
+
+
+def _split(job: Job, shards: int, seed: int) -> list[Job]:
+    if _WEIGHT.get(job.op, 1) < SHARDED_WEIGHT or job.examples < shards:
+        return [job]
+    each = -(-job.examples // shards)
+    return [Job(job.provider, job.op, job.dtype, each, job.logs, shard=f"{i + 1}/{shards}", seed=seed + i)
+            for i in range(shards)]
 
 
 def run(jobs: list[Job], device: str, parallel: int, budget: float | None) -> None:
@@ -167,20 +204,46 @@ def grid(op: str, coverage: dict[str, list[Any]]) -> str:
 
 
 def rows(jobs: list[Job]) -> list[list[str]]:
-    """One summary row per report row (a job may hold several implementations), or one for a job without."""
-    out = []
+    """One summary row per report row (a job may hold several implementations), or one for a job without;
+    after the shards of a row, their ``total`` (examples summed, worst errors maxed, grid over all)."""
+    out: list[list[str]] = []
+    totals: dict[tuple[str, str, str], dict[str, Any]] = {}
     for j in jobs:
         ops = j.report["ops"] if j.report is not None else []
+        shard = f" [{j.shard}]" if j.shard else ""
         for r in ops:
             status = j.status if not r["failed"] else "FAILED"
             share = r.get("worst_allowed")
-            out.append([j.provider, r["op"], r["dtype"], str(r["examples"]), str(r["gated"]), str(r["failed"]),
-                        f"{r['worst']:.3g}", "-" if share is None else f"{share:.2f}", f"{r['seconds']:.0f}", status,
-                        grid(r["op"], r["coverage"])])
+            out.append([j.provider, r["op"], r["dtype"] + shard, str(r["examples"]), str(r["gated"]),
+                        str(r["failed"]), f"{r['worst']:.3g}", "-" if share is None else f"{share:.2f}",
+                        f"{r['seconds']:.0f}", status, grid(r["op"], r["coverage"])])
+            if j.shard:
+                _add_total(totals.setdefault((j.provider, r["op"], r["dtype"]), {}), r, status)
         if not ops:
-            out.append([j.provider, j.op, j.dtype or "all", "-", "-", "-", "-", "-", f"{j.seconds:.0f}", j.status,
-                        "-"])
+            out.append([j.provider, j.op, (j.dtype or "all") + shard, str(j.passed) if j.passed else "-", "-", "-",
+                        "-", "-", f"{j.seconds:.0f}", j.status, "-"])
+            if j.shard and j.dtype:
+                totals.setdefault((j.provider, j.op, j.dtype), {}).setdefault("incomplete", True)
+    for (provider, op, dtype), t in totals.items():
+        complete = not t.get("incomplete") and t.get("status") == "ok"
+        out.append([provider, op, f"{dtype} total", str(t.get("examples", 0)), str(t.get("gated", 0)),
+                    str(t.get("failed", 0)), f"{t.get('worst', 0.0):.3g}", f"{t.get('share', 0.0):.2f}", "-",
+                    "ok" if complete else "INCOMPLETE" if t.get("status", "ok") == "ok" else "FAILED",
+                    grid(op, t.get("coverage", {}))])
     return out
+
+
+def _add_total(total: dict[str, Any], r: dict[str, Any], status: str) -> None:
+    for key in ("examples", "gated", "failed"):
+        total[key] = total.get(key, 0) + r[key]
+    total["worst"] = max(total.get("worst", 0.0), r["worst"])
+    total["share"] = max(total.get("share", 0.0), r.get("worst_allowed") or 0.0)
+    coverage = total.setdefault("coverage", {})
+    for name, values in r["coverage"].items():
+        coverage[name] = sorted({*coverage.get(name, []), *values})
+    if status != "ok":
+        total["status"] = status
+    total.setdefault("status", "ok")
 
 
 def summary(jobs: list[Job], errors: list[str]) -> str:
@@ -219,11 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=int, default=300, help="examples per row without :EXAMPLES")
     parser.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
     parser.add_argument("--dtype", action="append", help="a dtype (repeatable; default: all declared)")
+    parser.add_argument("--shards", type=int, default=1, help="split the heaviest operators' jobs in K (default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="first shard's seed (default: random)")
     opts = parser.parse_args(argv)
     opts.logs.mkdir(parents=True, exist_ok=True)
     providers = [_provider(p, opts.max_examples) for p in opts.providers]
     start = time.monotonic()
-    jobs, errors = plan(providers, opts.device, opts.op, opts.dtype, opts.logs)
+    seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+    if opts.shards > 1:
+        print(f"shards of the heaviest operators: seeds {seed}..{seed + opts.shards - 1}", flush=True)
+    jobs, errors = plan(providers, opts.device, opts.op, opts.dtype, opts.logs, max(1, opts.shards), seed)
     run(jobs, opts.device, max(1, opts.jobs), opts.budget)
     text = summary(jobs, errors)
     (opts.logs / "summary.txt").write_text(text + "\n")

@@ -4,7 +4,7 @@
     infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR]
     infiniops explain OP --device D --dtype T [--head-dim N] [--block-size N] [--width N] [--field k=v ...]
     infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--dtype T] [--seed S]
-                   [--reference-device {cpu,cuda}] [--json FILE]
+                   [--reference-device {cpu,cuda}] [--json FILE] [--progress]
 
 Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage.
 """
@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="where the float64 reference runs (default: the device under test when it is "
                             "cuda, else cpu)")
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    check.add_argument("--progress", action="store_true",
+                       help="print a line per example to stderr (row, count, seconds, case) as it runs")
     return parser
 
 
@@ -218,6 +220,12 @@ def _check_usage(args: argparse.Namespace) -> str:
     return ""
 
 
+def _print_progress(row: Any, seconds: float, note: str, outcome: str) -> None:
+    """One line per example on stderr, flushed: a job killed midway still shows how far it got."""
+    print(f"{row.op} {row.dtype} #{row.examples} {seconds:.2f}s {outcome[:80]} | {note[:120]}", file=sys.stderr,
+          flush=True)
+
+
 def _check(args: argparse.Namespace) -> int:
     from infiniops_py.testing.conformance import NOTHING_RAN, run_conformance
 
@@ -226,7 +234,8 @@ def _check(args: argparse.Namespace) -> int:
         print(f"infiniops check: {usage}", file=sys.stderr)
         return 2
     report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples,
-                             seed=args.seed, dtypes=args.dtype, reference_device=args.reference_device)
+                             seed=args.seed, dtypes=args.dtype, reference_device=args.reference_device,
+                             progress=_print_progress if args.progress else None)
     if args.json:
         try:
             with open(args.json, "w") as f:

@@ -139,3 +139,25 @@ def test_parallel_runner_kills_stragglers_past_its_budget(tmp_path: Path) -> Non
     assert run.returncode == 1
     assert "budget" in run.stdout
     assert "selective_scan" in run.stdout
+
+
+def test_parallel_runner_shards_heavy_operators_and_totals_them(tmp_path: Path) -> None:
+    run = _gpu_check(tmp_path, "torch", "--op", "flash_attn_with_kvcache", "--dtype", "float32",
+                     "--max-examples", "4", "--shards", "2", "--seed", "11", "--jobs", "2", timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert any("float32 [1/2]" in line and " 2 " in line for line in lines), run.stdout
+    assert any("float32 [2/2]" in line for line in lines), run.stdout
+    total = [line for line in lines if "float32 total" in line]
+    assert len(total) == 1 and total[0].split()[4] == "4" and total[0].split()[10] == "ok", run.stdout
+    log = (tmp_path / "logs" / "torch-flash_attn_with_kvcache-float32-s2.log").read_text()
+    assert "#2 " in log  # the per-example progress lines
+
+
+def test_a_killed_job_reports_the_examples_it_passed(tmp_path: Path) -> None:
+    run = _gpu_check(tmp_path, "torch", "--op", "add", "--dtype", "float32", "--max-examples", "100000",
+                     "--budget", "20")
+    assert run.returncode == 1
+    killed = [line for line in run.stdout.splitlines() if "killed (budget) after" in line and "add" in line]
+    assert killed, run.stdout
+    assert int(killed[-1].split("after")[1].split()[0]) > 0

@@ -32,7 +32,7 @@ import inspect
 import math
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -245,6 +245,7 @@ def run_conformance(
     seed: int | None = None,
     reference_device: str | None = None,
     large: bool | None = None,
+    progress: Callable[[OpReport, float, str, str], None] | None = None,
 ) -> Report:
     """Property-test `provider` on `device` against the references.
 
@@ -256,6 +257,8 @@ def run_conformance(
         reference_device: where the float64 reference runs (None: `device` when it is cuda, else cpu);
             see the module docstring.
         large: draw GPU-scale cases (`CaseContext.large`; None: when `device` is cuda).
+        progress: called after every example with the row's report so far, the example's seconds, its
+            case note and its outcome (``"ok"``, ``"gated"`` or the failure); the CLI's ``--progress``.
 
     Returns:
         The report; ``report.ok`` is False on any failure, and when no case ran at all (``report.error``
@@ -285,7 +288,8 @@ def run_conformance(
                 if strategy is None:
                     op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
                     continue
-                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples, seed, scale)
+                _run(op_report, provider, OPERATORS[impl.op], impl, strategy, device, max_examples, seed, scale,
+                     progress)
     if not report.ops:
         report.error = serves_nothing(found, device, ops, dtypes)
         return report
@@ -303,7 +307,8 @@ class _Scale:
 
 
 def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, strategy: Any, device: str,
-         max_examples: int, seed: int | None, scale: _Scale) -> None:
+         max_examples: int, seed: int | None, scale: _Scale,
+         progress: Callable[[OpReport, float, str, str], None] | None = None) -> None:
     try:
         tol = tolerance(spec.name, report.dtype)
     except KeyError as err:
@@ -316,6 +321,7 @@ def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, st
     @given(st.data())
     def body(data: st.DataObject) -> None:
         case = None
+        began = time.perf_counter()
         ctx = CaseContext(dev, dtype, spec, impl, data.draw, large=scale.large)
         try:
             case = strategy(ctx)
@@ -335,6 +341,9 @@ def _run(report: OpReport, provider: str, spec: OpSpec, impl: Implementation, st
             report.gated += 1
         else:
             report.fail(case.note if case is not None else "", outcome)
+        if progress is not None:
+            said = "ok" if isinstance(outcome, tuple) else outcome
+            progress(report, time.perf_counter() - began, case.note if case is not None else "", said)
 
     start = time.perf_counter()
     (body if seed is None else hypothesis.seed(seed)(body))()
