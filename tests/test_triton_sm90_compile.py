@@ -31,14 +31,15 @@ class _Ptr(str):
 
 def _compile(kernel: Any, args: dict[str, Any], num_warps: int, num_stages: int = 3) -> Any:
     """Compile `kernel` for sm_90 with the runtime's specialization of `args` (ints equal to 1 become
-    constants, ints and pointers divisible by 16 are marked so)."""
+    constants, ints and pointers divisible by 16 are marked so, except the kernel's `do_not_specialize`)."""
     while not isinstance(kernel, triton.runtime.jit.JITFunction):  # autotuner / heuristics wrappers
         kernel = kernel.fn
     backend = CUDABackend(TARGET)
     signature, constants, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(kernel.arg_names, kernel.params)):
         value = args[name]
-        if param.is_constexpr or (type(value) is int and value == 1):
+        fixed = param.do_not_specialize
+        if param.is_constexpr or (type(value) is int and value == 1 and not fixed):
             signature[name], constants[(i,)] = "constexpr", value
         elif isinstance(value, _Ptr):
             signature[name], attrs[(i,)] = str(value), backend.parse_attr("D")
@@ -46,7 +47,7 @@ def _compile(kernel: Any, args: dict[str, Any], num_warps: int, num_stages: int 
             signature[name] = "fp32"
         else:
             signature[name] = "i32" if abs(value) < 2**31 else "i64"
-            if value % 16 == 0:
+            if value % 16 == 0 and not fixed:
                 attrs[(i,)] = backend.parse_attr("D")
     source = ASTSource(kernel, signature, constants, attrs)
     return triton.compile(source, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
@@ -106,7 +107,8 @@ def test_gemm_large_configs_pipeline_on_tensor_cores(config: Any, trans_b: bool)
             "M": n, "N": n, "K": n, "stride_ab": 0, "stride_am": n, "stride_ak": 1, "stride_bb": 0,
             "stride_bk": 1 if trans_b else n, "stride_bn": n if trans_b else 1, "stride_cb": 0, "stride_cm": n,
             "stride_cn": 1, "stride_ob": n * n, "stride_om": n, "stride_on": 1, "alpha": 1.0, "beta": 0.0,
-            "HAS_C": False, "HAS_BIAS": True, "PRECISION": "tf32", "WIDE": False, "EVEN_K": True, **config.kwargs}
+            "tune_key": 10, "HAS_C": False, "HAS_BIAS": True, "PRECISION": "tf32", "WIDE": False, "EVEN_K": True,
+            **config.kwargs}
     compiled = _compile(gemm._gemm_kernel, args, config.num_warps, config.num_stages)
     assert _count(compiled, r"wgmma\.mma_async") > 0
     assert _count(compiled, r"cp\.async\.cg") > 0  # operands stream through shared memory asynchronously

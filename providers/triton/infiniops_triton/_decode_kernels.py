@@ -18,8 +18,15 @@ from infiniops_triton._flash_attn_kernels import NEG_BIG, SMEM_BUDGET, kv_offset
 
 __all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_split_tuned"]
 
+# Integer arguments that only carry sizes are not specialized (see _flash_attn_kernels._SIZES): a decode
+# workload changes them every step, and each "divisible by 16" / "equal to 1" change would be a compile.
+_APPEND_SIZES = ("stride_btb", "new_len", "num_heads_kv", "capacity", "max_blocks", "num_pages")
+_DECODE_SIZES = ("stride_btb", "num_heads_kv", "num_heads_q", "q_len", "kv_group", "new_len", "capacity",
+                 "max_blocks", "num_pages", "num_m_tiles", "num_splits", "window_left", "window_right")
+_COMBINE_SIZES = ("q_len", "num_heads_q", "num_splits")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_APPEND_SIZES)
 def append_kv_kernel(
     KNew, VNew,  # [B, Sq_new, Hkv, D] new keys / values (any strides but the last)
     KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D], written in place
@@ -58,7 +65,7 @@ def append_kv_kernel(
     tl.store(VCache + v_row + offs_h[:, None] * stride_vh + offs_d[None, :], v, mask=mask & ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DECODE_SIZES)
 def decode_split_kernel(
     Q,  # [B, Sq, Hq, D] queries (last stride 1)
     KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D]
@@ -150,7 +157,7 @@ def decode_split_kernel(
         tl.store(LsePart + part, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_COMBINE_SIZES)
 def combine_kernel(
     OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs
     LsePart,  # fp32 [B, Sq, Hq, num_splits] their log2-sum-exp2 (-inf: the split saw no key)

@@ -27,6 +27,11 @@ __all__ = ["LOG2E", "SMEM_BUDGET", "attn_fwd_kernel", "attn_fwd_tuned", "kv_offs
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
+# Integer arguments that only carry sizes: Triton would otherwise compile a new variant for every change of
+# "divisible by 16" or "equal to 1" among them (hundreds of compiles over a varlen workload); strides stay
+# specialized, since their alignment decides vectorized loads.
+_SIZES = ("stride_btb", "num_bh", "num_heads_q", "kv_group", "max_seqlen_q", "max_blocks", "num_pages",
+          "window_left", "window_right")
 
 # Skip the accumulator rescale until some row's max grew by more than 2**8 (log2 units); fp32 holds it.
 _RESCALE_LOG2 = tl.constexpr(8.0)
@@ -163,7 +168,7 @@ def _attn_loop(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def attn_fwd_kernel(
     Q,  # [total_q, Hq, D] queries (last stride 1)
     K,  # [total_k, Hkv, D] keys, or paged [num_pages, PAGE_SIZE, Hkv, D]

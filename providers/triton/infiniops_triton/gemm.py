@@ -10,7 +10,8 @@ they meet the fp32 tolerance.
 
 Block sizes are autotuned among a few Hopper-friendly configurations per problem class (128x256x64 with
 8 warps and 3 or 4 stages, 256x128x64 with 3, 128x128x64 for big problems; 128x128 or 64x128 tiles below that;
-one 64x128 config for decode-like M <= 64); the interpreter uses one small config.
+one 64x128 config for decode-like M <= 64), once per class, operand layouts, epilogue and dtype
+(not per shape); the interpreter uses one small config.
 """
 
 from __future__ import annotations
@@ -46,20 +47,28 @@ def _configs() -> list[triton.Config]:
     return [*_LARGE, *_MEDIUM, *_THIN]  # every candidate: `_prune` keeps the problem's class
 
 
+def _size_class(m: int, n: int) -> int:
+    """0: decode-like (M <= 64), 2: large (M, N >= 1024), 1: between."""
+    return 0 if m <= 64 else 2 if min(m, n) >= 1024 else 1
+
+
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """The candidates of the problem's class; 4-byte inputs take half the K step (shared-memory budget)."""
     m, n = named_args["M"], named_args["N"]
-    chosen = _THIN if m <= 64 else _LARGE if min(m, n) >= 1024 else _MEDIUM
+    chosen = (_THIN, _MEDIUM, _LARGE)[_size_class(m, n)]
     if named_args["A"].element_size() < 4:
         return list(chosen)
     return [triton.Config({**c.kwargs, "BLOCK_K": 32}, num_stages=c.num_stages, num_warps=c.num_warps)
             for c in chosen]
 
 
-@triton.autotune(configs=_configs(), key=["M", "N", "K", "stride_ak", "stride_bk", "HAS_C", "HAS_BIAS"],
+# Tuned once per (size class, operand layouts, epilogue, dtype), not per shape: a workload of varying M
+# (prefill lengths, batch sizes) would otherwise time every candidate again for each new M. For the same
+# reason the sizes are not specialized (a compile per "divisible by 16" combination); strides are.
+@triton.autotune(configs=_configs(), key=["tune_key", "HAS_C", "HAS_BIAS"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N", "K", "tune_key"])
 def _gemm_kernel(
     A,  # *dtype op(a) as [Bt, M, K] through strides (batch stride 0 when a is 2-D)
     B,  # *dtype op(b) as [Bt, K, N] through strides
@@ -73,6 +82,7 @@ def _gemm_kernel(
     stride_ob, stride_om, stride_on,
     alpha,
     beta,
+    tune_key,  # autotuning key only: size class * 4 + (a's K stride is 1) * 2 + (b's N stride is 1)
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" for fp32 inputs
@@ -183,7 +193,7 @@ def gemm(
     _gemm_kernel[grid](
         a_view, b_view, c_view, bias_arg, out3, m, n, k,
         *_as_batched(a_view), *_as_batched(b_view), *c_view.stride(), *out3.stride(),
-        float(alpha), float(beta),
+        float(alpha), float(beta), _size_class(m, n) * 4 + (a_view.stride(-1) == 1) * 2 + (b_view.stride(-1) == 1),
         HAS_C=c is not None, HAS_BIAS=bias is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         WIDE=max(_span(t) for t in (a, b, out3)) >= 2**31,
