@@ -4,6 +4,9 @@ crossing them, a weight in another dtype, unchecked out-of-range slots, gates)."
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -77,6 +80,72 @@ def test_register_tap_kernels_across_time_tiles(width: int, channel_last: bool) 
                                                         initial_states=init.double(), **kwargs)
     _check("causal_conv1d", out, ref_out)
     assert torch.equal(final.double(), ref_final)
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize(("rows", "channels", "warps"), [(16, 32, 1), (24, 64, 2), (64, 1024, 4), (None, 0, 0)])
+def test_channel_last_time_runs(width: int, rows: int | None, channels: int, warps: int,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # 61 rows: a ragged last group of 8 and a shorter last run (16 and 24 rows per program), or one run of 64;
+    # 40 channels: a ragged channel block (32 per program) or one block past D; None: the channel-first kernel
+    from infiniops_triton import causal_conv1d as triton_conv
+
+    batch, dim, length = 2, 40, 61
+    if rows is not None:
+        monkeypatch.setattr(triton_conv, "CHANNEL_LAST_TILE", triton_conv.ChannelLastTile(rows, channels, warps, 0))
+    x = _randn(batch, length, dim, dtype=torch.bfloat16, seed=12)
+    x = x.transpose(1, 2) if rows is not None else x.transpose(1, 2).contiguous()
+    weight, bias = _randn(dim, width, dtype=torch.float32, seed=13), _randn(dim, dtype=torch.float32, seed=14)
+    init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=15)
+    kwargs = {"activation": "silu", "return_final_states": True}
+    with infiniops_py.use("triton"):
+        out, final = infiniops_py.causal_conv1d(x, weight, bias, initial_states=init, **kwargs)
+    with infiniops_py.use("reference"):
+        ref_out, ref_final = infiniops_py.causal_conv1d(x.double(), weight.double(), bias.double(),
+                                                        initial_states=init.double(), **kwargs)
+    _check("causal_conv1d", out, ref_out)
+    assert torch.equal(final.double(), ref_final)
+
+
+def test_channel_last_launch_shapes() -> None:
+    # plain Python: the tile the launcher derives from the config, the device and the shape
+    from infiniops_triton.causal_conv1d import ChannelLastTile, channel_last_launch
+
+    tile = ChannelLastTile(rows=64, channels=1024, warps=4, min_programs_per_sm=2.0)
+    assert channel_last_launch(tile, 8, 4096, 4096, 132) == (64, 1024, 4)  # 2048 programs: as configured
+    assert channel_last_launch(tile, 1, 4096, 4096, 132) == (32, 1024, 4)  # 4 x 64 < 264 programs: shorter
+    assert channel_last_launch(tile, 1, 4096, 100, 132) == (8, 1024, 4)  # never below one group of 8
+    assert channel_last_launch(tile, 4, 40, 20, 1) == (24, 64, 1)  # 64 channels, one warp; 20 rows -> 24
+    assert channel_last_launch(ChannelLastTile(48, 256, 8, 0), 1, 512, 4096, 132) == (48, 256, 4)
+    for bad in ({"rows": 12}, {"channels": 96}, {"warps": 3}, {"min_programs_per_sm": -1.0}):
+        with pytest.raises(ValueError, match="ChannelLastTile"):
+            ChannelLastTile(**bad)
+
+
+def test_sweep_script_runs_end_to_end_at_small_sizes() -> None:
+    # benchmarks/gpu_sweep_conv.py runs on the H200 only; here every code path but the real timer runs on the CPU
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_sweep_conv.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_conv", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    from infiniops_triton import causal_conv1d as triton_conv
+
+    default = triton_conv.CHANNEL_LAST_TILE
+    results: list[dict] = []
+    sweep.run(results, device="cpu", timer=lambda fn: (fn(), 1.0)[1], small=True)
+    assert triton_conv.CHANNEL_LAST_TILE is default  # every forced tile is put back
+    assert len(results) == len(sweep.VARIANTS) + 2  # the variants, the default tile, channel-first
+    assert all(r["check"] == "PASS" for r in results), sweep.format_table(results)
+    table = sweep.format_table(results).splitlines()
+    assert len(table) == len(results) + 1 and table[-1].startswith("best channel-last: ChannelLastTile(rows=")
+    assert sum(line.startswith("*") for line in table) == 1
+    # the fp32 conv1d reference is the contract's reference
+    x = _randn(2, 5, 9, dtype=torch.float32, seed=16)
+    weight, bias = _randn(5, 3, dtype=torch.float32, seed=17), _randn(5, dtype=torch.float32, seed=18)
+    with infiniops_py.use("reference"):
+        ref = infiniops_py.causal_conv1d(x.double(), weight.double(), bias.double(), activation="silu")
+    torch.testing.assert_close(sweep.reference(x, weight, bias).double(), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_update_skips_out_of_range_slots_when_unchecked() -> None:

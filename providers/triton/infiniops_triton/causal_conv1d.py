@@ -11,10 +11,17 @@ Channel-first input without ``seq_idx`` (W <= 8) takes a second kernel: there th
 misaligned loads along the unit stride, so it loads the tile and the 8 columns before each group of 8
 (two aligned vector loads) and picks the taps from registers (`_conv_taps`); above `TUNE_MIN_NUMEL`
 elements it autotunes its tile among a few shapes and warp counts. Channel-last input without
-``seq_idx`` (W <= 8) takes a third: a program loads 8 time rows of up to 1024 channels and the W-1 rows
-before them, each row one coalesced load of 16-byte vectors held in registers, so x is read about once
-(the generic kernel's W shifted loads mostly miss L1 and cost W times the traffic in L2). SiLU divides
-approximately (2 ulp).
+``seq_idx`` (W <= 8) takes a third: a program owns a run of time rows (`ChannelLastTile`, 64 by default)
+of up to 1024 channels and walks it 8 rows at a time, each row one coalesced load of 16-byte vectors held
+in registers, carrying the last W-1 rows in registers to the next 8; only the W-1 rows before the run are
+loaded twice, so x is read about once (the generic kernel's W shifted loads mostly miss L1 and cost W
+times the traffic in L2; 8-row programs reloaded (W-1)/8 of x and the taps). SiLU divides approximately
+(2 ulp).
+
+Size arguments are compiled for their value class (1, a multiple of 16, other) only where that decides the
+vector width: a size that bounds a mask along the unit stride (D channel-last, L channel-first, both in the
+generic kernel, which reads either layout); the others are ``do_not_specialize``, so the many shapes of a
+conformance run do not each compile a kernel.
 
 Decode: a program owns ``BLOCK_D`` channels of one row: it reads the slot's ``S`` state columns and the
 row's ``L`` new columns, writes the ``L`` outputs, then (after a barrier, since it overwrites what it
@@ -24,7 +31,9 @@ no state.
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -41,7 +50,6 @@ MAX_STATE_LEN = 1024  # the decode step holds a slot's state columns in register
 _FAST_MAX_WIDTH = 8  # the channel-first kernel reads taps from the previous group of 8 columns only
 _ELEMS_PER_PROGRAM = 4096
 TUNE_MIN_NUMEL = 1 << 24  # channel-first inputs this large autotune their tile (once per D and size class)
-_CHANNEL_LAST_WARPS = 4  # the channel-last kernel: 8 rows of up to 32 * 4 16-byte vectors per program
 
 
 @triton.jit
@@ -174,7 +182,7 @@ def _store_final_states(
     tl.store(FINAL + d[:, None] * stride_fd + c[None, :] * stride_fw, v.to(FINAL.dtype.element_ty), mask=c_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["D", "size_class"])
 def _conv_channel_first_kernel(
     X,  # *dtype [B, D, L] input with unit stride along L
     WEIGHT,  # *float [D, W], W <= 8
@@ -257,7 +265,7 @@ def _finish_row(acc, bias, o_b, t, L, d_mask, stride_ol, HAS_BIAS: tl.constexpr,
     tl.store(o_b + t * stride_ol, acc.to(o_b.dtype.element_ty), mask=d_mask & (t < L))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])
 def _conv_channel_last_kernel(
     X,  # *dtype [B, D, L] input with unit stride along D
     WEIGHT,  # *float [D, W], W <= 8
@@ -277,37 +285,32 @@ def _conv_channel_last_kernel(
     HAS_INIT: tl.constexpr,
     HAS_FINAL: tl.constexpr,
     WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
-    BLOCK_D: tl.constexpr,  # 16 bytes per thread: 32 * num_warps vectors of channels
+    BLOCK_D: tl.constexpr,  # channels per program, along the unit stride
     BLOCK_W: tl.constexpr,
 ):
-    # 8 time rows of BLOCK_D channels, each row one coalesced vector load, plus the W-1 rows before them:
-    # every input is read once (the halo once more, from L2), the taps combine rows held in registers.
+    # The row's groups of 8 time rows are shared out evenly among the programs along axis 0 (the launcher
+    # sizes that axis to cdiv(L, time tile)); a program walks its groups in order, each group 8 coalesced
+    # row loads, and keeps the last W-1 rows in registers for the next group: only its first group loads
+    # the W-1 rows before it. The taps combine rows held in registers (`column8`).
     pid_l = tl.program_id(0)
     b = tl.program_id(2).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    t0 = pid_l * 8
+    groups = tl.cdiv(tl.cdiv(L, 8), tl.num_programs(0))  # groups of 8 rows per program
+    t_start = pid_l * groups * 8
     if WIDE:
-        d, t0 = d.to(tl.int64), t0.to(tl.int64)
+        d, t_start = d.to(tl.int64), t_start.to(tl.int64)
     d_mask = d < D
     x_b = X + b * stride_xb + d * stride_xd
     init_b = INIT + b * stride_ib + d * stride_id
-    e0 = _row(x_b, t0, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e1 = _row(x_b, t0 + 1, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e2 = _row(x_b, t0 + 2, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e3 = _row(x_b, t0 + 3, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e4 = _row(x_b, t0 + 4, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e5 = _row(x_b, t0 + 5, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e6 = _row(x_b, t0 + 6, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    e7 = _row(x_b, t0 + 7, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-    # the rows before: only the last W-1 are taps of this tile
-    p0 = _row(x_b, t0 - 8, L, d_mask, init_b, stride_xl, stride_iw, W > 8, HAS_INIT, W)
-    p1 = _row(x_b, t0 - 7, L, d_mask, init_b, stride_xl, stride_iw, W > 7, HAS_INIT, W)
-    p2 = _row(x_b, t0 - 6, L, d_mask, init_b, stride_xl, stride_iw, W > 6, HAS_INIT, W)
-    p3 = _row(x_b, t0 - 5, L, d_mask, init_b, stride_xl, stride_iw, W > 5, HAS_INIT, W)
-    p4 = _row(x_b, t0 - 4, L, d_mask, init_b, stride_xl, stride_iw, W > 4, HAS_INIT, W)
-    p5 = _row(x_b, t0 - 3, L, d_mask, init_b, stride_xl, stride_iw, W > 3, HAS_INIT, W)
-    p6 = _row(x_b, t0 - 2, L, d_mask, init_b, stride_xl, stride_iw, W > 2, HAS_INIT, W)
-    p7 = _row(x_b, t0 - 1, L, d_mask, init_b, stride_xl, stride_iw, True, HAS_INIT, W)
+    # the rows before the tile: only the last W-1 are taps
+    p1 = _row(x_b, t_start - 7, L, d_mask, init_b, stride_xl, stride_iw, W > 7, HAS_INIT, W)
+    p2 = _row(x_b, t_start - 6, L, d_mask, init_b, stride_xl, stride_iw, W > 6, HAS_INIT, W)
+    p3 = _row(x_b, t_start - 5, L, d_mask, init_b, stride_xl, stride_iw, W > 5, HAS_INIT, W)
+    p4 = _row(x_b, t_start - 4, L, d_mask, init_b, stride_xl, stride_iw, W > 4, HAS_INIT, W)
+    p5 = _row(x_b, t_start - 3, L, d_mask, init_b, stride_xl, stride_iw, W > 3, HAS_INIT, W)
+    p6 = _row(x_b, t_start - 2, L, d_mask, init_b, stride_xl, stride_iw, W > 2, HAS_INIT, W)
+    p7 = _row(x_b, t_start - 1, L, d_mask, init_b, stride_xl, stride_iw, True, HAS_INIT, W)
+    p0 = tl.zeros_like(p7)  # 8 rows back: a tap only when W > 8, which takes the generic kernel
     w0 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 0, W)
     w1 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 1, W)
     w2 = tap_weight(WEIGHT, d, d_mask, stride_wd, stride_ww, 2, W)
@@ -320,10 +323,35 @@ def _conv_channel_last_kernel(
     if HAS_BIAS:
         bias = tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)
     o_b = OUT + b * stride_ob + d * stride_od
-    for k in tl.static_range(8):
-        acc = column8(k, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7,
-                      p0, p1, p2, p3, p4, p5, p6, p7)
-        _finish_row(acc, bias, o_b, t0 + k, L, d_mask, stride_ol, HAS_BIAS, SILU)
+    n_groups = tl.minimum(groups, tl.cdiv(L - t_start, 8))  # the last program's share may be shorter
+    for g in range(n_groups):
+        t0 = t_start + g * 8
+        e0 = _row(x_b, t0, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e1 = _row(x_b, t0 + 1, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e2 = _row(x_b, t0 + 2, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e3 = _row(x_b, t0 + 3, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e4 = _row(x_b, t0 + 4, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e5 = _row(x_b, t0 + 5, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e6 = _row(x_b, t0 + 6, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e7 = _row(x_b, t0 + 7, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        for k in tl.static_range(8):
+            acc = column8(k, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7,
+                          p0, p1, p2, p3, p4, p5, p6, p7)
+            _finish_row(acc, bias, o_b, t0 + k, L, d_mask, stride_ol, HAS_BIAS, SILU)
+        # the next group's taps before it: carry only the rows a tap reads (the others stay zeros)
+        if W > 7:
+            p1 = e1
+        if W > 6:
+            p2 = e2
+        if W > 5:
+            p3 = e3
+        if W > 4:
+            p4 = e4
+        if W > 3:
+            p5 = e5
+        if W > 2:
+            p6 = e6
+        p7 = e7
     if HAS_FINAL:  # noqa: SIM102 (a constexpr gate, then a runtime branch)
         if pid_l == tl.num_programs(0) - 1:
             _store_final_states(x_b[:, None], stride_xl, INIT, 0, INIT + b * stride_ib, stride_id, stride_iw,
@@ -353,7 +381,7 @@ _conv_channel_first_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": _prune_channel_first})(_conv_channel_first_kernel)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "S", "slots"])
 def _update_kernel(
     X,  # *dtype [B, D, L] new columns, any strides
     STATE,  # *dtype [slots, D, S] rolling state, updated in place
@@ -417,6 +445,50 @@ def _update_kernel(
     tl.store(state_row + c[None, :] * stride_cl, new, mask=c_mask)
 
 
+@dataclass(frozen=True)
+class ChannelLastTile:
+    """The channel-last kernel's work per program: `rows` time rows (a multiple of 8) of `channels` channels
+    (a power of 2) with `warps` warps; rows that would leave fewer than `min_programs_per_sm` programs per SM
+    are halved (down to 8) first, so short inputs still fill the GPU (0: never)."""
+
+    rows: int = 64
+    channels: int = 1024
+    warps: int = 4
+    min_programs_per_sm: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.rows < 8 or self.rows % 8 or self.channels < 1 or self.channels & (self.channels - 1) or \
+                self.warps not in (1, 2, 4, 8, 16) or self.min_programs_per_sm < 0:
+            raise ValueError(f"ChannelLastTile: rows a multiple of 8, channels a power of 2, warps 1-16: {self}")
+
+
+# The tile the launcher uses; benchmarks/gpu_sweep_conv.py assigns other tiles here to time them.
+CHANNEL_LAST_TILE = ChannelLastTile()
+
+
+def channel_last_launch(tile: ChannelLastTile, batch: int, dim: int, length: int,
+                        sm_count: int) -> tuple[int, int, int]:
+    """(rows, channels, warps) per program for `tile` on a ``[batch, dim, length]`` input: channels at most
+    the next power of 2 of `dim`, no more warps than 64 channels each, rows halved while the grid is short."""
+    block_d = min(tile.channels, triton.next_power_of_2(dim))
+    warps = max(1, min(tile.warps, block_d // 64))
+    rows = min(tile.rows, 8 * triton.cdiv(length, 8))
+    columns = batch * triton.cdiv(dim, block_d)
+    while rows > 8 and columns * triton.cdiv(length, rows) < tile.min_programs_per_sm * sm_count:
+        rows = 8 * triton.cdiv(rows, 16)
+    return rows, block_d, warps
+
+
+@functools.cache
+def _sm_count_of(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count (132 on the H200; a CPU under the interpreter counts as one)."""
+    return _sm_count_of(device) if device.type == "cuda" else 1
+
+
 def _tile(dim: int, other: int, unit_stride_along_d: bool) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_L) of about `_ELEMS_PER_PROGRAM` elements, the long side along the unit stride."""
     if unit_stride_along_d:
@@ -466,10 +538,8 @@ def causal_conv1d(
     grid = (triton.cdiv(length, blocks["BLOCK_L"]), triton.cdiv(dim, block_d), batch)
     bias_arg = bias if bias is not None else weight
     if channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
-        vec = 16 // x.element_size()  # channels per 16-byte vector
-        warps = max(1, min(_CHANNEL_LAST_WARPS, triton.next_power_of_2(dim) // (32 * vec)))
-        block_d = min(triton.next_power_of_2(dim), 32 * vec * warps)
-        _conv_channel_last_kernel[(triton.cdiv(length, 8), triton.cdiv(dim, block_d), batch)](
+        rows, block_d, warps = channel_last_launch(CHANNEL_LAST_TILE, batch, dim, length, _sm_count(x.device))
+        _conv_channel_last_kernel[(triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch)](
             x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
             BLOCK_D=block_d, BLOCK_W=blocks["BLOCK_W"], num_warps=warps,
         )
