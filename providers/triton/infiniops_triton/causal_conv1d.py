@@ -19,9 +19,9 @@ times the traffic in L2; 8-row programs reloaded (W-1)/8 of x and the taps). SiL
 (2 ulp).
 
 Size arguments are compiled for their value class (1, a multiple of 16, other) only where that decides the
-vector width: a size that bounds a mask along the unit stride (D channel-last, L channel-first, both in the
-generic kernel, which reads either layout); the others are ``do_not_specialize``, so the many shapes of a
-conformance run do not each compile a kernel.
+vector width: a size that bounds a mask along the unit stride (D channel-last, L channel-first; the generic
+kernel, which reads either layout, is compiled twice, once per layout); the others are
+``do_not_specialize``, so the many shapes of a conformance run do not each compile a kernel.
 
 Decode: a program owns ``BLOCK_D`` channels of one row: it reads the slot's ``S`` state columns and the
 row's ``L`` new columns, writes the ``L`` outputs, then (after a barrier, since it overwrites what it
@@ -75,8 +75,7 @@ def _tap(taps, k: tl.constexpr):
     return tl.sum(tl.where(cols[None, :] == k, taps, 0.0), axis=1)[:, None]
 
 
-@triton.jit
-def _conv_kernel(
+def _conv(
     X,  # *dtype [B, D, L] input, any strides
     WEIGHT,  # *float [D, W] taps (the last tap multiplies the current position)
     BIAS,  # *float [D]; unused unless HAS_BIAS
@@ -147,6 +146,12 @@ def _conv_kernel(
             _store_final_states(x_row, stride_xl, SEQ + b * stride_sb, stride_sl, INIT + b * stride_ib, stride_id,
                                 stride_iw, FINAL + b * stride_fb, stride_fd, stride_fw, d, d_mask, L, W, HAS_SEQ,
                                 HAS_INIT, BLOCK_W)
+
+
+# The generic kernel twice: the size bounding the mask along the unit stride stays specialized (its
+# divisibility by 16 decides the vector width), the other is not, so random shapes compile fewer kernels.
+_conv_kernel = triton.jit(do_not_specialize=["L"])(_conv)  # unit stride along D (channel-last) or none
+_conv_kernel_unit_l = triton.jit(do_not_specialize=["D"])(_conv)  # unit stride along L (channel-first)
 
 
 @triton.jit
@@ -556,7 +561,8 @@ def causal_conv1d(
         return
     seq = seq_idx if seq_idx is not None else dummy
     seq_strides = seq.stride()[:2] if seq_idx is not None else (0, 0)
-    _conv_kernel[grid](
+    kernel = _conv_kernel_unit_l if x.stride(2) == 1 else _conv_kernel
+    kernel[grid](
         x, weight, bias_arg, seq, init, out, final, dim, length, *x.stride(), *common[:2], *seq_strides,
         *common[2:], *final_strides, HAS_SEQ=seq_idx is not None, **flags, **blocks,
     )
