@@ -216,7 +216,7 @@ def compile(kernel, dtype, consts, num_warps, num_stages, floats=()):
 
 out = []
 state_flags = dict(stride_x_p=1, stride_b_n=1, CHUNK=256, HAS_DT_BIAS=True, DT_SOFTPLUS=True)
-scan_flags = dict(stride_x_p=1, stride_c_n=1, CHUNK=256, HAS_D=True, BLOCK_N=N)
+scan_flags = dict(stride_x_p=1, stride_c_n=1, CHUNK=256, HAS_D=True, BLOCK_N=N, FACTORED=_ssd_chunk_scan.FACTORED)
 for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32x3")):
     seq = dtype != "bf16"  # the benchmark's path without seq_idx, the others with every flag on
     configs = slice(None) if dtype == "bf16" else slice(1)  # every tuned config in bf16, the first one else
@@ -249,9 +249,28 @@ def test_kernels_compile_for_sm90() -> None:
                          timeout=300)
     assert run.returncode == 0, run.stderr[-5000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(found) == (3 + 3 + 2) + 2 * (1 + 1 + 2) + 1, found
+    assert len(found) == (3 + 4 + 2) + 2 * (1 + 1 + 2) + 1, found
     assert all(k["ptxas_ok"] and k["shared"] <= 227 * 1024 for k in found), found
     # fp32 (tf32x3, not a performance target) may spill a few bytes with every flag on; 16-bit never
     assert all(k["spills"] == 0 if k["dtype"] != "fp32" else 0 <= k["spills"] <= 64 for k in found), found
     dots = [k for k in found if k["kernel"] != "_state_update_kernel" and "passing" not in k["kernel"]]
     assert all(k["mma"] for k in dots), dots
+
+
+def test_sweep_script_checks_each_variant_at_small_sizes() -> None:
+    # benchmarks/gpu_sweep_scan.py runs on the H200 only; here its variants run (blocks shrunk) and are
+    # checked against the reference, with a constant timer: the separable decays (FACTORED) run in the
+    # full blocks, as do a fixed chunk_state and state_passing configuration
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_sweep_scan.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_scan", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    picks = [v for v in sweep.VARIANTS if v[1] in ("M64 K64 P64 NS32 fact w4 s2", "P64 N128 K64 w8 s2",
+                                                   "BLOCK256 step4 w4")]
+    rows: list[dict] = []
+    torch_ms = sweep.run(rows, device="cpu", small=True, timer=lambda fn: 1.0, variants=picks)
+    assert [r["kernel"] for r in rows] == ["default", "chunk_scan", "chunk_state", "state_passing", "best"]
+    assert all(r["status"] == "PASS" for r in rows), sweep.format_table(rows, torch_ms)
+    assert rows[-1]["configs"] == {k: sweep.shrink(c) for k, _, c in picks}
+    assert len(sweep.format_table(rows, torch_ms).splitlines()) == len(rows) + 1

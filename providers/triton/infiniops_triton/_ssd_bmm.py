@@ -17,7 +17,7 @@ from infiniops_triton._ssd_common import dot_precision
 __all__ = ["chunk_cb"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "G", "nchunks"])
 def _chunk_cb_kernel(
     c_ptr,  # [Bt, L, G, N], any strides
     b_ptr,  # [Bt, L, G, N], any strides

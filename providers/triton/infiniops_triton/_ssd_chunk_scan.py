@@ -10,7 +10,12 @@ the chunk before; ``cb[t, s] = C[t] . B[s]`` from step 2b)::
     y[t] *= silu(z[t])            (when z is given)
 
 One program computes a ``BLOCK_M x BLOCK_P`` tile of y: the ``C . S`` term as one dot, then the causal
-``cb`` blocks up to the diagonal, each weighted and multiplied by x. The fp32 operands (the state, the
+``cb`` blocks, each weighted and multiplied by x: first the blocks wholly below the diagonal (every pair
+kept: no causal or length mask), then the diagonal block(s) with the masks. In the full blocks, when
+every ``|cs|`` the program meets lies within `FACTOR_LIMIT` of the row block's first ``cs`` (``FACTORED``),
+``exp(cs[t] - cs[s])`` is taken as ``exp(cs[t] - r) * exp(r - cs[s])``: one exponential per row and per
+column instead of one per pair, both factors within ``e^40`` of 1 so their product is as exact as the
+direct one; otherwise (strong decays, non-finite ``cs``) the direct form. The fp32 operands (the state, the
 weighted ``cb``) stay fp32: for 16-bit inputs each product is split in two tensor-core products
 (`dot_f32_right`, `dot_f32_left`), so only the output is rounded to the inputs' dtype. Programs run heads
 first, so the heads of one chunk read the same ``cb`` tiles while they are in L2.
@@ -31,22 +36,27 @@ from infiniops_triton._ssd_common import (
     fit_to_chunk,
 )
 
-__all__ = ["chunk_scan"]
+__all__ = ["CONFIGS", "FACTORED", "chunk_scan"]
+
+CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more); BLOCK_NS: see the kernel
+    {"BLOCK_M": 128, "BLOCK_K": 64, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "BLOCK_NS": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 2},
+]
+FACTORED = False  # the default of the kernel's FACTORED switch (see the module docstring): it spills at M64 w4
+FACTOR_LIMIT = tl.constexpr(40.0)
 
 
 @triton.autotune(
     configs=autotune_configs(
-        [
-            {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "num_warps": 4, "num_stages": 2},
-            {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 64, "num_warps": 4, "num_stages": 3},
-            {"BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 64, "num_warps": 4, "num_stages": 2},
-        ],
-        interpreter={"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_P": 16, "num_warps": 4, "num_stages": 1},
+        CONFIGS, interpreter={"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_P": 16, "BLOCK_NS": 16, "num_warps": 4,
+                              "num_stages": 1},
     ),
     key=["CHUNK", "P", "N", "WORK"],
     prune_configs_by={"early_config_prune": fit_to_chunk},
 )
-@triton.jit
+@triton.jit(do_not_specialize=["L", "H", "G", "nchunks", "heads_per_group", "WORK"])
 def _chunk_scan_kernel(
     x_ptr,  # [Bt, L, H, P], any strides
     z_ptr,  # [Bt, L, H, P] (read when HAS_Z)
@@ -73,7 +83,9 @@ def _chunk_scan_kernel(
     HAS_SEQ_IDX: tl.constexpr,
     HAS_INIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # >= N: the whole state dimension in one tile
+    FACTORED: tl.constexpr,  # separable decays in the full blocks where the range allows
+    BLOCK_N: tl.constexpr,  # >= N: the whole state dimension
+    BLOCK_NS: tl.constexpr,  # the state-dimension slice of one C . S product (a power of two)
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -98,43 +110,78 @@ def _chunk_scan_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
     mask_m = offs_m < chunk_len
     mask_p = offs_p < P
-    mask_n = offs_n < N
     tok_base = ((b64 * H + h) * nchunks + c) * CHUNK
     cs_m = tl.load(cs_ptr + tok_base + offs_m, mask=mask_m, other=0.0)
     if HAS_SEQ_IDX:
         seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK
         seg_m = tl.load(seg_base + offs_m, mask=mask_m, other=0)
 
-    # Scalar int64 bases plus int32 tile offsets: 64-bit offset tiles would double the address registers.
-    c_base = c_ptr + b64 * stride_c_b + start64 * stride_c_l + g * stride_c_g
-    cm = tl.load(  # [BLOCK_M, BLOCK_N]
-        c_base + offs_m[:, None] * stride_c_l + offs_n[None, :] * stride_c_n,
-        mask=mask_m[:, None] & mask_n[None, :], other=0.0,
-    )
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
     has_state = c > 0  # the first chunk starts from the initial state, or from zero (no product at all)
     if HAS_INIT:
         has_state = c >= 0
     if has_state:
+        # C . S over the state dimension in BLOCK_NS slices (a whole fp32 state tile and its split halves
+        # would hold most of the registers). Scalar int64 bases plus int32 tile offsets throughout.
+        c_base = c_ptr + b64 * stride_c_b + start64 * stride_c_l + g * stride_c_g
         prev_chunk = tl.maximum(c - 1, 0).to(tl.int64)
-        st_ptrs = (states_ptr + ((b64 * nchunks + prev_chunk) * H + h) * P * N
-                   + (offs_p[None, :] * N + offs_n[:, None]))  # [BLOCK_N, BLOCK_P]: the state, transposed
+        st_base = states_ptr + ((b64 * nchunks + prev_chunk) * H + h) * P * N
         if HAS_INIT:
-            init_ptrs = (init_ptr + b64 * stride_init_b + h * stride_init_h
-                         + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n))
-            st_ptrs = tl.where(c > 0, st_ptrs, init_ptrs)
-        st = tl.load(st_ptrs, mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-        acc = dot_f32_right(cm, st, acc, DOT_PRECISION) * fast_exp(cs_m)[:, None]
+            init_base = init_ptr + b64 * stride_init_b + h * stride_init_h
+        for n0 in range(0, BLOCK_N, BLOCK_NS):
+            offs_n = n0 + tl.arange(0, BLOCK_NS)
+            mask_n = offs_n < N
+            cm = tl.load(  # [BLOCK_M, BLOCK_NS]
+                c_base + offs_m[:, None] * stride_c_l + offs_n[None, :] * stride_c_n,
+                mask=mask_m[:, None] & mask_n[None, :], other=0.0,
+            )
+            st_ptrs = st_base + (offs_p[None, :] * N + offs_n[:, None])  # [BLOCK_NS, BLOCK_P]: transposed
+            if HAS_INIT:
+                init_ptrs = init_base + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n)
+                st_ptrs = tl.where(c > 0, st_ptrs, init_ptrs)
+            st = tl.load(st_ptrs, mask=mask_n[:, None] & mask_p[None, :], other=0.0)
+            acc = dot_f32_right(cm, st, acc, DOT_PRECISION)
+        acc *= fast_exp(cs_m)[:, None]
         if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
             acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
 
     cb_rows = cb_ptr + ((b64 * nchunks + c) * G + g) * CHUNK * CHUNK + offs_m[:, None] * CHUNK
     x_base = x_ptr + b64 * stride_x_b + start64 * stride_x_l + h * stride_x_h
     x_cols = x_base + offs_p[None, :] * stride_x_p
-    for k0 in range(0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):  # up to the diagonal
+
+    # Full blocks: every column s lies before the row block (s < t, s < chunk_len): no causal mask, and
+    # cb, cs, dt exist for every (row, column) loaded (cb rows past a short chunk hold zeros from step 2b).
+    full_end = (pid_m * BLOCK_M) // BLOCK_K * BLOCK_K
+    if FACTORED:
+        ref = tl.load(cs_ptr + tok_base + pid_m * BLOCK_M)  # cs of the row block's first token
+        offs_all = tl.arange(0, CHUNK)
+        cs_all = tl.load(cs_ptr + tok_base + offs_all, mask=offs_all < full_end, other=0.0)
+        far = (tl.sum(tl.where(tl.abs(cs_all - ref) < FACTOR_LIMIT, 0, 1), axis=0)  # NaN counts as far
+               + tl.sum(tl.where(tl.abs(tl.where(mask_m, cs_m, ref) - ref) < FACTOR_LIMIT, 0, 1), axis=0))
+        factored = far == 0
+        row_f = fast_exp(cs_m - ref)
+    for k0 in range(0, full_end, BLOCK_K):
+        offs_s = k0 + tl.arange(0, BLOCK_K)
+        cb = tl.load(cb_rows + offs_s[None, :])  # [BLOCK_M, BLOCK_K]
+        cs_s = tl.load(cs_ptr + tok_base + offs_s)
+        dt_s = tl.load(dt_ptr + tok_base + offs_s)
+        if FACTORED:
+            if factored:
+                w = cb * row_f[:, None] * (fast_exp(ref - cs_s) * dt_s)[None, :]
+            else:
+                w = cb * fast_exp(cs_m[:, None] - cs_s[None, :]) * dt_s[None, :]
+        else:
+            w = cb * fast_exp(cs_m[:, None] - cs_s[None, :]) * dt_s[None, :]
+        if HAS_SEQ_IDX:
+            seg_s = tl.load(seg_base + offs_s)
+            w = tl.where(seg_m[:, None] == seg_s[None, :], w, 0.0)
+        xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_p[None, :], other=0.0)
+        acc = dot_f32_left(w, xs, acc, DOT_PRECISION)
+
+    # The diagonal block(s): the causal and length masks.
+    for k0 in range(full_end, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):
         offs_s = k0 + tl.arange(0, BLOCK_K)
         mask_s = offs_s < chunk_len
         keep = (offs_m[:, None] >= offs_s[None, :]) & mask_s[None, :]
@@ -182,11 +229,15 @@ def chunk_scan(
     seg: torch.Tensor | None,
     chunk_size: int,
     out: torch.Tensor,
+    config: dict[str, int] | None = None,
 ) -> None:
     """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1, 2 and 2b.
 
     `states` fp32 ``[Bt, nchunks, H, P, N]`` holds the state at the end of each chunk (step 2); D ``[H]``
     or ``[H, P]``; z like x or None; seg None without seq_idx; `initial_states` fp32 ``[Bt, H, P, N]`` or None.
+    `config`: fixed ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_P``, ``num_warps``, ``num_stages`` (and optionally
+    ``FACTORED``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py); BLOCK_M, BLOCK_K at most
+    the chunk.
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = C.shape[2], C.shape[3]
@@ -203,7 +254,10 @@ def chunk_scan(
         tiles = triton.cdiv(chunk_size, meta["BLOCK_M"]) * triton.cdiv(headdim, meta["BLOCK_P"])
         return (tiles * nheads * bt * nchunks,)
 
-    _chunk_scan_kernel[grid](
+    block_n = max(16, triton.next_power_of_2(dstate))
+    meta = {"FACTORED": FACTORED, **(config or {})}
+    kernel = _chunk_scan_kernel if config is None else _chunk_scan_kernel.fn
+    kernel[grid](
         x, zt, out, C, cb, d, states, init, dt_proc, cs, seg if seg is not None else cs,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, nheads // ngroups,
         *x.stride(), *zt.stride(), *out.stride(), *C.stride(), *d_strides, *init_strides,
@@ -214,5 +268,6 @@ def chunk_scan(
         HAS_SEQ_IDX=seg is not None,
         HAS_INIT=initial_states is not None,
         DOT_PRECISION=dot_precision(x.dtype),
-        BLOCK_N=max(16, triton.next_power_of_2(dstate)),
+        BLOCK_N=block_n,
+        **meta,
     )

@@ -26,22 +26,24 @@ import triton.language as tl
 
 from infiniops_triton._ssd_common import autotune_configs, dot_f32_right, dot_precision, fast_exp, fit_to_chunk
 
-__all__ = ["chunk_state"]
+__all__ = ["CONFIGS", "chunk_state"]
+
+
+CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more)
+    {"BLOCK_P": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_P": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+]
 
 
 @triton.autotune(
     configs=autotune_configs(
-        [
-            {"BLOCK_P": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2},
-            {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
-            {"BLOCK_P": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
-        ],
-        interpreter={"BLOCK_P": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1},
+        CONFIGS, interpreter={"BLOCK_P": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1},
     ),
     key=["CHUNK", "P", "N", "WORK"],
     prune_configs_by={"early_config_prune": fit_to_chunk},
 )
-@triton.jit
+@triton.jit(do_not_specialize=["L", "H", "nchunks", "heads_per_group", "WORK"])
 def _chunk_state_kernel(
     x_ptr,  # [Bt, L, H, P] input, any strides
     dt_ptr,  # [Bt, L, H] raw dt
@@ -169,11 +171,14 @@ def chunk_state(
     cs_out: torch.Tensor,
     seg_out: torch.Tensor,
     carry: torch.Tensor,
+    config: dict[str, int] | None = None,
 ) -> None:
     """Launch step 1 over every (chunk, row, head); fills `states`, `dt_out`, `cs_out`, `seg_out`, `carry`.
 
     Shapes: x ``[Bt, L, H, P]``, dt ``[Bt, L, H]``, A ``[H]`` fp32, B ``[Bt, L, G, N]``, seq_idx int32
     ``[Bt, L]``; outputs fp32 as in the kernel's pointer comments (`seg_out` int32, unused without seq_idx).
+    `config`: fixed ``BLOCK_P``, ``BLOCK_N``, ``BLOCK_K`` (at most the chunk), ``num_warps``, ``num_stages``
+    instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py).
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
@@ -185,7 +190,8 @@ def chunk_state(
         tiles = triton.cdiv(headdim, meta["BLOCK_P"]) * triton.cdiv(dstate, meta["BLOCK_N"])
         return (tiles * nheads * bt * nchunks,)
 
-    _chunk_state_kernel[grid](
+    kernel = _chunk_state_kernel if config is None else _chunk_state_kernel.fn
+    kernel[grid](
         x, dt, A, B, dt_bias if dt_bias is not None else A, si,
         states, dt_out, cs_out, seg_out, carry,
         seqlen, nheads, headdim, dstate, nchunks, nheads // ngroups,
@@ -197,4 +203,5 @@ def chunk_state(
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_SEQ_IDX=seq_idx is not None,
         DOT_PRECISION=dot_precision(x.dtype),
+        **(config or {}),
     )

@@ -29,7 +29,7 @@ def _linear_combine(a1, b1, a2, b2):
     return a, b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "nchunks"])
 def _state_passing_kernel(
     states_ptr,  # in/out: [Bt, nchunks, H, P, N] fp32 contiguous: each chunk's local end state -> S_c
     carry_ptr,  # [Bt, H, nchunks] fp32 contiguous
@@ -80,12 +80,14 @@ def state_passing(
     carry: torch.Tensor,
     initial_states: torch.Tensor | None,
     final_states: torch.Tensor | None,
+    config: dict[str, int] | None = None,
 ) -> None:
     """Turn each chunk's local state in `states` into the state at the chunk's end, in place; fill
     `final_states` (when given) with the last one.
 
     `states` fp32 contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
-    `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` (any strides) or None.
+    `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` (any strides) or None. `config`: fixed
+    ``BLOCK`` (states per program), ``CHUNKS_PER_STEP`` and ``num_warps`` (benchmarks/gpu_sweep_scan.py).
     """
     bt, nchunks, nheads, headdim, dstate = states.shape
     size = headdim * dstate
@@ -95,18 +97,17 @@ def state_passing(
         # 8 chunks x 256 states = 8 KB loaded per step and program: at batch 1 and H=24 that is
         # 768 programs keeping ~6 MB in flight, enough to cover the memory latency of the serial walk.
         block, step = min(256, triton.next_power_of_2(size)), 8
+    meta = {"BLOCK": block, "CHUNKS_PER_STEP": step, "num_warps": 4, **(config or {})}
     init = initial_states if initial_states is not None else states
     final = final_states if final_states is not None else states
     init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
     final_strides = final_states.stride() if final_states is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(size, block), bt, nheads)
+    grid = (triton.cdiv(size, meta["BLOCK"]), bt, nheads)
     _state_passing_kernel[grid](
         states, carry, init, final,
         nheads, headdim, dstate, nchunks,
         *init_strides, *final_strides,
         HAS_INIT=initial_states is not None,
         HAS_FINAL=final_states is not None,
-        CHUNKS_PER_STEP=step,
-        BLOCK=block,
-        num_warps=4,
+        **meta,
     )

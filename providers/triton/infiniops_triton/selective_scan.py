@@ -65,9 +65,13 @@ def scan_stages(
     chunk_size: int,
     out: torch.Tensor,
     final_states: torch.Tensor | None,
+    configs: dict[str, dict[str, int]] | None = None,
 ) -> list[Stage]:
     """The launches of one prefill, in order, on a freshly allocated workspace (`selective_scan` runs
-    them; a benchmark can time each). Arguments as `selective_scan`'s, with at least one token."""
+    them; a benchmark can time each). Arguments as `selective_scan`'s, with at least one token; `configs`
+    maps a stage name to the fixed launch configuration its launcher takes instead of the default
+    (benchmarks/gpu_sweep_scan.py)."""
+    cfg = configs or {}
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
     chunk = kernel_chunk(chunk_size)
@@ -87,13 +91,14 @@ def scan_stages(
     stages: list[Stage] = [
         ("chunk_state", lambda: chunk_state(x, dt, A, B, dt_bias, dt_softplus, dt_limit, seq_idx, chunk, states,
                                             per_token[0], per_token[1], segs if segs is not None else carry,
-                                            carry)),
+                                            carry, cfg.get("chunk_state"))),
         ("chunk_cb", lambda: chunk_cb(C, B, chunk, cb)),
     ]
     if nchunks > 1 or final_states is not None:  # else no chunk reads a passed state
-        stages.append(("state_passing", lambda: state_passing(states, carry, initial_states, final_states)))
+        stages.append(("state_passing", lambda: state_passing(states, carry, initial_states, final_states,
+                                                              cfg.get("state_passing"))))
     stages.append(("chunk_scan", lambda: chunk_scan(x, z, C, D, cb, states, initial_states, per_token[0],
-                                                    per_token[1], segs, chunk, out)))
+                                                    per_token[1], segs, chunk, out, cfg.get("chunk_scan"))))
     return stages
 
 
