@@ -120,7 +120,8 @@ def test_channel_last_launch_shapes() -> None:
     assert channel_last_launch(tile, 1, 4096, 4096, 132) == (32, 1024, 4)  # 4 x 64 < 264 programs: shorter
     assert channel_last_launch(tile, 1, 4096, 100, 132) == (8, 1024, 4)  # never below one group of 8
     assert channel_last_launch(tile, 4, 40, 20, 1) == (24, 64, 1)  # 64 channels, one warp; 20 rows -> 24
-    assert channel_last_launch(ChannelLastTile(48, 256, 8, 0), 1, 512, 4096, 132) == (48, 256, 4)
+    assert channel_last_launch(tile, 8, 256, 4096, 132) == (64, 256, 1)  # 8 channels per thread, as the tile
+    assert channel_last_launch(ChannelLastTile(48, 256, 8, 0), 1, 512, 4096, 132) == (48, 256, 8)
     for bad in ({"rows": 12}, {"channels": 96}, {"warps": 3}, {"min_programs_per_sm": -1.0}):
         with pytest.raises(ValueError, match="ChannelLastTile"):
             ChannelLastTile(**bad)

@@ -569,9 +569,10 @@ CHANNEL_LAST_TILE = ChannelLastTile()
 def channel_last_launch(tile: ChannelLastTile, batch: int, dim: int, length: int,
                         sm_count: int) -> tuple[int, int, int]:
     """(rows, channels, warps) per program for `tile` on a ``[batch, dim, length]`` input: channels at most
-    the next power of 2 of `dim`, no more warps than 64 channels each, rows halved while the grid is short."""
+    the next power of 2 of `dim` (the warps shrink with them, keeping the tile's channels per thread), rows
+    at most the input's and halved while the grid is short."""
     block_d = min(tile.channels, triton.next_power_of_2(dim))
-    warps = max(1, min(tile.warps, block_d // 64))
+    warps = max(1, tile.warps * block_d // tile.channels)
     rows = min(tile.rows, 8 * triton.cdiv(length, 8))
     columns = batch * triton.cdiv(dim, block_d)
     while rows > 8 and columns * triton.cdiv(length, rows) < tile.min_programs_per_sm * sm_count:
