@@ -45,25 +45,50 @@ VS_TORCH_TARGET = 30.0
 Config = dict[str, int]
 SMALL = Layer(heads=2, head_dim=16, d_state=16, groups=1, chunk=32)  # a CPU run: two 16-token blocks a chunk
 
-# (kernel, label, configuration): BLOCK_NS / FACTORED are chunk_scan's slice of N per C . S product and its
-# separable decays; "old" is the previous default (whole-N state product, direct decays).
-VARIANTS: list[tuple[str, str, Config]] = [
-    ("chunk_scan", "old M64 K64 P64 w4 s2", dict(BLOCK_M=64, BLOCK_K=64, BLOCK_P=64, BLOCK_NS=128, FACTORED=0,
-                                                 num_warps=4, num_stages=2)),
-    *[("chunk_scan", f"M{m} K{k} P{p} NS{ns} {'fact' if f else 'direct'} w{w} s{s}",
-       dict(BLOCK_M=m, BLOCK_K=k, BLOCK_P=p, BLOCK_NS=ns, FACTORED=f, num_warps=w, num_stages=s))
-      for m, k, p, ns, f, w, s in (
-          (64, 64, 64, 32, 0, 4, 2), (64, 64, 64, 32, 1, 4, 2), (64, 64, 64, 64, 1, 4, 2),
-          (64, 32, 64, 32, 0, 4, 3), (64, 32, 64, 32, 1, 4, 3), (32, 32, 64, 32, 1, 4, 2),
-          (32, 32, 64, 64, 1, 4, 3), (128, 64, 64, 32, 0, 8, 2), (128, 64, 64, 32, 1, 8, 2),
-          (128, 32, 64, 32, 1, 8, 3), (64, 64, 32, 32, 1, 4, 2), (128, 64, 32, 32, 1, 8, 2),
-          (64, 64, 64, 32, 1, 8, 2),
-      )],
-    *[("chunk_state", f"P{p} N{n} K{k} w{w} s{s}", dict(BLOCK_P=p, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s))
-      for p, n, k, w, s in ((64, 128, 64, 8, 2), (64, 64, 64, 4, 2), (32, 64, 64, 4, 2), (64, 128, 32, 8, 3),
-                            (32, 128, 64, 4, 2), (64, 64, 32, 4, 3), (32, 32, 64, 4, 2), (64, 128, 64, 8, 3))],
-    *[("state_passing", f"BLOCK{b} step{c} w{w}", dict(BLOCK=b, CHUNKS_PER_STEP=c, num_warps=w))
+# (kernel, label, configuration). chunk_scan: BLOCK_NS slices N in the C . S product, "fact" takes separable
+# decays in the full blocks (FACTORED); chunk_state: "wx" weights x, "wB" weights B (WEIGHT_X); "r128" caps
+# the registers at 128 a thread (maxnreg: more programs per SM). "old" is the previous default.
+
+
+def _label(cfg: Config) -> str:
+    names = {"BLOCK_M": "M", "BLOCK_K": "K", "BLOCK_P": "P", "BLOCK_N": "N", "BLOCK_NS": "NS", "BLOCK": "BLOCK",
+             "CHUNKS_PER_STEP": "step", "num_warps": "w", "num_stages": "s", "maxnreg": "r"}
+    parts = [f"{names[k]}{v}" for k, v in cfg.items() if k in names]
+    if "FACTORED" in cfg:
+        parts.append("fact" if cfg["FACTORED"] else "direct")
+    if "WEIGHT_X" in cfg:
+        parts.append("wx" if cfg["WEIGHT_X"] else "wB")
+    return " ".join(parts)
+
+
+def _scan(m: int, k: int, p: int, ns: int, fact: int, w: int, s: int, reg: int = 0) -> Config:
+    cfg = dict(BLOCK_M=m, BLOCK_K=k, BLOCK_P=p, BLOCK_NS=ns, FACTORED=fact, num_warps=w, num_stages=s)
+    return {**cfg, "maxnreg": reg} if reg else cfg
+
+
+def _state(p: int, n: int, k: int, wx: int, w: int, s: int, reg: int = 0) -> Config:
+    cfg = dict(BLOCK_P=p, BLOCK_N=n, BLOCK_K=k, WEIGHT_X=wx, num_warps=w, num_stages=s)
+    return {**cfg, "maxnreg": reg} if reg else cfg
+
+
+_VARIANT_CONFIGS: list[tuple[str, Config]] = [
+    ("chunk_scan", _scan(64, 64, 64, 128, 0, 4, 2)),  # old
+    *[("chunk_scan", _scan(*c)) for c in (
+        (64, 32, 64, 32, 0, 4, 3, 128), (64, 32, 64, 32, 1, 4, 3, 128), (64, 32, 64, 32, 0, 4, 2, 128),
+        (64, 32, 64, 32, 0, 4, 3), (64, 32, 64, 32, 1, 4, 3), (128, 32, 64, 32, 0, 8, 3, 128),
+        (128, 32, 64, 32, 1, 8, 3, 128), (64, 64, 64, 64, 0, 4, 2), (64, 64, 64, 64, 1, 4, 2),
+        (64, 32, 32, 32, 0, 4, 3), (64, 32, 32, 32, 1, 4, 3), (64, 32, 64, 32, 1, 4, 4, 128),
+    )],
+    ("chunk_state", _state(64, 128, 64, 0, 8, 2)),  # old
+    *[("chunk_state", _state(*c)) for c in (
+        (64, 128, 64, 1, 8, 2), (64, 64, 64, 1, 4, 2, 128), (64, 64, 64, 0, 4, 2), (64, 64, 32, 1, 4, 3),
+        (64, 64, 32, 0, 4, 3), (64, 128, 32, 0, 8, 3), (32, 64, 64, 0, 4, 2, 128),
+    )],
+    *[("state_passing", dict(BLOCK=b, CHUNKS_PER_STEP=c, num_warps=w))
       for b, c, w in ((256, 8, 4), (128, 8, 4), (512, 8, 4), (256, 4, 4), (256, 16, 8), (512, 4, 8), (1024, 8, 8))],
+]
+VARIANTS: list[tuple[str, str, Config]] = [
+    (kernel, ("old " if i in (0, 13) else "") + _label(cfg), cfg) for i, (kernel, cfg) in enumerate(_VARIANT_CONFIGS)
 ]
 
 

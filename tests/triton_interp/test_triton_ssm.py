@@ -186,7 +186,7 @@ FLOATS = {"a_ptr", "dt_bias_ptr", "d_ptr", "states_ptr", "init_ptr", "final_ptr"
           "cs_out_ptr", "cb_ptr", "dt_ptr_f32", "cs_ptr", "state_ptr", "seg_out_ptr"}
 INTS = {"seq_idx_ptr": "*i32", "seg_ptr": "*i32", "index_ptr": "*i64"}
 
-def compile(kernel, dtype, consts, num_warps, num_stages, floats=()):
+def compile(kernel, dtype, consts, num_warps, num_stages, floats=(), maxnreg=None):
     while not isinstance(kernel, triton.runtime.jit.JITFunction):
         kernel = kernel.fn
     sig, attrs = {}, {}
@@ -201,7 +201,7 @@ def compile(kernel, dtype, consts, num_warps, num_stages, floats=()):
         else:
             sig[name] = "i32"
     k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+                       options={"num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg})
     ptx = k.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
@@ -223,11 +223,11 @@ for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32x3")):
     for cfg in _ssd_chunk_state._chunk_state_kernel.configs[configs]:
         out.append(compile(_ssd_chunk_state._chunk_state_kernel, dtype,
                            {**state_flags, "HAS_SEQ_IDX": seq, "DOT_PRECISION": prec, **cfg.kwargs},
-                           cfg.num_warps, cfg.num_stages))
+                           cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg))
     for cfg in _ssd_chunk_scan._chunk_scan_kernel.configs[configs]:
         out.append(compile(_ssd_chunk_scan._chunk_scan_kernel, dtype,
                            {**scan_flags, "HAS_Z": True, "HAS_SEQ_IDX": seq, "HAS_INIT": seq, "DOT_PRECISION": prec,
-                            **cfg.kwargs}, cfg.num_warps, cfg.num_stages, floats=("dt_ptr",)))
+                            **cfg.kwargs}, cfg.num_warps, cfg.num_stages, floats=("dt_ptr",), maxnreg=cfg.maxnreg))
     out.append(compile(_ssd_bmm._chunk_cb_kernel, dtype, {"stride_c_n": 1, "stride_b_n": 1, "CHUNK": 256,
                        "DOT_PRECISION": prec, "BLOCK": 64, "BLOCK_N": N}, 4, 1))
     block_p, warps = state_update.update_config(P, N)
@@ -266,7 +266,7 @@ def test_sweep_script_checks_each_variant_at_small_sizes() -> None:
     assert spec is not None and spec.loader is not None
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    picks = [v for v in sweep.VARIANTS if v[1] in ("M64 K64 P64 NS32 fact w4 s2", "P64 N128 K64 w8 s2",
+    picks = [v for v in sweep.VARIANTS if v[1] in ("M64 K32 P64 NS32 w4 s3 r128 fact", "P64 N64 K64 w4 s2 r128 wx",
                                                    "BLOCK256 step4 w4")]
     rows: list[dict] = []
     torch_ms = sweep.run(rows, device="cpu", small=True, timer=lambda fn: 1.0, variants=picks)

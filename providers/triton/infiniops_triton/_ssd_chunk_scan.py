@@ -38,14 +38,40 @@ from infiniops_triton._ssd_common import (
 
 __all__ = ["CONFIGS", "FACTORED", "chunk_scan"]
 
-CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more); BLOCK_NS: see the kernel
-    {"BLOCK_M": 128, "BLOCK_K": 64, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "BLOCK_NS": 64, "num_warps": 4, "num_stages": 2},
+CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more, with register caps too)
+    {"BLOCK_M": 128, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 32, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "BLOCK_NS": 64, "num_warps": 4, "num_stages": 2},
 ]
-FACTORED = False  # the default of the kernel's FACTORED switch (see the module docstring): it spills at M64 w4
+FACTORED = False  # the default of the FACTORED switch (module docstring): off until the sweep measures it
 FACTOR_LIMIT = tl.constexpr(40.0)
+
+
+@triton.jit
+def _full_blocks(acc, cb_rows, cs_tok, dt_tok, seg_tok, x_cols, stride_x_l, cs_m, seg_m, mask_p, ref, full_end,
+                 FACTORED: tl.constexpr, HAS_SEQ_IDX: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """`acc` plus the products of the column blocks before `full_end` (wholly below the diagonal, within the
+    chunk): no causal or length mask; decays ``exp(cs_m - cs_s)``, or ``exp(cs_m - ref) * exp(ref - cs_s)``
+    when `FACTORED` (the caller checked the range). `cs_tok`, `dt_tok`, `seg_tok`: the chunk's first token."""
+    if FACTORED:
+        row_f = fast_exp(cs_m - ref)
+    for k0 in range(0, full_end, BLOCK_K):
+        offs_s = k0 + tl.arange(0, BLOCK_K)
+        cb = tl.load(cb_rows + offs_s[None, :])  # [BLOCK_M, BLOCK_K]; rows past a short chunk hold zeros
+        cs_s = tl.load(cs_tok + offs_s)
+        dt_s = tl.load(dt_tok + offs_s)
+        if FACTORED:
+            w = cb * row_f[:, None] * (fast_exp(ref - cs_s) * dt_s)[None, :]
+        else:
+            w = cb * fast_exp(cs_m[:, None] - cs_s[None, :]) * dt_s[None, :]
+        if HAS_SEQ_IDX:
+            seg_s = tl.load(seg_tok + offs_s)
+            w = tl.where(seg_m[:, None] == seg_s[None, :], w, 0.0)
+        xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_p[None, :], other=0.0)
+        acc = dot_f32_left(w, xs, acc, DOT_PRECISION)
+    return acc
 
 
 @triton.autotune(
@@ -114,8 +140,9 @@ def _chunk_scan_kernel(
     mask_p = offs_p < P
     tok_base = ((b64 * H + h) * nchunks + c) * CHUNK
     cs_m = tl.load(cs_ptr + tok_base + offs_m, mask=mask_m, other=0.0)
+    seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK  # read when HAS_SEQ_IDX
+    seg_m = offs_m  # a placeholder without seq_idx
     if HAS_SEQ_IDX:
-        seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK
         seg_m = tl.load(seg_base + offs_m, mask=mask_m, other=0)
 
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
@@ -160,25 +187,15 @@ def _chunk_scan_kernel(
         cs_all = tl.load(cs_ptr + tok_base + offs_all, mask=offs_all < full_end, other=0.0)
         far = (tl.sum(tl.where(tl.abs(cs_all - ref) < FACTOR_LIMIT, 0, 1), axis=0)  # NaN counts as far
                + tl.sum(tl.where(tl.abs(tl.where(mask_m, cs_m, ref) - ref) < FACTOR_LIMIT, 0, 1), axis=0))
-        factored = far == 0
-        row_f = fast_exp(cs_m - ref)
-    for k0 in range(0, full_end, BLOCK_K):
-        offs_s = k0 + tl.arange(0, BLOCK_K)
-        cb = tl.load(cb_rows + offs_s[None, :])  # [BLOCK_M, BLOCK_K]
-        cs_s = tl.load(cs_ptr + tok_base + offs_s)
-        dt_s = tl.load(dt_ptr + tok_base + offs_s)
-        if FACTORED:
-            if factored:
-                w = cb * row_f[:, None] * (fast_exp(ref - cs_s) * dt_s)[None, :]
-            else:
-                w = cb * fast_exp(cs_m[:, None] - cs_s[None, :]) * dt_s[None, :]
+        if far == 0:  # one loop per form, so that each holds only its own registers
+            acc = _full_blocks(acc, cb_rows, cs_ptr + tok_base, dt_ptr + tok_base, seg_base, x_cols, stride_x_l,
+                               cs_m, seg_m, mask_p, ref, full_end, True, HAS_SEQ_IDX, DOT_PRECISION, BLOCK_K)
         else:
-            w = cb * fast_exp(cs_m[:, None] - cs_s[None, :]) * dt_s[None, :]
-        if HAS_SEQ_IDX:
-            seg_s = tl.load(seg_base + offs_s)
-            w = tl.where(seg_m[:, None] == seg_s[None, :], w, 0.0)
-        xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_p[None, :], other=0.0)
-        acc = dot_f32_left(w, xs, acc, DOT_PRECISION)
+            acc = _full_blocks(acc, cb_rows, cs_ptr + tok_base, dt_ptr + tok_base, seg_base, x_cols, stride_x_l,
+                               cs_m, seg_m, mask_p, ref, full_end, False, HAS_SEQ_IDX, DOT_PRECISION, BLOCK_K)
+    else:
+        acc = _full_blocks(acc, cb_rows, cs_ptr + tok_base, dt_ptr + tok_base, seg_base, x_cols, stride_x_l,
+                           cs_m, seg_m, mask_p, 0.0, full_end, False, HAS_SEQ_IDX, DOT_PRECISION, BLOCK_K)
 
     # The diagonal block(s): the causal and length masks.
     for k0 in range(full_end, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):
@@ -235,9 +252,9 @@ def chunk_scan(
 
     `states` fp32 ``[Bt, nchunks, H, P, N]`` holds the state at the end of each chunk (step 2); D ``[H]``
     or ``[H, P]``; z like x or None; seg None without seq_idx; `initial_states` fp32 ``[Bt, H, P, N]`` or None.
-    `config`: fixed ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_P``, ``num_warps``, ``num_stages`` (and optionally
-    ``FACTORED``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py); BLOCK_M, BLOCK_K at most
-    the chunk.
+    `config`: fixed ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_P``, ``BLOCK_NS``, ``num_warps``, ``num_stages`` (and
+    optionally ``FACTORED``, ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py);
+    BLOCK_M, BLOCK_K at most the chunk.
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = C.shape[2], C.shape[3]

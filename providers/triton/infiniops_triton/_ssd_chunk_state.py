@@ -13,9 +13,10 @@ For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` it
   an inf or NaN of an earlier sequence stays there).
 
 The chunk is walked in blocks of tokens, rescaling the running state by each block's decay, so every
-exponent is a decay over tokens already seen (never a growth that could overflow). The weighted ``B`` stays
-fp32: its product with x is split in two tensor-core products for 16-bit inputs (`dot_f32_right`). ``dt``, ``cs`` and
-``seg`` per token are stored for the chunk-scan kernel by the programs of the first (p, n) tile only.
+exponent is a decay over tokens already seen (never a growth that could overflow). The per-token weight
+multiplies the tile of x (``WEIGHT_X``) or of B in fp32; that product with the other operand is split in two
+tensor-core products for 16-bit inputs (`dot_f32_left`, `dot_f32_right`). ``dt``, ``cs`` and ``seg``
+per token are stored for the chunk-scan kernel by the programs of the first (p, n) tile only.
 """
 
 from __future__ import annotations
@@ -24,21 +25,29 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._ssd_common import autotune_configs, dot_f32_right, dot_precision, fast_exp, fit_to_chunk
+from infiniops_triton._ssd_common import (
+    autotune_configs,
+    dot_f32_left,
+    dot_f32_right,
+    dot_precision,
+    fast_exp,
+    fit_to_chunk,
+)
 
 __all__ = ["CONFIGS", "chunk_state"]
 
 
-CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more)
-    {"BLOCK_P": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_P": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more, with register caps too)
+    {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 32, "WEIGHT_X": True, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 64, "WEIGHT_X": True, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_P": 64, "BLOCK_N": 128, "BLOCK_K": 64, "WEIGHT_X": False, "num_warps": 8, "num_stages": 2},
 ]
 
 
 @triton.autotune(
     configs=autotune_configs(
-        CONFIGS, interpreter={"BLOCK_P": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1},
+        CONFIGS, interpreter={"BLOCK_P": 16, "BLOCK_N": 16, "BLOCK_K": 16, "WEIGHT_X": True, "num_warps": 4,
+                              "num_stages": 1},
     ),
     key=["CHUNK", "P", "N", "WORK"],
     prune_configs_by={"early_config_prune": fit_to_chunk},
@@ -68,6 +77,7 @@ def _chunk_state_kernel(
     DT_SOFTPLUS: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WEIGHT_X: tl.constexpr,  # the weight multiplies x (else B): a tuning choice, both exact in fp32
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -146,7 +156,10 @@ def _chunk_state_kernel(
             b_base + tok[:, None] * stride_b_l + offs_n[None, :] * stride_b_n,
             mask=live[:, None] & mask_n[None, :], other=0.0,
         )
-        acc = dot_f32_right(xt, bm.to(tl.float32) * weight[:, None], acc, DOT_PRECISION)  # B * weight in fp32
+        if WEIGHT_X:  # the weight on x (fewer elements to split when BLOCK_P < BLOCK_N), else on B
+            acc = dot_f32_left(xt.to(tl.float32) * weight[None, :], bm, acc, DOT_PRECISION)
+        else:
+            acc = dot_f32_right(xt, bm.to(tl.float32) * weight[:, None], acc, DOT_PRECISION)
 
     st_base = states_ptr + ((b64 * nchunks + c) * H + h) * P * N  # int64 base, int32 tile offsets
     tl.store(st_base + (offs_p[:, None] * N + offs_n[None, :]), acc, mask=mask_p[:, None] & mask_n[None, :])
@@ -177,8 +190,8 @@ def chunk_state(
 
     Shapes: x ``[Bt, L, H, P]``, dt ``[Bt, L, H]``, A ``[H]`` fp32, B ``[Bt, L, G, N]``, seq_idx int32
     ``[Bt, L]``; outputs fp32 as in the kernel's pointer comments (`seg_out` int32, unused without seq_idx).
-    `config`: fixed ``BLOCK_P``, ``BLOCK_N``, ``BLOCK_K`` (at most the chunk), ``num_warps``, ``num_stages``
-    instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py).
+    `config`: fixed ``BLOCK_P``, ``BLOCK_N``, ``BLOCK_K`` (at most the chunk), ``WEIGHT_X``, ``num_warps``,
+    ``num_stages`` (optionally ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py).
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]

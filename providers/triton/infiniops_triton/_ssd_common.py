@@ -32,13 +32,15 @@ def interpreting() -> bool:
 def autotune_configs(candidates: list[dict[str, Any]], interpreter: dict[str, Any]) -> list[triton.Config]:
     """`candidates` as `triton.Config`s; under the interpreter only `interpreter` (nothing to tune there).
 
-    Each dict holds the kernel's block sizes plus ``num_warps`` and ``num_stages``.
+    Each dict holds the kernel's block sizes plus ``num_warps``, ``num_stages`` and optionally ``maxnreg`` (a
+    register cap per thread, for more programs per SM).
     """
     chosen = [interpreter] if interpreting() else candidates
     out = []
     for c in chosen:
-        meta = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")}
-        out.append(triton.Config(meta, num_warps=c["num_warps"], num_stages=c["num_stages"]))
+        meta = {k: v for k, v in c.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+        out.append(triton.Config(meta, num_warps=c["num_warps"], num_stages=c["num_stages"],
+                                 maxnreg=c.get("maxnreg")))
     return out
 
 
