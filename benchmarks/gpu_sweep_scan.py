@@ -1,6 +1,7 @@
 """Launch-configuration sweep of the Triton selective scan's kernels (Mamba-2 SSD) on the H200.
 
-    python benchmarks/gpu_sweep_scan.py        # < 2 min on the H200, compiles included
+    python benchmarks/gpu_sweep_scan.py                 # < 2 min on the H200, compiles included
+    python benchmarks/gpu_sweep_scan.py chunk_scan      # only that kernel's variants (then the best combined)
 
 At the Mamba-2-130m layer shape (H=24, P=64, N=128, G=1, chunk 256; bf16 x/B/C/z, fp32 dt/A/D; D, dt_bias,
 softplus and final states), 8 x 2048 and 1 x 2048 tokens. Each variant fixes the launch configuration of
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from gpu_ssm import MAMBA2_130M, Layer, scan_call, scan_case
 FAMILY = "ssm-sweep"
 SIZES = ((8, 2048), (1, 2048))  # (rows, tokens); the first one ranks the variants
 VS_TORCH_TARGET = 30.0
+BUDGET_S = 105.0  # variants left when this much wall time has passed are skipped (said so), then the best runs
 Config = dict[str, int]
 SMALL = Layer(heads=2, head_dim=16, d_state=16, groups=1, chunk=32)  # a CPU run: two 16-token blocks a chunk
 
@@ -219,12 +222,14 @@ def format_table(rows: list[dict[str, Any]], torch_ms: list[float] | None = None
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = False, timer: Timer = quick_ms,
-        variants: list[tuple[str, str, Config]] | None = None) -> list[float]:
+        variants: list[tuple[str, str, Config]] | None = None, budget_s: float = BUDGET_S) -> list[float]:
     """Sweep `variants` (default `VARIANTS`) at `SIZES`; append one row per variant (then the defaults and
     the best combination) to `results`, printing each as it comes; return the torch provider's ms per size.
+    Variants still to run after `budget_s` seconds are skipped, with a line saying how many.
 
     `small`: `SMALL` at 2 rows of 40 tokens at most, blocks shrunk (a CPU run under the Triton interpreter).
     """
+    start = time.perf_counter()
     layer = SMALL if small else MAMBA2_130M
     cases, torch_ms = [], []
     for batch, length in SIZES:
@@ -236,7 +241,10 @@ def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = Fa
     todo = [("default", "autotuned defaults", {}),
             *[(k, label, {k: shrink(c) if small else c}) for k, label, c in (variants or VARIANTS)]]
     rows: list[dict[str, Any]] = []
-    for kernel, label, configs in todo:
+    for i, (kernel, label, configs) in enumerate(todo):
+        if time.perf_counter() - start > budget_s:
+            print(f"time budget of {budget_s:.0f} s spent: {len(todo) - i} variants skipped", flush=True)
+            break
         rows.append(run_variant(kernel, label, configs, cases, timer))
         print(format_table(rows[-1:], torch_ms).splitlines()[-1], flush=True)
         if device == "cuda":
@@ -247,12 +255,19 @@ def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = Fa
     return torch_ms
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """Run the sweep (the variants of the kernels named in `argv`, or all) and print the table; 0 when every
+    variant passed, 1 otherwise, 2 without CUDA or for an unknown kernel name."""
     if not torch.cuda.is_available():
         print("gpu_sweep_scan: needs a CUDA device", file=sys.stderr)
         return 2
+    kernels = {k for k, _, _ in VARIANTS}
+    if unknown := set(argv) - kernels:
+        print(f"gpu_sweep_scan: unknown kernel {sorted(unknown)}; choose from {sorted(kernels)}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    torch_ms = run(rows)
+    torch_ms = run(rows, variants=[v for v in VARIANTS if not argv or v[0] in argv])
     print(f"\nbest configurations: {rows[-1]['configs']}")
     best_total = rows[-1]["sizes"][0]["total"]
     ratio = torch_ms[0] / best_total if best_total > 0 else math.nan
@@ -260,8 +275,9 @@ def main() -> int:
     print(f"8x2048 best prefill {best_total:.3f} ms, torch {torch_ms[0]:.3f} ms: {ratio:.1f}x torch, target "
           f">= {VS_TORCH_TARGET:.0f}x: {verdict}\n")
     print(format_table(rows, torch_ms))
+    print(f"\ngpu_sweep_scan: {time.perf_counter() - start:.0f} s in all")
     return 0 if all(r["status"] == "PASS" for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -274,3 +274,6 @@ def test_sweep_script_checks_each_variant_at_small_sizes() -> None:
     assert all(r["status"] == "PASS" for r in rows), sweep.format_table(rows, torch_ms)
     assert rows[-1]["configs"] == {k: sweep.shrink(c) for k, _, c in picks}
     assert len(sweep.format_table(rows, torch_ms).splitlines()) == len(rows) + 1
+    spent: list[dict] = []  # no time left: every variant skipped, the defaults still run as the "best"
+    sweep.run(spent, device="cpu", small=True, timer=lambda fn: 1.0, variants=picks, budget_s=0.0)
+    assert [(r["kernel"], r["configs"], r["status"]) for r in spent] == [("best", {}, "PASS")]
