@@ -270,7 +270,7 @@ def test_sweep_script_checks_each_variant_at_small_sizes() -> None:
                                                    "BLOCK256 step4 w4")]
     rows: list[dict] = []
     torch_ms = sweep.run(rows, device="cpu", small=True, timer=lambda fn: 1.0, variants=picks)
-    assert [r["kernel"] for r in rows] == ["default", "chunk_scan", "chunk_state", "state_passing", "best"]
+    assert [r["kernel"] for r in rows] == ["default", "chunk_scan", "state_passing", "chunk_state", "best"]
     assert all(r["status"] == "PASS" for r in rows), sweep.format_table(rows, torch_ms)
     assert rows[-1]["configs"] == {k: sweep.shrink(c) for k, _, c in picks}
     assert len(sweep.format_table(rows, torch_ms).splitlines()) == len(rows) + 1
