@@ -11,12 +11,15 @@ Channel-first input without ``seq_idx`` (W <= 8) takes a second kernel: there th
 misaligned loads along the unit stride, so it loads the tile and the 8 columns before each group of 8
 (two aligned vector loads) and picks the taps from registers (`_conv_taps`); above `TUNE_MIN_NUMEL`
 elements it autotunes its tile among a few shapes and warp counts. Channel-last input without
-``seq_idx`` (W <= 8) takes a third: a program owns a run of time rows (`ChannelLastTile`, 64 by default)
-of up to 1024 channels and walks it 8 rows at a time, each row one coalesced load of 16-byte vectors held
-in registers, carrying the last W-1 rows in registers to the next 8; only the W-1 rows before the run are
-loaded twice, so x is read about once (the generic kernel's W shifted loads mostly miss L1 and cost W
-times the traffic in L2; 8-row programs reloaded (W-1)/8 of x and the taps). SiLU divides approximately
-(2 ulp).
+``seq_idx`` (W <= 8) takes a third: a program owns a run of time rows of a block of channels
+(`ChannelLastTile`: 128 rows of up to 512 channels, 4 warps, by default) and walks it 8 rows at a time,
+each row one coalesced vector load held in registers, carrying the last W-1 rows in registers to the next
+8; only the W-1 rows before the run are loaded twice, so x is read about once (the generic kernel's W
+shifted loads mostly miss L1 and cost W times the traffic in L2; 8-row programs reloaded (W-1)/8 of x and
+the taps). The default tile was measured best on the H200 by benchmarks/gpu_sweep_conv.py: 86% of the
+copy bandwidth on bf16 ``[8, 4096, 4096]``, W=4, bias and SiLU (64x1024 took 80%, 8-row programs 64%;
+loading the next 8 rows while the current 8 compute lost on every tile, 64-83%). SiLU divides
+approximately (2 ulp).
 
 Size arguments are compiled for their value class (1, a multiple of 16, other) only where that decides the
 vector width: a size that bounds a mask along the unit stride (D channel-last, L channel-first; the generic
@@ -270,15 +273,8 @@ def _finish_row(acc, bias, o_b, t, L, d_mask, stride_ol, HAS_BIAS: tl.constexpr,
     tl.store(o_b + t * stride_ol, acc.to(o_b.dtype.element_ty), mask=d_mask & (t < L))
 
 
-@triton.jit
-def _raw_row(x_b, t, end, d_mask, stride_xl):
-    """Time row `t` of the channels as loaded (no conversion: half the registers in 16-bit dtypes), zeros
-    from `end` on."""
-    return tl.load(x_b + t * stride_xl, mask=d_mask & (t < end), other=0.0)
-
-
-@triton.jit
-def _channel_last_program(
+@triton.jit(do_not_specialize=["L"])
+def _conv_channel_last_kernel(
     X,  # *dtype [B, D, L] input with unit stride along D
     WEIGHT,  # *float [D, W], W <= 8
     BIAS,  # *float [D]; unused unless HAS_BIAS
@@ -299,7 +295,6 @@ def _channel_last_program(
     WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
     BLOCK_D: tl.constexpr,  # channels per program, along the unit stride
     BLOCK_W: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the next 8 rows before computing the current 8
 ):
     # The row's groups of 8 time rows are shared out evenly among the programs along axis 0 (the launcher
     # sizes that axis to cdiv(L, time tile)); a program walks its groups in order, each group 8 coalesced
@@ -337,44 +332,16 @@ def _channel_last_program(
         bias = tl.load(BIAS + d, mask=d_mask, other=0.0).to(tl.float32)
     o_b = OUT + b * stride_ob + d * stride_od
     n_groups = tl.minimum(groups, tl.cdiv(L - t_start, 8))  # the last program's share may be shorter
-    if PREFETCH:
-        t_end = tl.minimum(L, t_start + n_groups * 8)  # the rows of this program
-        n0 = _raw_row(x_b, t_start, t_end, d_mask, stride_xl)
-        n1 = _raw_row(x_b, t_start + 1, t_end, d_mask, stride_xl)
-        n2 = _raw_row(x_b, t_start + 2, t_end, d_mask, stride_xl)
-        n3 = _raw_row(x_b, t_start + 3, t_end, d_mask, stride_xl)
-        n4 = _raw_row(x_b, t_start + 4, t_end, d_mask, stride_xl)
-        n5 = _raw_row(x_b, t_start + 5, t_end, d_mask, stride_xl)
-        n6 = _raw_row(x_b, t_start + 6, t_end, d_mask, stride_xl)
-        n7 = _raw_row(x_b, t_start + 7, t_end, d_mask, stride_xl)
     for g in range(n_groups):
         t0 = t_start + g * 8
-        if PREFETCH:  # the next group's loads are in flight while this one computes
-            e0 = n0.to(tl.float32)
-            e1 = n1.to(tl.float32)
-            e2 = n2.to(tl.float32)
-            e3 = n3.to(tl.float32)
-            e4 = n4.to(tl.float32)
-            e5 = n5.to(tl.float32)
-            e6 = n6.to(tl.float32)
-            e7 = n7.to(tl.float32)
-            n0 = _raw_row(x_b, t0 + 8, t_end, d_mask, stride_xl)
-            n1 = _raw_row(x_b, t0 + 9, t_end, d_mask, stride_xl)
-            n2 = _raw_row(x_b, t0 + 10, t_end, d_mask, stride_xl)
-            n3 = _raw_row(x_b, t0 + 11, t_end, d_mask, stride_xl)
-            n4 = _raw_row(x_b, t0 + 12, t_end, d_mask, stride_xl)
-            n5 = _raw_row(x_b, t0 + 13, t_end, d_mask, stride_xl)
-            n6 = _raw_row(x_b, t0 + 14, t_end, d_mask, stride_xl)
-            n7 = _raw_row(x_b, t0 + 15, t_end, d_mask, stride_xl)
-        else:
-            e0 = _row(x_b, t0, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e1 = _row(x_b, t0 + 1, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e2 = _row(x_b, t0 + 2, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e3 = _row(x_b, t0 + 3, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e4 = _row(x_b, t0 + 4, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e5 = _row(x_b, t0 + 5, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e6 = _row(x_b, t0 + 6, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
-            e7 = _row(x_b, t0 + 7, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e0 = _row(x_b, t0, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e1 = _row(x_b, t0 + 1, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e2 = _row(x_b, t0 + 2, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e3 = _row(x_b, t0 + 3, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e4 = _row(x_b, t0 + 4, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e5 = _row(x_b, t0 + 5, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e6 = _row(x_b, t0 + 6, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
+        e7 = _row(x_b, t0 + 7, L, d_mask, init_b, stride_xl, stride_iw, True, False, W)
         for k in tl.static_range(8):
             acc = column8(k, W, w0, w1, w2, w3, w4, w5, w6, w7, e0, e1, e2, e3, e4, e5, e6, e7,
                           p0, p1, p2, p3, p4, p5, p6, p7)
@@ -398,63 +365,6 @@ def _channel_last_program(
             _store_final_states(x_b[:, None], stride_xl, INIT, 0, INIT + b * stride_ib, stride_id, stride_iw,
                                 FINAL + b * stride_fb, stride_fd, stride_fw, d, d_mask, L, W, False, HAS_INIT,
                                 BLOCK_W)
-
-
-@triton.jit(do_not_specialize=["L"])
-def _conv_channel_last_kernel(
-    X,  # *dtype [B, D, L] input with unit stride along D
-    WEIGHT,  # *float [D, W], W <= 8
-    BIAS,  # *float [D]; unused unless HAS_BIAS
-    INIT,  # *dtype [B, D, W-1] initial states; unused unless HAS_INIT
-    OUT,  # *dtype [B, D, L] output
-    FINAL,  # *dtype [B, D, W-1] final states to fill; unused unless HAS_FINAL
-    D, L,
-    stride_xb, stride_xd, stride_xl,
-    stride_wd, stride_ww,
-    stride_ib, stride_id, stride_iw,
-    stride_ob, stride_od, stride_ol,
-    stride_fb, stride_fd, stride_fw,
-    W: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SILU: tl.constexpr,
-    HAS_INIT: tl.constexpr,
-    HAS_FINAL: tl.constexpr,
-    WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
-    BLOCK_D: tl.constexpr,  # channels per program, along the unit stride
-    BLOCK_W: tl.constexpr,
-):
-    _channel_last_program(X, WEIGHT, BIAS, INIT, OUT, FINAL, D, L, stride_xb, stride_xd, stride_xl, stride_wd,
-                          stride_ww, stride_ib, stride_id, stride_iw, stride_ob, stride_od, stride_ol, stride_fb,
-                          stride_fd, stride_fw, W, HAS_BIAS, SILU, HAS_INIT, HAS_FINAL, WIDE, BLOCK_D, BLOCK_W, False)
-
-
-@triton.jit(do_not_specialize=["L"])
-def _conv_channel_last_prefetch_kernel(
-    X,  # *dtype [B, D, L] input with unit stride along D
-    WEIGHT,  # *float [D, W], W <= 8
-    BIAS,  # *float [D]; unused unless HAS_BIAS
-    INIT,  # *dtype [B, D, W-1] initial states; unused unless HAS_INIT
-    OUT,  # *dtype [B, D, L] output
-    FINAL,  # *dtype [B, D, W-1] final states to fill; unused unless HAS_FINAL
-    D, L,
-    stride_xb, stride_xd, stride_xl,
-    stride_wd, stride_ww,
-    stride_ib, stride_id, stride_iw,
-    stride_ob, stride_od, stride_ol,
-    stride_fb, stride_fd, stride_fw,
-    W: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    SILU: tl.constexpr,
-    HAS_INIT: tl.constexpr,
-    HAS_FINAL: tl.constexpr,
-    WIDE: tl.constexpr,  # int64 offsets within a batch row (a row spans 2**31 elements or more)
-    BLOCK_D: tl.constexpr,  # channels per program, along the unit stride
-    BLOCK_W: tl.constexpr,
-):
-    # the same with the next 8 rows loaded before the current 8 compute (more registers, more loads in flight)
-    _channel_last_program(X, WEIGHT, BIAS, INIT, OUT, FINAL, D, L, stride_xb, stride_xd, stride_xl, stride_wd,
-                          stride_ww, stride_ib, stride_id, stride_iw, stride_ob, stride_od, stride_ol, stride_fb,
-                          stride_fd, stride_fw, W, HAS_BIAS, SILU, HAS_INIT, HAS_FINAL, WIDE, BLOCK_D, BLOCK_W, True)
 
 
 def _channel_first_config(block_d: int, block_l: int, warps: int) -> triton.Config:
@@ -547,14 +457,14 @@ def _update_kernel(
 class ChannelLastTile:
     """The channel-last kernel's work per program: `rows` time rows (a multiple of 8) of `channels` channels
     (a power of 2) with `warps` warps; rows that would leave fewer than `min_programs_per_sm` programs per SM
-    are halved (down to 8) first, so short inputs still fill the GPU (0: never). `prefetch`: the kernel that
-    loads the next 8 rows before the current 8 compute."""
+    are halved (down to 8) first, so short inputs still fill the GPU (0: never). The default is the tile
+    measured best on the H200 (benchmarks/gpu_sweep_conv.py: 86% of the copy bandwidth on bf16
+    ``[8, 4096, 4096]``, W=4)."""
 
-    rows: int = 64
-    channels: int = 1024
+    rows: int = 128
+    channels: int = 512
     warps: int = 4
     min_programs_per_sm: float = 2.0
-    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.rows < 8 or self.rows % 8 or self.channels < 1 or self.channels & (self.channels - 1) or \
@@ -639,10 +549,8 @@ def causal_conv1d(
     grid = (triton.cdiv(length, blocks["BLOCK_L"]), triton.cdiv(dim, block_d), batch)
     bias_arg = bias if bias is not None else weight
     if channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
-        tile = CHANNEL_LAST_TILE
-        rows, block_d, warps = channel_last_launch(tile, batch, dim, length, _sm_count(x.device))
-        kernel = _conv_channel_last_prefetch_kernel if tile.prefetch else _conv_channel_last_kernel
-        kernel[(triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch)](
+        rows, block_d, warps = channel_last_launch(CHANNEL_LAST_TILE, batch, dim, length, _sm_count(x.device))
+        _conv_channel_last_kernel[(triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch)](
             x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
             BLOCK_D=block_d, BLOCK_W=blocks["BLOCK_W"], num_warps=warps,
         )
