@@ -90,6 +90,26 @@ def test_scan_many_chunks_and_restarts(dtype: torch.dtype) -> None:
     _check("selective_scan", final, ref_final)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scan_factored_decays_with_restarts_and_strong_decay(dtype: torch.dtype,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The separable decays of the full blocks (FACTORED, a launch switch): chunks of 64 hold three full
+    # 16-row blocks; head 1 decays so fast (A = -400) that its cs leave FACTOR_LIMIT and take the direct form.
+    from infiniops_triton import _ssd_chunk_scan
+
+    monkeypatch.setattr(_ssd_chunk_scan, "FACTORED", True)
+    args, kwargs = _scan_inputs(1, 150, 2, 16, 1, 16, dtype)
+    A = args[2].clone()
+    A[1] = -400.0
+    seq_idx = torch.zeros(1, 150, dtype=torch.int32)
+    seq_idx[0, 40:] = 1  # a restart inside the first chunk
+    seq_idx[0, 100:] = 2  # and one inside the second
+    kwargs.update(seq_idx=seq_idx, chunk_size=64)
+    (out, final), (ref, ref_final) = _run_scan((*args[:2], A, *args[3:]), kwargs)
+    _check("selective_scan", out, ref)
+    _check("selective_scan", final, ref_final)
+
+
 @pytest.mark.parametrize(("chunk_size", "length"), [(1, 20), (24, 50), (1000, 33)])
 def test_scan_rounds_any_chunk_size(chunk_size: int, length: int) -> None:
     # chunk_size is a performance knob: every value >= 1 is served (rounded to a power of two in [16, 256])

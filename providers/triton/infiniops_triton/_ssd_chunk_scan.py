@@ -140,7 +140,7 @@ def _chunk_scan_kernel(
     mask_m = offs_m < chunk_len
     mask_p = offs_p < P
     tok_base = ((b64 * H + h) * nchunks + c) * CHUNK
-    cs_m = tl.load(cs_ptr + tok_base + offs_m, mask=mask_m, other=0.0)
+    cs_m = tl.load(cs_ptr + tok_base + offs_m, mask=mask_m, other=-float("inf"))  # rows past the end: no weight
     seg_base = seg_ptr + (b64 * nchunks + c) * CHUNK  # read when HAS_SEQ_IDX
     seg_m = offs_m  # a placeholder without seq_idx
     if HAS_SEQ_IDX:
