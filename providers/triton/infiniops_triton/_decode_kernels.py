@@ -14,7 +14,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from infiniops_triton._flash_attn_kernels import NEG_BIG, SMEM_BUDGET, kv_offsets, softcapped
+from infiniops_triton._flash_attn_kernels import NEG_BIG, SMEM_BUDGET, kv_offsets, scores, softcapped, weighted_values
 
 __all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_split_tuned"]
 
@@ -131,7 +131,7 @@ def decode_split_kernel(
             v_off += b.to(tl.int64) * stride_vb
         k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
         v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        s = softcapped(tl.dot(q, tl.trans(k), input_precision=PRECISION), qk_scale, softcap_scale, SOFTCAP)
+        s = softcapped(scores(q, k, PRECISION), qk_scale, softcap_scale, SOFTCAP)
         keep = valid[None, :]
         if HAS_RIGHT:
             keep = keep & (offs_n[None, :] <= diag + window_right)
@@ -142,7 +142,7 @@ def decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        acc = weighted_values(p, v, acc * alpha[:, None], PRECISION)
         m_i = m_new
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

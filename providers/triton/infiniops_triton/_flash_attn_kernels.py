@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["LOG2E", "SMEM_BUDGET", "attn_fwd_kernel", "attn_fwd_tuned", "kv_offsets", "softcapped", "tanh",
-           "tma_layout_ok"]
+__all__ = ["LOG2E", "SMEM_BUDGET", "attn_fwd_kernel", "attn_fwd_tuned", "kv_offsets", "scores", "softcapped", "tanh",
+           "tma_layout_ok", "weighted_values"]
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
@@ -57,6 +57,27 @@ def softcapped(qk, qk_scale, softcap_scale, SOFTCAP: tl.constexpr):
         return tanh(qk * softcap_scale) * qk_scale
     else:
         return qk * qk_scale
+
+
+@triton.jit
+def scores(q, k, PRECISION: tl.constexpr):
+    """``q @ k^T`` in fp32. ``PRECISION == "fp64"`` (float32 inputs): products and sums in float64, rounded
+    once. A sequential fp32 dot over 256 columns errs by ~1e-4 on |q.k| ~ 500 (large logits): relative
+    weight errors of ~3e-5 that fail the 3x-the-fp32-reference rule; float64 leaves only the final rounding."""
+    if PRECISION == "fp64":
+        return tl.dot(q.to(tl.float64), tl.trans(k).to(tl.float64)).to(tl.float32)
+    else:
+        return tl.dot(q, tl.trans(k), input_precision=PRECISION)
+
+
+@triton.jit
+def weighted_values(p, v, acc, PRECISION: tl.constexpr):
+    """``acc + p @ v`` with fp32 accumulation (IEEE fp32 products when `PRECISION` is ``"fp64"``: weights <= 1
+    over one key block need no more)."""
+    if PRECISION == "fp64":
+        return tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        return tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -111,7 +132,7 @@ def _attn_block(
         else:
             k = tl.load(K + k_off[:, None] + offs_d[None, :])
             v = tl.load(V + v_off[:, None] + offs_d[None, :])
-    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    qk = scores(q, k, PRECISION)
     if MASKED or PAGED or SOFTCAP:
         s = softcapped(qk, qk_scale, softcap_scale, SOFTCAP)
         if MASKED or PAGED:
@@ -142,7 +163,7 @@ def _attn_block(
     else:
         p = tl.exp2(qk * qk_scale - m_i[:, None])  # one FMA per score
     l_i += tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    acc = weighted_values(p, v, acc, PRECISION)
     return acc, l_i, m_i
 
 
@@ -298,9 +319,10 @@ def _prune_prefill(configs: list[triton.Config], named_args: dict[str, Any], **k
     (before sm_90, paged K/V, misaligned views). The common path (fp16/bf16, contiguous K/V, no left
     window, no softcap) times the first five left; any other path takes the first (less compiling)."""
     q = named_args["Q"]
-    tma = q.is_cuda and _has_tma(q.device.index or 0) and tma_layout_ok(q, named_args["K"], named_args["V"],
-                                                                         kwargs["PAGED"])
     elem = q.element_size()
+    # float32 reads through pointers: its float64 score tiles already fill most of the shared memory
+    tma = elem == 2 and q.is_cuda and _has_tma(q.device.index or 0) and tma_layout_ok(
+        q, named_args["K"], named_args["V"], kwargs["PAGED"])
     usable = [c for c in configs if (tma or not c.kwargs["USE_TMA"])
               and _prefill_smem(c, kwargs["BLOCK_D"], elem) <= SMEM_BUDGET] or configs[-1:]
     common = elem == 2 and not (kwargs["PAGED"] or kwargs["SOFTCAP"] or kwargs["HAS_LEFT"])
