@@ -14,8 +14,9 @@ one kernel (the others keep their defaults, the autotuner's pick) and is
 The kernels run one after another, so the best variant of each is the fastest passing one of its kernel
 at 8 x 2048; the last variant combines them. The torch provider's prefill is timed in the same run and the
 ratio to it is printed (issue 3: >= 30x at 8 x 2048). The table comes last, the best of each kernel marked
-``*``: its configuration becomes the kernel's default (CONFIGS, FACTORED, STATE_SLICE in
-providers/triton/infiniops_triton/_ssd_*.py).
+``*``: its configuration becomes the kernel's default (CONFIGS and FACTORED in _ssd_chunk_scan.py, CONFIGS in
+_ssd_chunk_state.py, the block and step in _ssd_state_passing.py, PRESPLIT in selective_scan.py; all under
+providers/triton/infiniops_triton/).
 
 `run(results)` appends one dict per table line, like the family scripts (benchmarks/ops.py).
 """
@@ -44,13 +45,15 @@ from gpu_ssm import MAMBA2_130M, Layer, scan_call, scan_case
 FAMILY = "ssm-sweep"
 SIZES = ((8, 2048), (1, 2048))  # (rows, tokens); the first one ranks the variants
 VS_TORCH_TARGET = 30.0
+STAGES = ("chunk_state", "chunk_cb", "state_passing", "chunk_scan")  # the launches; "layout" spans them
 BUDGET_S = 105.0  # variants left when this much wall time has passed are skipped (said so), then the best runs
 Config = dict[str, int]
 SMALL = Layer(heads=2, head_dim=16, d_state=16, groups=1, chunk=32)  # a CPU run: two 16-token blocks a chunk
 
 # (kernel, label, configuration). chunk_scan: BLOCK_NS slices N in the C . S product, "fact" takes separable
 # decays in the full blocks (FACTORED); chunk_state: "wx" weights x, "wB" weights B (WEIGHT_X); "r128" caps
-# the registers at 128 a thread (maxnreg: more programs per SM). "old" is the previous default.
+# the registers at 128 a thread (maxnreg: more programs per SM). "old" is the previous default. "layout"
+# PRESPLIT 0: the states stay fp32 for the chunk scan (split there, per program), as before.
 
 
 def _label(cfg: Config) -> str:
@@ -61,6 +64,8 @@ def _label(cfg: Config) -> str:
         parts.append("fact" if cfg["FACTORED"] else "direct")
     if "WEIGHT_X" in cfg:
         parts.append("wx" if cfg["WEIGHT_X"] else "wB")
+    if "PRESPLIT" in cfg:
+        parts.append(f"PRESPLIT {'on' if cfg['PRESPLIT'] else 'off'}")
     return " ".join(parts)
 
 
@@ -80,6 +85,7 @@ _OLD = {  # the launch configurations before this sweep
     "state_passing": dict(BLOCK=256, CHUNKS_PER_STEP=8, num_warps=4),
 }
 _VARIANT_CONFIGS: list[tuple[str, Config]] = [
+    ("layout", {"PRESPLIT": 0}),  # step 3 splits the fp32 states itself (as before), default kernel configs
     ("chunk_scan", _OLD["chunk_scan"]),
     *[("chunk_scan", _scan(*c)) for c in (
         (64, 32, 64, 32, 0, 4, 3, 128), (64, 32, 64, 32, 1, 4, 3, 128), (64, 32, 64, 32, 0, 4, 2, 128),
@@ -178,7 +184,7 @@ def run_variant(kernel: str, label: str, configs: dict[str, Config], cases: list
                 timer: Timer) -> dict[str, Any]:
     """A table row for one variant at every size (a crash is a FAIL row, the sweep goes on)."""
     try:
-        per_size = [measure(args, kwargs, ref, configs, None if kernel in ("best", "default") else kernel, timer)
+        per_size = [measure(args, kwargs, ref, configs, kernel if kernel in STAGES else None, timer)
                     for args, kwargs, ref in cases]
     except Exception as e:  # a configuration that does not compile or launch is a FAIL of its variant
         return _crashed(kernel, label, configs, e)
@@ -192,13 +198,14 @@ def _first_ms(row: dict[str, Any], key: str | None) -> float:
 
 
 def mark_best(rows: list[dict[str, Any]]) -> dict[str, Config]:
-    """Mark the fastest passing variant of each kernel (its launch alone at the first size); their
-    configurations."""
+    """Mark the fastest passing variant of each kernel (its launch alone at the first size) and the faster of
+    the "layout" variants and the defaults (the whole prefill); their configurations."""
     best: dict[str, Config] = {}
     for kernel in dict.fromkeys(r["kernel"] for r in rows if r["kernel"] not in ("default", "best")):
-        mine = [r for r in rows if r["kernel"] == kernel]
-        winner = min(mine, key=lambda r: _first_ms(r, kernel))
-        if math.isfinite(_first_ms(winner, kernel)):
+        mine = [r for r in rows if r["kernel"] == kernel or (kernel == "layout" and r["kernel"] == "default")]
+        key = kernel if kernel in STAGES else None
+        winner = min(mine, key=lambda r: _first_ms(r, key))
+        if math.isfinite(_first_ms(winner, key)) and kernel in winner["configs"]:
             winner["best"] = True
             best[kernel] = winner["configs"][kernel]
     return best

@@ -9,15 +9,16 @@ the chunk before; ``cb[t, s] = C[t] . B[s]`` from step 2b)::
          + D * x[t]
     y[t] *= silu(z[t])            (when z is given)
 
-One program computes a ``BLOCK_M x BLOCK_P`` tile of y: the ``C . S`` term as one dot, then the causal
-``cb`` blocks, each weighted and multiplied by x: first the blocks wholly below the diagonal (every pair
-kept: no causal or length mask), then the diagonal block(s) with the masks. In the full blocks, when
-every ``|cs|`` the program meets lies within `FACTOR_LIMIT` of the row block's first ``cs`` (``FACTORED``),
-``exp(cs[t] - cs[s])`` is taken as ``exp(cs[t] - r) * exp(r - cs[s])``: one exponential per row and per
-column instead of one per pair, both factors within ``e^40`` of 1 so their product is as exact as the
-direct one; otherwise (strong decays, non-finite ``cs``) the direct form. The fp32 operands (the state, the
-weighted ``cb``) stay fp32: for 16-bit inputs each product is split in two tensor-core products
-(`dot_f32_right`, `dot_f32_left`), so only the output is rounded to the inputs' dtype. Programs run heads
+One program computes a ``BLOCK_M x BLOCK_P`` tile of y: the ``C . S`` term over ``BLOCK_NS`` slices of N,
+then the causal ``cb`` blocks, each weighted and multiplied by x: first the blocks wholly below the diagonal
+(every pair kept: no causal or length mask), then the diagonal block(s) with the masks. In the full blocks,
+when every ``|cs|`` the program meets lies within `FACTOR_LIMIT` of the row block's first ``cs``
+(``FACTORED``), ``exp(cs[t] - cs[s])`` is taken as ``exp(cs[t] - r) * exp(r - cs[s])``: one exponential per
+row and per column instead of one per pair, both factors within ``e^40`` of 1 so their product is as exact
+as the direct one; otherwise (strong decays, non-finite ``cs``) the direct form. The fp32 operands (the
+state, the weighted ``cb``) stay fp32: for 16-bit inputs each product is split in two tensor-core products
+(`dot_f32_right`, `dot_f32_left`), so only the output is rounded to the inputs' dtype; with ``PRESPLIT``,
+step 2 stored the state split already (two plain products, no split per program). Programs run heads
 first, so the heads of one chunk read the same ``cb`` tiles while they are in L2.
 """
 
@@ -42,7 +43,6 @@ CONFIGS = [  # autotune candidates (benchmarks/gpu_sweep_scan.py times more, wit
     {"BLOCK_M": 128, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 8, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_P": 32, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 64, "BLOCK_K": 64, "BLOCK_P": 64, "BLOCK_NS": 64, "num_warps": 4, "num_stages": 2},
     {"BLOCK_M": 32, "BLOCK_K": 32, "BLOCK_P": 64, "BLOCK_NS": 32, "num_warps": 4, "num_stages": 2},  # chunk 32
 ]
 FACTORED = False  # the default of the FACTORED switch (module docstring): off until the sweep measures it
@@ -92,6 +92,7 @@ def _chunk_scan_kernel(
     cb_ptr,  # [Bt, nchunks, G, CHUNK, CHUNK] fp32 contiguous: C B^T within each chunk (on/below the diagonal)
     d_ptr,  # [H] or [H, P] (read when HAS_D; stride_d_p is 0 for [H])
     states_ptr,  # [Bt, nchunks, H, P, N] fp32 contiguous: the state at the end of each chunk (step 2)
+    hilo_ptr,  # [Bt, nchunks, H, 2, P, N] 16-bit contiguous: the state entering each chunk, split (PRESPLIT)
     init_ptr,  # [Bt, H, P, N] fp32 initial states, any strides (read when HAS_INIT)
     dt_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: processed dt
     cs_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: chunk-relative cumsum of dt * A
@@ -111,6 +112,7 @@ def _chunk_scan_kernel(
     HAS_INIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FACTORED: tl.constexpr,  # separable decays in the full blocks where the range allows
+    PRESPLIT: tl.constexpr,  # read the entering state from hilo (split by step 2), not from states / init
     BLOCK_N: tl.constexpr,  # >= N: the whole state dimension
     BLOCK_NS: tl.constexpr,  # the state-dimension slice of one C . S product (a power of two)
     BLOCK_M: tl.constexpr,
@@ -156,21 +158,28 @@ def _chunk_scan_kernel(
         c_base = c_ptr + b64 * stride_c_b + start64 * stride_c_l + g * stride_c_g
         prev_chunk = tl.maximum(c - 1, 0).to(tl.int64)
         st_base = states_ptr + ((b64 * nchunks + prev_chunk) * H + h) * P * N
+        split_base = hilo_ptr + ((b64 * nchunks + c) * H + h) * 2 * P * N  # hi, then lo P * N further
         if HAS_INIT:
             init_base = init_ptr + b64 * stride_init_b + h * stride_init_h
         for n0 in range(0, BLOCK_N, BLOCK_NS):
             offs_n = n0 + tl.arange(0, BLOCK_NS)
             mask_n = offs_n < N
+            mask_np = mask_n[:, None] & mask_p[None, :]
             cm = tl.load(  # [BLOCK_M, BLOCK_NS]
                 c_base + offs_m[:, None] * stride_c_l + offs_n[None, :] * stride_c_n,
                 mask=mask_m[:, None] & mask_n[None, :], other=0.0,
             )
-            st_ptrs = st_base + (offs_p[None, :] * N + offs_n[:, None])  # [BLOCK_NS, BLOCK_P]: transposed
-            if HAS_INIT:
-                init_ptrs = init_base + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n)
-                st_ptrs = tl.where(c > 0, st_ptrs, init_ptrs)
-            st = tl.load(st_ptrs, mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-            acc = dot_f32_right(cm, st, acc, DOT_PRECISION)
+            offs_np = offs_p[None, :] * N + offs_n[:, None]  # [BLOCK_NS, BLOCK_P]: the state, transposed
+            if PRESPLIT:
+                acc = tl.dot(cm, tl.load(split_base + offs_np, mask=mask_np, other=0.0), acc)
+                acc = tl.dot(cm, tl.load(split_base + P * N + offs_np, mask=mask_np, other=0.0), acc)
+            else:
+                st_ptrs = st_base + offs_np
+                if HAS_INIT:
+                    init_ptrs = init_base + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n)
+                    st_ptrs = tl.where(c > 0, st_ptrs, init_ptrs)
+                st = tl.load(st_ptrs, mask=mask_np, other=0.0)
+                acc = dot_f32_right(cm, st, acc, DOT_PRECISION)
         acc *= fast_exp(cs_m)[:, None]
         if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
             acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
@@ -248,6 +257,7 @@ def chunk_scan(
     chunk_size: int,
     out: torch.Tensor,
     config: dict[str, int] | None = None,
+    hilo: torch.Tensor | None = None,
 ) -> None:
     """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1, 2 and 2b.
 
@@ -255,7 +265,8 @@ def chunk_scan(
     or ``[H, P]``; z like x or None; seg None without seq_idx; `initial_states` fp32 ``[Bt, H, P, N]`` or None.
     `config`: fixed ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_P``, ``BLOCK_NS``, ``num_warps``, ``num_stages`` (and
     optionally ``FACTORED``, ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py);
-    BLOCK_M, BLOCK_K at most the chunk.
+    BLOCK_M, BLOCK_K at most the chunk. `hilo` (16-bit inputs): the state entering each chunk split by
+    `state_passing` (``[Bt, nchunks, H, 2, P, N]``), read instead of `states` and `initial_states`.
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = C.shape[2], C.shape[3]
@@ -276,7 +287,8 @@ def chunk_scan(
     meta = {"FACTORED": FACTORED, **(config or {})}
     kernel = _chunk_scan_kernel if config is None else _chunk_scan_kernel.fn
     kernel[grid](
-        x, zt, out, C, cb, d, states, init, dt_proc, cs, seg if seg is not None else cs,
+        x, zt, out, C, cb, d, states, hilo if hilo is not None else C, init, dt_proc, cs,
+        seg if seg is not None else cs,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, nheads // ngroups,
         *x.stride(), *zt.stride(), *out.stride(), *C.stride(), *d_strides, *init_strides,
         (bt * nchunks * nheads).bit_length(),
@@ -285,6 +297,7 @@ def chunk_scan(
         HAS_Z=z is not None,
         HAS_SEQ_IDX=seg is not None,
         HAS_INIT=initial_states is not None,
+        PRESPLIT=hilo is not None,
         DOT_PRECISION=dot_precision(x.dtype),
         BLOCK_N=block_n,
         **meta,

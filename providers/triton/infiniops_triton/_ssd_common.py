@@ -19,6 +19,7 @@ __all__ = [
     "fast_exp",
     "fit_to_chunk",
     "interpreting",
+    "split_f32",
 ]
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one ex2.approx, not libdevice's expf
@@ -73,6 +74,15 @@ def fast_exp(x):
 def _rest(value, high):
     """``value - high``, or 0 where they are equal (an infinite `value` keeps its inf, not inf - inf)."""
     return tl.where(value == high, 0.0, value - high)
+
+
+@triton.jit
+def split_f32(value, DTYPE: tl.constexpr):
+    """fp32 `value` as ``(hi, lo)`` in the 16-bit `DTYPE`: ``hi`` rounded, ``lo`` the rounded rest (``hi + lo``
+    within ~2^-16 relative of `value`; an infinite value keeps ``lo`` 0)."""
+    hi = value.to(DTYPE)
+    lo = _rest(value, hi.to(tl.float32)).to(DTYPE)
+    return hi, lo
 
 
 @triton.jit

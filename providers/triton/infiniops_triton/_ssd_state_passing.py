@@ -8,6 +8,10 @@ the final state. States stay fp32 throughout. Each program owns one block of the
 state of one (row, head) and takes the chunks ``CHUNKS_PER_STEP`` at a time: one load of that many
 chunks' blocks (so many loads are in flight even at batch 1), a linear-recurrence scan over them in
 registers, one store.
+
+For 16-bit inputs (``SPLIT_OUT``) the states entering the chunks go to a separate buffer instead, each split
+in a 16-bit high part and the 16-bit rest (`split_f32`): the chunk scan's products with C then need no
+per-program split of an fp32 tile (the bytes written are the same).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._ssd_common import interpreting
+from infiniops_triton._ssd_common import interpreting, split_f32
 
 __all__ = ["state_passing"]
 
@@ -35,11 +39,13 @@ def _state_passing_kernel(
     carry_ptr,  # [Bt, H, nchunks] fp32 contiguous
     init_ptr,  # [Bt, H, P, N] fp32 initial states (read when HAS_INIT), any strides
     final_ptr,  # out: [Bt, H, P, N] fp32 final states (written when HAS_FINAL), any strides
+    hilo_ptr,  # out: [Bt, nchunks, H, 2, P, N] 16-bit, contiguous: S_{c-1} split in hi and lo (when SPLIT_OUT)
     H, P, N, nchunks,
     stride_init_b, stride_init_h, stride_init_p, stride_init_n,
     stride_final_b, stride_final_h, stride_final_p, stride_final_n,
     HAS_INIT: tl.constexpr,
     HAS_FINAL: tl.constexpr,
+    SPLIT_OUT: tl.constexpr,  # write the state entering each chunk split (hilo), not S_c in place
     CHUNKS_PER_STEP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -59,6 +65,11 @@ def _state_passing_kernel(
     row_stride = H * size  # from one chunk to the next (< 2^31; products with it are int64)
     base = (b * nchunks * H + h) * size + offs
     rows = tl.arange(0, CHUNKS_PER_STEP)
+    split_base = (b * nchunks * H + h) * 2 * size + offs  # slot c holds the state entering chunk c
+    if SPLIT_OUT and HAS_INIT:  # slot 0: the initial state (read by the chunk scan only when given)
+        hi, lo = split_f32(state, hilo_ptr.dtype.element_ty)
+        tl.store(hilo_ptr + split_base, hi, mask=mask)
+        tl.store(hilo_ptr + split_base + size, lo, mask=mask)
     for c0 in range(0, nchunks, CHUNKS_PER_STEP):
         chunk = c0 + rows
         valid = (chunk < nchunks)[:, None] & mask[None, :]
@@ -68,7 +79,14 @@ def _state_passing_kernel(
         carry = tl.broadcast_to(carry[:, None], (CHUNKS_PER_STEP, BLOCK))
         carry, local = tl.associative_scan((carry, local), 0, _linear_combine)
         ends = tl.where(carry < 0, local, carry * state[None, :] + local)  # S_c for each chunk c of the step
-        tl.store(states_ptr + tile, ends, mask=valid)
+        if SPLIT_OUT:  # S_c enters chunk c + 1; the last one only leaves as the final state
+            split_tile = split_base[None, :] + (chunk[:, None] + 1).to(tl.int64) * (2 * row_stride)
+            ends_hi, ends_lo = split_f32(ends, hilo_ptr.dtype.element_ty)
+            into = valid & (chunk + 1 < nchunks)[:, None]
+            tl.store(hilo_ptr + split_tile, ends_hi, mask=into)
+            tl.store(hilo_ptr + split_tile + size, ends_lo, mask=into)
+        else:
+            tl.store(states_ptr + tile, ends, mask=valid)
         state = tl.sum(tl.where(rows[:, None] == CHUNKS_PER_STEP - 1, ends, 0.0), axis=0)
     if HAS_FINAL:
         final = final_ptr + b * stride_final_b + h * stride_final_h + p * stride_final_p + n * stride_final_n
@@ -81,6 +99,7 @@ def state_passing(
     initial_states: torch.Tensor | None,
     final_states: torch.Tensor | None,
     config: dict[str, int] | None = None,
+    hilo: torch.Tensor | None = None,
 ) -> None:
     """Turn each chunk's local state in `states` into the state at the chunk's end, in place; fill
     `final_states` (when given) with the last one.
@@ -88,6 +107,8 @@ def state_passing(
     `states` fp32 contiguous ``[Bt, nchunks, H, P, N]``; `carry` fp32 ``[Bt, H, nchunks]``;
     `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` (any strides) or None. `config`: fixed
     ``BLOCK`` (states per program), ``CHUNKS_PER_STEP`` and ``num_warps`` (benchmarks/gpu_sweep_scan.py).
+    `hilo` (16-bit ``[Bt, nchunks, H, 2, P, N]`` contiguous): instead of `states`, each chunk's entering state
+    (the initial one for chunk 0, when given) goes there split in a high and a low part, for the chunk scan.
     """
     bt, nchunks, nheads, headdim, dstate = states.shape
     size = headdim * dstate
@@ -104,10 +125,11 @@ def state_passing(
     final_strides = final_states.stride() if final_states is not None else (0, 0, 0, 0)
     grid = (triton.cdiv(size, meta["BLOCK"]), bt, nheads)
     _state_passing_kernel[grid](
-        states, carry, init, final,
+        states, carry, init, final, hilo if hilo is not None else states,
         nheads, headdim, dstate, nchunks,
         *init_strides, *final_strides,
         HAS_INIT=initial_states is not None,
         HAS_FINAL=final_states is not None,
+        SPLIT_OUT=hilo is not None,
         **meta,
     )

@@ -5,7 +5,8 @@ The prefill follows the state-space-duality algorithm of Mamba-2 (the semantics 
 ``mamba_chunk_scan_combined``), with its dt/cumsum kernel folded into the chunk-state one:
 
 1. `_ssd_chunk_state`: dt processing, the decay cumsum and each chunk's local end state (one kernel);
-2. `_ssd_state_passing`: the state at each chunk's end (in place, fp32), and the final state;
+2. `_ssd_state_passing`: the state entering each chunk (fp32 in place, or for 16-bit inputs split in two
+   16-bit halves for step 3: `PRESPLIT`), and the final state;
    `_ssd_bmm`: ``C B^T`` within each chunk, once per group;
 3. `_ssd_chunk_scan`: the outputs, D and the z gate fused.
 
@@ -34,11 +35,13 @@ from infiniops_triton._ssd_chunk_state import chunk_state
 from infiniops_triton._ssd_state_passing import state_passing
 from infiniops_triton.state_update import IMPLEMENTATIONS as STATE_UPDATE_IMPLEMENTATIONS
 
-__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "kernel_chunk", "scan_stages", "selective_scan"]
+__all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "PRESPLIT", "kernel_chunk", "scan_stages",
+           "selective_scan"]
 
 MIN_CHUNK, MAX_CHUNK = 16, 256  # 16: tl.dot's smallest tile; 256: the largest tuned
 MAX_D_STATE = 256  # the chunk-scan kernel holds all of N in one tile
 MAX_HEAD_DIM = 256
+PRESPLIT = True  # 16-bit inputs: step 2 stores the states split for step 3's products (no split per program)
 
 
 def kernel_chunk(chunk_size: int) -> int:
@@ -70,20 +73,24 @@ def scan_stages(
     """The launches of one prefill, in order, on a freshly allocated workspace (`selective_scan` runs
     them; a benchmark can time each). Arguments as `selective_scan`'s, with at least one token; `configs`
     maps a stage name to the fixed launch configuration its launcher takes instead of the default
-    (benchmarks/gpu_sweep_scan.py)."""
+    (benchmarks/gpu_sweep_scan.py), and ``configs["layout"]["PRESPLIT"]`` overrides `PRESPLIT`."""
     cfg = configs or {}
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
     chunk = kernel_chunk(chunk_size)
     nchunks = -(-seqlen // chunk)
-    sizes = (bt * nchunks * nheads * headdim * dstate,  # fp32 states: each chunk's local, then end state
+    presplit = bool(cfg.get("layout", {}).get("PRESPLIT", PRESPLIT)) and C.dtype in (torch.float16, torch.bfloat16)
+    state_size = bt * nchunks * nheads * headdim * dstate
+    sizes = (state_size,  # fp32 states: each chunk's local, then end state
+             state_size if presplit else 0,  # the entering states split in two 16-bit halves (same bytes)
              bt * nchunks * ngroups * chunk * chunk,  # fp32 C B^T per chunk and group
              2 * bt * nheads * nchunks * chunk,  # fp32 processed dt and its chunk-relative cumsum
              bt * nheads * nchunks,  # fp32 carry
              bt * nchunks * chunk if seq_idx is not None else 0)  # int32 segment numbers
     work = torch.empty(sum(sizes), device=x.device, dtype=torch.float32)  # one allocation per call
-    states, cb, per_token, carry, seg = torch.split(work, sizes)
+    states, split, cb, per_token, carry, seg = torch.split(work, sizes)
     states = states.view(bt, nchunks, nheads, headdim, dstate)
+    hilo = split.view(C.dtype).view(bt, nchunks, nheads, 2, headdim, dstate) if presplit else None
     cb = cb.view(bt, nchunks, ngroups, chunk, chunk)
     per_token = per_token.view(2, bt, nheads, nchunks, chunk)
     carry = carry.view(bt, nheads, nchunks)
@@ -94,11 +101,11 @@ def scan_stages(
                                             carry, cfg.get("chunk_state"))),
         ("chunk_cb", lambda: chunk_cb(C, B, chunk, cb)),
     ]
-    if nchunks > 1 or final_states is not None:  # else no chunk reads a passed state
+    if nchunks > 1 or final_states is not None or (presplit and initial_states is not None):  # else none reads
         stages.append(("state_passing", lambda: state_passing(states, carry, initial_states, final_states,
-                                                              cfg.get("state_passing"))))
+                                                              cfg.get("state_passing"), hilo)))
     stages.append(("chunk_scan", lambda: chunk_scan(x, z, C, D, cb, states, initial_states, per_token[0],
-                                                    per_token[1], segs, chunk, out, cfg.get("chunk_scan"))))
+                                                    per_token[1], segs, chunk, out, cfg.get("chunk_scan"), hilo)))
     return stages
 
 
