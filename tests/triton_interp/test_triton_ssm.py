@@ -110,6 +110,17 @@ def test_scan_factored_decays_with_restarts_and_strong_decay(dtype: torch.dtype,
     _check("selective_scan", final, ref_final)
 
 
+@pytest.mark.parametrize("initial", [True, False])
+def test_scan_one_chunk_without_final_states(initial: bool) -> None:
+    # one chunk, no final states: the state passing runs only to split the initial state (16-bit inputs)
+    args, kwargs = _scan_inputs(2, 10, 2, 16, 1, 16, torch.bfloat16)
+    kwargs.update(chunk_size=16, return_final_states=False)
+    if not initial:
+        del kwargs["initial_states"]
+    out, ref = _run_scan(args, kwargs)
+    _check("selective_scan", out, ref)
+
+
 @pytest.mark.parametrize(("chunk_size", "length"), [(1, 20), (24, 50), (1000, 33)])
 def test_scan_rounds_any_chunk_size(chunk_size: int, length: int) -> None:
     # chunk_size is a performance knob: every value >= 1 is served (rounded to a power of two in [16, 256])
