@@ -286,10 +286,10 @@ def main(argv: list[str]) -> int:
     best_total = rows[-1]["sizes"][0]["total"]
     ratio = torch_ms[0] / best_total if best_total > 0 else math.nan
     verdict = "PASS" if ratio >= VS_TORCH_TARGET else "MISS"
-    print(f"8x2048 best prefill {best_total:.3f} ms, torch {torch_ms[0]:.3f} ms: {ratio:.1f}x torch, target "
-          f">= {VS_TORCH_TARGET:.0f}x: {verdict}\n")
+    print(f"8x2048 best prefill {best_total:.3f} ms (launches only; benchmarks/gpu_ssm.py times the public call), "
+          f"torch {torch_ms[0]:.3f} ms: {ratio:.1f}x torch, target >= {VS_TORCH_TARGET:.0f}x: {verdict}")
+    print(f"gpu_sweep_scan: {time.perf_counter() - start:.0f} s in all\n")
     print(format_table(rows, torch_ms))
-    print(f"\ngpu_sweep_scan: {time.perf_counter() - start:.0f} s in all")
     return 0 if all(r["status"] == "PASS" for r in rows) else 1
 
 
