@@ -210,7 +210,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
-from infiniops_triton import _ssd_bmm, _ssd_chunk_scan, _ssd_chunk_state, _ssd_state_passing, state_update
+from infiniops_triton import (_ssd_bmm, _ssd_chunk_scan, _ssd_chunk_state, _ssd_state_passing, selective_scan,
+                             state_update)
 
 L, H, P, N, NC = 2048, 24, 64, 128, 8
 FLOATS = {"a_ptr", "dt_bias_ptr", "d_ptr", "states_ptr", "init_ptr", "final_ptr", "carry_ptr", "dt_out_ptr",
@@ -243,7 +244,8 @@ def compile(kernel, dtype, consts, num_warps, num_stages, floats=(), maxnreg=Non
     spills = re.search(r"(\d+) bytes spill stores", text)
     return {"kernel": kernel.__name__, "dtype": dtype, "shared": k.metadata.shared,
             "mma": "mma.sync" in ptx or "wgmma.mma_async" in ptx, "wgmma": "wgmma.mma_async" in ptx,
-            "spills": int(spills.group(1)) if spills else -1, "ptxas_ok": info.returncode == 0}
+            "spills": int(spills.group(1)) if spills else -1, "ptxas_ok": info.returncode == 0,
+            "capped": maxnreg is not None}
 
 out = []
 state_flags = dict(stride_x_p=1, stride_b_n=1, CHUNK=256, HAS_DT_BIAS=True, DT_SOFTPLUS=True)
@@ -258,7 +260,8 @@ for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32x3")):
     for cfg in _ssd_chunk_scan._chunk_scan_kernel.configs[configs]:
         out.append(compile(_ssd_chunk_scan._chunk_scan_kernel, dtype,
                            {**scan_flags, "HAS_Z": True, "HAS_SEQ_IDX": seq, "HAS_INIT": seq, "DOT_PRECISION": prec,
-                            "PRESPLIT": dtype != "fp32", **cfg.kwargs}, cfg.num_warps, cfg.num_stages,
+                            "PRESPLIT": dtype != "fp32" and selective_scan.PRESPLIT, **cfg.kwargs}, cfg.num_warps,
+                           cfg.num_stages,
                            floats=("dt_ptr",), maxnreg=cfg.maxnreg))
     out.append(compile(_ssd_bmm._chunk_cb_kernel, dtype, {"stride_c_n": 1, "stride_b_n": 1, "CHUNK": 256,
                        "DOT_PRECISION": prec, "BLOCK": 64, "BLOCK_N": N}, 4, 1))
@@ -283,10 +286,16 @@ def test_kernels_compile_for_sm90() -> None:
                          timeout=300)
     assert run.returncode == 0, run.stderr[-5000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(found) == (3 + 4 + 2) + 2 * (1 + 1 + 2) + 2, found
+    # bf16: each chunk_state (1) and chunk_scan (2) config, the C.B^T and update kernels; fp16/fp32: the first
+    # of each and those two; and the two state-passing variants
+    assert len(found) == (1 + 2 + 2) + 2 * (1 + 1 + 2) + 2, found
     assert all(k["ptxas_ok"] and k["shared"] <= 227 * 1024 for k in found), found
-    # fp32 (tf32x3, not a performance target) may spill a few bytes with every flag on; 16-bit never
-    assert all(k["spills"] == 0 if k["dtype"] != "fp32" else 0 <= k["spills"] <= 64 for k in found), found
+    # uncapped 16-bit configurations never spill, fp32 (tf32x3, not a performance target) a few bytes with every
+    # flag on; a register cap (maxnreg 128: 4 programs per SM) spills by design, measured faster on the H200
+    # (benchmarks/gpu_sweep_scan.py: chunk_scan 0.231 ms capped with spills, 0.304 ms uncapped), within bounds
+    for k in found:
+        limit = 2048 if k["capped"] else 0 if k["dtype"] != "fp32" else 64
+        assert 0 <= k["spills"] <= limit, k
     dots = [k for k in found if k["kernel"] != "_state_update_kernel" and "passing" not in k["kernel"]]
     assert all(k["mma"] for k in dots), dots
 

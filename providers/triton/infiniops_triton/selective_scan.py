@@ -41,7 +41,7 @@ __all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "MAX_HEAD_DIM", "PRESPLIT", "kernel
 MIN_CHUNK, MAX_CHUNK = 16, 256  # 16: tl.dot's smallest tile; 256: the largest tuned
 MAX_D_STATE = 256  # the chunk-scan kernel holds all of N in one tile
 MAX_HEAD_DIM = 256
-PRESPLIT = True  # 16-bit inputs: step 2 stores the states split for step 3's products (no split per program)
+PRESPLIT = False  # 16-bit inputs: step 2 stores the states split for step 3's products; not yet measured on a GPU
 
 
 def kernel_chunk(chunk_size: int) -> int:
