@@ -2,8 +2,8 @@
 
 ``flash_attn_varlen`` runs `attn_fwd_kernel` (FlashAttention-2 forward, Hopper-tuned: 128-row query
 blocks, exp2 with log2(e) folded into the scale, causal blocks split into an unmasked part and the
-diagonal, lazy rescale, longest blocks first; contiguous K/V are read through per-sequence TMA tensor
-descriptors on sm_90+, or through pointers, whichever the autotuner times faster). ``flash_attn_with_kvcache``
+diagonal, lazy rescale, longest blocks first; contiguous 16-bit K/V are read through per-sequence TMA
+tensor descriptors on sm_90+, or through pointers, whichever the autotuner times faster). ``flash_attn_with_kvcache``
 appends the new k/v into the cache, then runs the split-K decode kernel (all GQA heads of a kv head per
 program, so the cache is read once) and, when the batch alone cannot fill the GPU, the combine kernel.
 
