@@ -15,10 +15,10 @@ runs all its dtypes (``NAME-OP-all``), since a job's start (imports, CUDA contex
 ``--jobs`` of them run at a time on the one GPU (their float64 references run there too: ``infiniops
 check``'s default on cuda), the heaviest operators first, each with an equal share of the CPU threads.
 When ``--budget`` seconds have passed, the running jobs are killed and reported as ``killed (budget)``
-with the examples they had passed, the ones not started as ``not run (budget)``.
+with the number of examples they had run, the ones not started as ``not run (budget)``.
 
-``--shards K`` splits each job of the heaviest operators (attention, the scan) into K jobs of N/K examples
-each, with seeds S, S+1, ... (``--seed``; default: a fresh random S, printed), so they run side by side;
+``--shards K`` splits each job of the heaviest operators (attention, the scan) into K jobs of ceil(N/K)
+examples each, with seeds S, S+1, ... (``--seed``; default: a fresh random S, printed), so they run side by side;
 the table then has a row per shard and a ``total`` row per (provider, operator, dtype).
 
 Printed last: the failures, then one table of every job's rows: provider, operator, dtype, examples run,
@@ -77,7 +77,7 @@ class Job:
     started: float = 0.0
     shard: str = ""  # "i/K" when the row's examples are split over K jobs
     seed: int | None = None
-    passed: int = 0  # examples a killed job had finished (from its progress lines)
+    ran: int = 0  # examples a killed job had run (from its progress lines)
 
     @property
     def name(self) -> str:
@@ -114,18 +114,18 @@ class Job:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         self.seconds = time.monotonic() - self.started
-        self.passed = _examples_logged(self.logs / f"{self.name}.log")
-        self.status = f"killed (budget) after {self.passed}"
+        self.ran = _examples_logged(self.logs / f"{self.name}.log")
+        self.status = f"killed (budget) after {self.ran}"
 
 
 def _examples_logged(log: Path) -> int:
-    """How many examples a job's ``--progress`` lines count (the last ``#N``)."""
+    """How many examples a job had run, passing or not: its ``--progress`` lines (``OP DTYPE #N ...``),
+    over all the dtypes it ran."""
     count = 0
     with contextlib.suppress(OSError):
         for line in log.read_text(errors="replace").splitlines():
             words = line.split()
-            if len(words) > 2 and words[2].startswith("#") and words[2][1:].isdigit():
-                count = int(words[2][1:])
+            count += len(words) > 2 and words[2].startswith("#") and words[2][1:].isdigit()
     return count
 
 
@@ -182,6 +182,12 @@ def run(jobs: list[Job], device: str, parallel: int, budget: float | None) -> No
                 print(f"{job.status:<8} {job.name} ({job.seconds:.0f} s)", flush=True)
         if deadline is not None and time.monotonic() >= deadline:
             for job in running:
+                assert job.process is not None
+                code = job.process.poll()  # one that ended since the last poll keeps its report
+                if code is not None:
+                    job.finish(code)
+                    print(f"{job.status:<8} {job.name} ({job.seconds:.0f} s)", flush=True)
+                    continue
                 job.kill()
                 print(f"killed {job.name} at the budget ({job.seconds:.0f} s)", flush=True)
             return  # jobs still waiting keep their "not run (budget)" status
@@ -208,6 +214,7 @@ def rows(jobs: list[Job]) -> list[list[str]]:
     after the shards of a row, their ``total`` (examples summed, worst errors maxed, grid over all)."""
     out: list[list[str]] = []
     totals: dict[tuple[str, str, str], dict[str, Any]] = {}
+    unfinished: set[tuple[str, str, str | None]] = set()  # shards that left no report
     for j in jobs:
         ops = j.report["ops"] if j.report is not None else []
         shard = f" [{j.shard}]" if j.shard else ""
@@ -220,15 +227,16 @@ def rows(jobs: list[Job]) -> list[list[str]]:
             if j.shard:
                 _add_total(totals.setdefault((j.provider, r["op"], r["dtype"]), {}), r, status)
         if not ops:
-            out.append([j.provider, j.op, (j.dtype or "all") + shard, str(j.passed) if j.passed else "-", "-", "-",
+            out.append([j.provider, j.op, (j.dtype or "all") + shard, str(j.ran) if j.ran else "-", "-", "-",
                         "-", "-", f"{j.seconds:.0f}", j.status, "-"])
-            if j.shard and j.dtype:
-                totals.setdefault((j.provider, j.op, j.dtype), {}).setdefault("incomplete", True)
+            if j.shard:
+                unfinished.add((j.provider, j.op, j.dtype))  # dtype None: each dtype the job would have run
     for (provider, op, dtype), t in totals.items():
-        complete = not t.get("incomplete") and t.get("status") == "ok"
+        missing = (provider, op, dtype) in unfinished or (provider, op, None) in unfinished
+        complete = not missing and t.get("status") == "ok"
         out.append([provider, op, f"{dtype} total", str(t.get("examples", 0)), str(t.get("gated", 0)),
                     str(t.get("failed", 0)), f"{t.get('worst', 0.0):.3g}", f"{t.get('share', 0.0):.2f}", "-",
-                    "ok" if complete else "INCOMPLETE" if t.get("status", "ok") == "ok" else "FAILED",
+                    "ok" if complete else "INCOMPLETE" if t.get("status") == "ok" else "FAILED",
                     grid(op, t.get("coverage", {}))])
     return out
 
@@ -287,11 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     opts.logs.mkdir(parents=True, exist_ok=True)
     providers = [_provider(p, opts.max_examples) for p in opts.providers]
+    names = [name for name, _ in providers]
+    if len(set(names)) < len(names):
+        parser.error(f"a provider is named twice ({', '.join(names)}): its jobs would share their logs")
     start = time.monotonic()
     seed = opts.seed if opts.seed is not None else random.randrange(2**31)
-    if opts.shards > 1:
-        print(f"shards of the heaviest operators: seeds {seed}..{seed + opts.shards - 1}", flush=True)
     jobs, errors = plan(providers, opts.device, opts.op, opts.dtype, opts.logs, max(1, opts.shards), seed)
+    if any(j.shard for j in jobs):
+        print(f"shards of the heaviest operators: seeds {seed}..{seed + opts.shards - 1}", flush=True)
     run(jobs, opts.device, max(1, opts.jobs), opts.budget)
     text = summary(jobs, errors)
     (opts.logs / "summary.txt").write_text(text + "\n")

@@ -161,3 +161,40 @@ def test_a_killed_job_reports_the_examples_it_passed(tmp_path: Path) -> None:
     killed = [line for line in run.stdout.splitlines() if "killed (budget) after" in line and "add" in line]
     assert killed, run.stdout
     assert int(killed[-1].split("after")[1].split()[0]) > 0
+
+
+def _gpu_check_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report_row(dtype: str, examples: int) -> dict[str, Any]:
+    return {"op": "selective_scan", "dtype": dtype, "examples": examples, "gated": 0, "failed": 0, "worst": 0.1,
+            "worst_allowed": 0.2, "seconds": 1.0, "coverage": {}, "failures": []}
+
+
+def test_a_total_is_incomplete_when_a_shard_running_every_dtype_left_no_report(tmp_path: Path) -> None:
+    gc = _gpu_check_module()
+    done = gc.Job("torch", "selective_scan", None, 10, tmp_path, shard="1/2", seed=1, status="ok",
+                  report={"ok": True, "ops": [_report_row(d, 10) for d in ("float16", "float32")]})
+    killed = gc.Job("torch", "selective_scan", None, 10, tmp_path, shard="2/2", seed=2, status="killed (budget)")
+    totals = [r for r in gc.rows([done, killed]) if r[2].endswith("total")]
+    assert [(r[2], r[3], r[9]) for r in totals] == [("float16 total", "10", "INCOMPLETE"),
+                                                    ("float32 total", "10", "INCOMPLETE")]
+    both = gc.Job("torch", "selective_scan", None, 10, tmp_path, shard="2/2", seed=2, status="ok",
+                  report={"ok": True, "ops": [_report_row(d, 10) for d in ("float16", "float32")]})
+    assert [r[9] for r in gc.rows([done, both]) if r[2].endswith("total")] == ["ok", "ok"]
+
+
+def test_a_killed_job_counts_the_examples_of_every_dtype_it_ran(tmp_path: Path) -> None:
+    gc = _gpu_check_module()
+    log = tmp_path / "job.log"
+    log.write_text("".join(f"add {d} #{i} 0.01s ok | shape\n" for d in ("float16", "float32") for i in (1, 2, 3))
+                   + "add float32 #4 0.02s result: 1/8 elements break | shape\nconformance of torch\n")
+    assert gc._examples_logged(log) == 7
