@@ -110,7 +110,7 @@ def test_gemm_large_configs_pipeline_on_tensor_cores(config: Any, trans_b: bool)
             "stride_bk": 1 if trans_b else n, "stride_bn": n if trans_b else 1, "stride_cb": 0, "stride_cm": n,
             "stride_cn": 1, "stride_ob": n * n, "stride_om": n, "stride_on": 1, "alpha": 1.0, "beta": 0.0,
             "tune_key": 10, "HAS_C": False, "HAS_BIAS": True, "PRECISION": "tf32", "WIDE": False, "EVEN_K": True,
-            **config.kwargs}
+            "HINT_M": True, "HINT_N": True, **config.kwargs}
     compiled = _compile(gemm._gemm_kernel, args, config.num_warps, config.num_stages)
     assert _count(compiled, r"wgmma\.mma_async") > 0
     assert _count(compiled, r"cp\.async\.cg") > 0  # operands stream through shared memory asynchronously

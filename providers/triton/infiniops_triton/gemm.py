@@ -67,7 +67,13 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 # reason the sizes are not specialized (a compile per "divisible by 16" combination); strides are.
 @triton.autotune(configs=_configs(), key=["tune_key", "HAS_C", "HAS_BIAS"],
                  prune_configs_by={"early_config_prune": _prune})
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.heuristics({
+    "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0,
+    # the contiguity hints of the wrapped row/column indices hold unless the last tile wraps along a unit
+    # stride (then a vector load would read past the row instead of wrapping)
+    "HINT_M": lambda args: args["stride_am"] != 1 or args["M"] % args["BLOCK_M"] == 0,
+    "HINT_N": lambda args: args["stride_bn"] != 1 or args["N"] % args["BLOCK_N"] == 0,
+})
 @triton.jit(do_not_specialize=["M", "N", "K", "tune_key"])
 def _gemm_kernel(
     A,  # *dtype op(a) as [Bt, M, K] through strides (batch stride 0 when a is 2-D)
@@ -92,6 +98,8 @@ def _gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
+    HINT_M: tl.constexpr,
+    HINT_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
@@ -107,8 +115,12 @@ def _gemm_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     # rows/cols past the edge re-read valid ones (wrapped), so the loads of the main loop need no M/N mask
-    am = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
-    bn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+    am = rm % M
+    bn = rn % N
+    if HINT_M:
+        am = tl.max_contiguous(tl.multiple_of(am, BLOCK_M), BLOCK_M)
+    if HINT_N:
+        bn = tl.max_contiguous(tl.multiple_of(bn, BLOCK_N), BLOCK_N)
     if WIDE:
         am = am.to(tl.int64)
         bn = bn.to(tl.int64)
