@@ -193,19 +193,24 @@ class CudaAvailable(Constraint):
     """
 
     environmental = True
-    __slots__ = ("always", "field")
+    __slots__ = ("always", "cpu", "field")
 
-    def __init__(self, *, always: bool = False) -> None:
+    def __init__(self, *, always: bool = False, cpu: bool = True) -> None:
         """`always`: reject every problem, whatever its device, when the machine has no CUDA device (for
-        providers that cannot work at all without one, such as CuPy)."""
+        providers that cannot work at all without one, such as CuPy). `cpu`: whether the implementation
+        also serves cpu problems, so that the fix may suggest ``device_type=cpu`` (`Capability` sets it)."""
         self.field = "device"
         self.always = always
+        self.cpu = cpu and not always
 
     def reject(self, problem: Problem) -> Rejection | None:
         if (problem.device_type != "cuda" and not self.always) or _cuda_available():
             return None
-        return Rejection("cuda", "device", "cuda", "is not present on this machine (no CUDA device)",
-                         "run on a machine with a CUDA GPU, or use device_type=cpu")
+        fix = "run on a machine with a CUDA GPU" + (", or use device_type=cpu" if self.cpu else "")
+        if problem.device_type != "cuda":
+            return Rejection("cuda", "device", "cuda", "is needed by this provider and not present on this "
+                             "machine (no CUDA device)", fix)
+        return Rejection("cuda", "device", "cuda", "is not present on this machine (no CUDA device)", fix)
 
     def describe(self) -> str:
         return "cuda needs a CUDA device"
@@ -272,7 +277,7 @@ class Capability:
         self.constraints = tuple(constraints)
         devices = self.values("device_type")
         if (devices is None or "cuda" in devices) and not any(isinstance(c, CudaAvailable) for c in constraints):
-            self.constraints += (CudaAvailable(),)
+            self.constraints += (CudaAvailable(cpu=devices is None or "cpu" in devices),)
 
     def reasons(self, problem: Problem, *, environment: bool = True) -> tuple[Rejection, ...]:
         """Every rejection of `problem`; empty when the capability accepts it.

@@ -166,3 +166,22 @@ def test_cli_rejects_bad_counts_sizes_and_paths_without_a_traceback(
     if not torch.cuda.is_available():
         assert main(["check", "torch", "--op", "add", "--reference-device", "cuda"]) == 2
         assert "this machine has no CUDA device" in capsys.readouterr().err
+
+
+def test_the_no_cuda_fix_suggests_cpu_only_to_implementations_that_serve_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infiniops_py import capability
+
+    monkeypatch.setattr(capability, "_cuda_available", lambda: False)
+    on_cuda = io.make_problem("add", device_type="cuda", dtype="float16")
+    cuda_only = Capability(OneOf("device_type", ("cuda",)))
+    either = Capability(OneOf("device_type", ("cuda", "cpu")))
+    (only,) = cuda_only.reasons(on_cuda)
+    (both,) = either.reasons(on_cuda)
+    assert only.fix == "run on a machine with a CUDA GPU"
+    assert both.fix == "run on a machine with a CUDA GPU, or use device_type=cpu"
+    # a provider that needs CUDA whatever the device (CuPy) says so on a cpu problem, and offers no cpu fix
+    needs_cuda = Capability(OneOf("device_type", ("cuda",)), capability.CudaAvailable(always=True))
+    on_cpu = io.make_problem("add", device_type="cpu", dtype="float16")
+    texts = [str(r) for r in needs_cuda.reasons(on_cpu)]
+    assert any("is needed by this provider and not present on this machine" in t for t in texts), texts
+    assert all("or use device_type=cpu" not in (r.fix or "") for r in needs_cuda.reasons(on_cpu))
