@@ -191,6 +191,8 @@ def _explain(args: argparse.Namespace) -> int:
                 fields[name] = _value(text, spec.fields.get(name))
             except ValueError as err:
                 raise ValueError(f"--field {item!r}: {err}") from None
+        if fields.get("block_size") and "paged" in spec.fields:
+            fields.setdefault("paged", True)  # a block size means a paged cache, unless --field paged= says
         problem = runtime.make_problem(args.op, device_type=args.device, dtype=args.dtype, **fields)
     except (TypeError, ValueError) as err:
         print(f"infiniops explain: {err}", file=sys.stderr)

@@ -162,3 +162,11 @@ def test_the_allowed_share_of_each_tolerance_rule() -> None:
     low = ref + torch.tensor([0.0, 1e-2, 0.0])
     assert allowed_share(ref + 1e-2, ref, LowPrecisionRule(2.0, 0.0), low=low) == pytest.approx(0.5)
     assert allowed_share(ref + 1e-2, ref, EXACT) == 0.0 and allowed_share(ref, ref, Allclose(0.0, 1e-9)) == 0.0
+
+
+def test_explain_with_a_block_size_means_a_paged_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["explain", "flash_attn_with_kvcache", "--device", "cpu", "--dtype", "float32", "--head-dim", "64"]
+    main([*base, "--block-size", "16"])
+    assert "paged=True, block_size=16" in capsys.readouterr().out
+    main([*base, "--block-size", "16", "--field", "paged=false"])  # an explicit field wins
+    assert "paged=False, block_size=16" in capsys.readouterr().out
