@@ -72,6 +72,13 @@ def test_register_tap_kernels_across_time_tiles(width: int, channel_last: bool) 
          else _randn(batch, dim, length, dtype=torch.bfloat16, seed=8))
     weight, bias = _randn(dim, width, dtype=torch.bfloat16, seed=9), _randn(dim, dtype=torch.bfloat16, seed=10)
     init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=11)
+    _silu_with_states_matches_reference(x, weight, bias, init)
+
+
+def _silu_with_states_matches_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                                        init: torch.Tensor) -> None:
+    """Triton's conv (silu, initial and final states) against the float64 reference: outputs within the
+    tolerance, final states exact."""
     kwargs = {"activation": "silu", "return_final_states": True}
     with infiniops_py.use("triton"):
         out, final = infiniops_py.causal_conv1d(x, weight, bias, initial_states=init, **kwargs)
@@ -80,7 +87,6 @@ def test_register_tap_kernels_across_time_tiles(width: int, channel_last: bool) 
                                                         initial_states=init.double(), **kwargs)
     _check("causal_conv1d", out, ref_out)
     assert torch.equal(final.double(), ref_final)
-
 
 @pytest.mark.parametrize("width", [2, 3, 4])
 @pytest.mark.parametrize(("rows", "channels", "warps"), [(16, 32, 1), (24, 64, 2), (64, 1024, 4), (None, 0, 0)])
@@ -97,14 +103,7 @@ def test_channel_last_time_runs(width: int, rows: int | None, channels: int, war
     x = x.transpose(1, 2) if rows is not None else x.transpose(1, 2).contiguous()
     weight, bias = _randn(dim, width, dtype=torch.float32, seed=13), _randn(dim, dtype=torch.float32, seed=14)
     init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=15)
-    kwargs = {"activation": "silu", "return_final_states": True}
-    with infiniops_py.use("triton"):
-        out, final = infiniops_py.causal_conv1d(x, weight, bias, initial_states=init, **kwargs)
-    with infiniops_py.use("reference"):
-        ref_out, ref_final = infiniops_py.causal_conv1d(x.double(), weight.double(), bias.double(),
-                                                        initial_states=init.double(), **kwargs)
-    _check("causal_conv1d", out, ref_out)
-    assert torch.equal(final.double(), ref_final)
+    _silu_with_states_matches_reference(x, weight, bias, init)
 
 
 def test_channel_last_launch_shapes() -> None:
