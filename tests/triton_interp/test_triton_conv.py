@@ -9,43 +9,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from interp_helpers import assert_conformant, check, randn
 
 import infiniops_py
 from infiniops_py import GateError
-from infiniops_py.testing.compare import compare
-from infiniops_py.testing.conformance import run_conformance
-from infiniops_py.testing.tolerances import tolerance
 
 EXAMPLES = 8
 
 
 @pytest.mark.parametrize("op", ["causal_conv1d", "causal_conv1d_update"])
 def test_conformance(op: str) -> None:
-    report = run_conformance("triton", device="cpu", ops=[op], max_examples=EXAMPLES)
-    assert report.ok, report.render()
-    assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}, report.render()
-    assert all(r.examples - r.gated > 0 for r in report.ops), report.render()
-
-
-def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=gen) * scale).to(dtype)
-
-
-def _check(op: str, got: torch.Tensor, ref: torch.Tensor) -> None:
-    _, failure = compare(op, got, ref, tolerance(op, str(got.dtype).removeprefix("torch.")))
-    assert failure is None, failure
+    assert_conformant(op, EXAMPLES)
 
 
 @pytest.mark.parametrize("channel_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_conv_runs_and_states_across_time_tiles(channel_last: bool, dtype: torch.dtype) -> None:
     batch, dim, length, width = 2, 20, 600, 4  # 3 time tiles channel-first, 5 channel-last
-    x = (_randn(batch, length, dim, dtype=dtype, seed=1).transpose(1, 2) if channel_last
-         else _randn(batch, dim, length, dtype=dtype, seed=1))
-    weight = _randn(dim, width, dtype=torch.float32, seed=2, scale=0.5)  # the weight's own dtype: fp32
-    bias = _randn(dim, dtype=torch.float32, seed=3)
-    init = _randn(batch, dim, width - 1, dtype=dtype, seed=4)
+    x = (randn(batch, length, dim, dtype=dtype, seed=1).transpose(1, 2) if channel_last
+         else randn(batch, dim, length, dtype=dtype, seed=1))
+    weight = randn(dim, width, dtype=torch.float32, seed=2, scale=0.5)  # the weight's own dtype: fp32
+    bias = randn(dim, dtype=torch.float32, seed=3)
+    init = randn(batch, dim, width - 1, dtype=dtype, seed=4)
     seq = torch.zeros(batch, length, dtype=torch.int32)
     seq[0, 255:257] = 1  # a 2-token run astride the first tile edge, then id 0 again: runs, not values
     seq[0, 598:] = 2  # the last run is shorter than W-1: the older final-state columns are 0
@@ -56,7 +41,7 @@ def test_conv_runs_and_states_across_time_tiles(channel_last: bool, dtype: torch
     with infiniops_py.use("reference"):
         ref_out, ref_final = infiniops_py.causal_conv1d(
             x.double(), weight.double(), bias.double(), **{**kwargs, "initial_states": init.double()})
-    _check("causal_conv1d", out, ref_out)
+    check("causal_conv1d", out, ref_out)
     assert torch.equal(final.double(), ref_final)
     assert torch.equal(final[0, :, 0], torch.zeros(dim, dtype=dtype))
     assert torch.equal(out[1, :, 300:], torch.zeros(dim, length - 300, dtype=dtype))
@@ -68,10 +53,10 @@ def test_register_tap_kernels_across_time_tiles(width: int, channel_last: bool) 
     # without seq_idx: the register-tap kernels; channel-first: 3 time tiles, a ragged last group of 8;
     # channel-last: 8 tiles of 8 rows, the last one ragged, 20 channels (no full 16-byte vector)
     batch, dim, length = 2, 20, 61 if channel_last else 597
-    x = (_randn(batch, length, dim, dtype=torch.bfloat16, seed=8).transpose(1, 2) if channel_last
-         else _randn(batch, dim, length, dtype=torch.bfloat16, seed=8))
-    weight, bias = _randn(dim, width, dtype=torch.bfloat16, seed=9), _randn(dim, dtype=torch.bfloat16, seed=10)
-    init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=11)
+    x = (randn(batch, length, dim, dtype=torch.bfloat16, seed=8).transpose(1, 2) if channel_last
+         else randn(batch, dim, length, dtype=torch.bfloat16, seed=8))
+    weight, bias = randn(dim, width, dtype=torch.bfloat16, seed=9), randn(dim, dtype=torch.bfloat16, seed=10)
+    init = randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=11)
     _silu_with_states_matches_reference(x, weight, bias, init)
 
 
@@ -85,7 +70,7 @@ def _silu_with_states_matches_reference(x: torch.Tensor, weight: torch.Tensor, b
     with infiniops_py.use("reference"):
         ref_out, ref_final = infiniops_py.causal_conv1d(x.double(), weight.double(), bias.double(),
                                                         initial_states=init.double(), **kwargs)
-    _check("causal_conv1d", out, ref_out)
+    check("causal_conv1d", out, ref_out)
     assert torch.equal(final.double(), ref_final)
 
 @pytest.mark.parametrize("width", [2, 3, 4])
@@ -99,10 +84,10 @@ def test_channel_last_time_runs(width: int, rows: int | None, channels: int, war
     batch, dim, length = 2, 40, 61
     if rows is not None:
         monkeypatch.setattr(triton_conv, "CHANNEL_LAST_TILE", triton_conv.ChannelLastTile(rows, channels, warps, 0))
-    x = _randn(batch, length, dim, dtype=torch.bfloat16, seed=12)
+    x = randn(batch, length, dim, dtype=torch.bfloat16, seed=12)
     x = x.transpose(1, 2) if rows is not None else x.transpose(1, 2).contiguous()
-    weight, bias = _randn(dim, width, dtype=torch.float32, seed=13), _randn(dim, dtype=torch.float32, seed=14)
-    init = _randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=15)
+    weight, bias = randn(dim, width, dtype=torch.float32, seed=13), randn(dim, dtype=torch.float32, seed=14)
+    init = randn(batch, dim, width - 1, dtype=torch.bfloat16, seed=15)
     _silu_with_states_matches_reference(x, weight, bias, init)
 
 
@@ -144,8 +129,8 @@ def test_sweep_script_runs_end_to_end_at_small_sizes() -> None:
     assert len(table) == len(results) + 1 and table[-1].startswith("best channel-last: ChannelLastTile(rows=")
     assert sum(line.startswith("*") for line in table) == 1
     # the fp32 conv1d reference is the contract's reference
-    x = _randn(2, 5, 9, dtype=torch.float32, seed=16)
-    weight, bias = _randn(5, 3, dtype=torch.float32, seed=17), _randn(5, dtype=torch.float32, seed=18)
+    x = randn(2, 5, 9, dtype=torch.float32, seed=16)
+    weight, bias = randn(5, 3, dtype=torch.float32, seed=17), randn(5, dtype=torch.float32, seed=18)
     with infiniops_py.use("reference"):
         ref = infiniops_py.causal_conv1d(x.double(), weight.double(), bias.double(), activation="silu")
     torch.testing.assert_close(sweep.reference(x, weight, bias).double(), ref, rtol=1e-5, atol=1e-6)
@@ -153,9 +138,9 @@ def test_sweep_script_runs_end_to_end_at_small_sizes() -> None:
 
 def test_update_skips_out_of_range_slots_when_unchecked() -> None:
     batch, dim, width, state_len = 3, 16, 4, 5
-    x = _randn(batch, dim, 2, dtype=torch.bfloat16, seed=5)
-    state = _randn(4, dim, state_len, dtype=torch.bfloat16, seed=6)
-    weight = _randn(dim, width, dtype=torch.bfloat16, seed=7)
+    x = randn(batch, dim, 2, dtype=torch.bfloat16, seed=5)
+    state = randn(4, dim, state_len, dtype=torch.bfloat16, seed=6)
+    weight = randn(dim, width, dtype=torch.bfloat16, seed=7)
     index = torch.tensor([2, 4, -1], dtype=torch.int32)  # 4 == slots: out of range, skipped like padding
     got_state = state.clone()
     with infiniops_py.use("triton"), infiniops_py.unchecked_indices():
@@ -163,7 +148,7 @@ def test_update_skips_out_of_range_slots_when_unchecked() -> None:
     ref_state = state.double()
     with infiniops_py.use("reference"), infiniops_py.unchecked_indices():
         ref = infiniops_py.causal_conv1d_update(x.double(), ref_state, weight.double(), conv_state_indices=index)
-    _check("causal_conv1d_update", out, ref)
+    check("causal_conv1d_update", out, ref)
     assert torch.equal(out[1:], torch.zeros_like(out[1:]))
     assert torch.equal(got_state.double(), ref_state)
     assert torch.equal(got_state[[0, 1, 3]], state[[0, 1, 3]])

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from interp_helpers import assert_conformant, check, randn
 
 import infiniops_py
 from infiniops_py import GateError
-from infiniops_py.testing.compare import compare
-from infiniops_py.testing.conformance import run_conformance
-from infiniops_py.testing.tolerances import tolerance
 
 OPS = ("gemm", "add", "rms_norm", "fused_add_rms_norm", "fused_qk_norm", "reshape_and_cache_flash")
 EXAMPLES = 10
@@ -23,29 +21,16 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @pytest.mark.parametrize("op", OPS)
 def test_conformance(op: str) -> None:
-    report = run_conformance("triton", device="cpu", ops=[op], max_examples=EXAMPLES)
-    assert report.ok, report.render()
-    assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}, report.render()
-    assert all(r.examples - r.gated > 0 for r in report.ops), report.render()
-
-
-def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=gen) * scale).to(dtype)
-
-
-def _check(op: str, got: torch.Tensor, ref: torch.Tensor) -> None:
-    _, failure = compare(op, got, ref, tolerance(op, str(got.dtype).removeprefix("torch.")))
-    assert failure is None, failure
+    assert_conformant(op, EXAMPLES)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("tokens", "hidden"), [(300, 8), (70, 3), (9, 769)])
 def test_rms_norm_rows_per_program(dtype: torch.dtype, tokens: int, hidden: int) -> None:
     # small hidden sizes pack up to 256 rows per program: cover several programs and a ragged last one
-    x = _randn(tokens, hidden + 5, dtype=dtype, seed=1)[:, :hidden]  # strided rows
-    w = (1 + 0.1 * _randn(hidden, dtype=torch.float32, seed=2)).to(dtype)
-    res = _randn(tokens, hidden, dtype=dtype, seed=3)
+    x = randn(tokens, hidden + 5, dtype=dtype, seed=1)[:, :hidden]  # strided rows
+    w = (1 + 0.1 * randn(hidden, dtype=torch.float32, seed=2)).to(dtype)
+    res = randn(tokens, hidden, dtype=dtype, seed=3)
     with infiniops_py.use("triton"):
         y = infiniops_py.rms_norm(x, w, 1e-6)
         x2, r2 = x.clone(), res.clone()
@@ -53,9 +38,9 @@ def test_rms_norm_rows_per_program(dtype: torch.dtype, tokens: int, hidden: int)
     with infiniops_py.use("reference"):
         ref = infiniops_py.rms_norm(x.double(), w.double(), 1e-6)
         x3, r3 = infiniops_py.fused_add_rms_norm(x.double(), res.double(), w.double(), 1e-6)
-    _check("rms_norm", y, ref)
-    _check("fused_add_rms_norm", x2, x3)
-    _check("fused_add_rms_norm", r2, r3)
+    check("rms_norm", y, ref)
+    check("fused_add_rms_norm", x2, x3)
+    check("fused_add_rms_norm", r2, r3)
 
 
 def test_rms_norm_gates_rows_too_wide_for_registers() -> None:
@@ -66,36 +51,36 @@ def test_rms_norm_gates_rows_too_wide_for_registers() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_shapes_beyond_the_kernel_rank(dtype: torch.dtype) -> None:
     # every other dim of a rank-6 tensor: nothing merges, the launcher loops over the leading dims
-    base = _randn(2, 2, 3, 2, 2, 2, 3, 2, 2, 2, 3, 2, dtype=dtype, seed=4)
+    base = randn(2, 2, 3, 2, 2, 2, 3, 2, 2, 2, 3, 2, dtype=dtype, seed=4)
     a = base[:, 0, :, 0, :, 0, :, 0, :, 0, :, 0]  # [2, 3, 2, 3, 2, 3], no two dims mergeable
-    b = _randn(3, 1, 3, 1, 3, dtype=dtype, seed=5)
+    b = randn(3, 1, 3, 1, 3, dtype=dtype, seed=5)
     with infiniops_py.use("triton"):
         got = infiniops_py.add(a, b, alpha=-0.5)
         inplace = a.clone()
         infiniops_py.add(inplace, b, alpha=2.0, out=inplace)
-        scalar = infiniops_py.add(_randn(dtype=dtype, seed=6), _randn(dtype=dtype, seed=7))
-    _check("add", got, a.double() - 0.5 * b.double())
-    _check("add", inplace, a.double() + 2.0 * b.double())
+        scalar = infiniops_py.add(randn(dtype=dtype, seed=6), randn(dtype=dtype, seed=7))
+    check("add", got, a.double() - 0.5 * b.double())
+    check("add", inplace, a.double() + 2.0 * b.double())
     assert scalar.shape == ()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(2, 4096), (3, 1000)])  # the flat kernel: whole blocks, then a ragged one
 def test_add_flat_same_shape_and_in_place(dtype: torch.dtype, shape: tuple[int, int]) -> None:
-    a, b = _randn(*shape, dtype=dtype, seed=15), _randn(*shape, dtype=dtype, seed=16)
+    a, b = randn(*shape, dtype=dtype, seed=15), randn(*shape, dtype=dtype, seed=16)
     with infiniops_py.use("triton"):
         got = infiniops_py.add(a, b, alpha=0.75)
         inplace = a.clone()
         infiniops_py.add(inplace, b, out=inplace)
-    _check("add", got, a.double() + 0.75 * b.double())
-    _check("add", inplace, a.double() + b.double())
+    check("add", got, a.double() + 0.75 * b.double())
+    check("add", inplace, a.double() + b.double())
 
 
 def test_paged_cache_skips_out_of_range_slots_when_unchecked() -> None:
-    key = _randn(6, 2, 16, dtype=torch.bfloat16, seed=8)
-    value = _randn(6, 2, 16, dtype=torch.bfloat16, seed=9)
-    key_cache = _randn(3, 4, 2, 16, dtype=torch.bfloat16, seed=10)
-    value_cache = _randn(3, 4, 2, 16, dtype=torch.bfloat16, seed=11)
+    key = randn(6, 2, 16, dtype=torch.bfloat16, seed=8)
+    value = randn(6, 2, 16, dtype=torch.bfloat16, seed=9)
+    key_cache = randn(3, 4, 2, 16, dtype=torch.bfloat16, seed=10)
+    value_cache = randn(3, 4, 2, 16, dtype=torch.bfloat16, seed=11)
     slots = torch.tensor([5, 12, -1, 1000, 0], dtype=torch.int64)  # 12 = 3 * 4 is one past the last slot
     kc, vc = key_cache.clone(), value_cache.clone()
     with infiniops_py.use("triton"), infiniops_py.unchecked_indices():
@@ -110,17 +95,17 @@ def test_paged_cache_skips_out_of_range_slots_when_unchecked() -> None:
 def test_fused_qk_norm_strided_rows_leave_v_and_padding_untouched(dtype: torch.dtype) -> None:
     hq, hkv, d = 5, 2, 24
     width = (hq + 2 * hkv) * d
-    buf = _randn(7, width + 8, dtype=dtype, seed=12)
+    buf = randn(7, width + 8, dtype=dtype, seed=12)
     qkv = buf[:, :width]
     before = buf.clone()
-    q_w = (1 + 0.1 * _randn(d, dtype=torch.float32, seed=13)).to(dtype)
-    k_w = (1 + 0.1 * _randn(d, dtype=torch.float32, seed=14)).to(dtype)
+    q_w = (1 + 0.1 * randn(d, dtype=torch.float32, seed=13)).to(dtype)
+    k_w = (1 + 0.1 * randn(d, dtype=torch.float32, seed=14)).to(dtype)
     with infiniops_py.use("reference"):
         ref = infiniops_py.fused_qk_norm(qkv.double(), q_w.double(), k_w.double(), num_q_heads=hq,
                                          num_kv_heads=hkv, head_dim=d)
     with infiniops_py.use("triton"):
         infiniops_py.fused_qk_norm(qkv, q_w, k_w, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
-    _check("fused_qk_norm", qkv, ref)
+    check("fused_qk_norm", qkv, ref)
     assert torch.equal(buf[:, (hq + hkv) * d:], before[:, (hq + hkv) * d:])  # V heads and row padding
 
 

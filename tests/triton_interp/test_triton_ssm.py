@@ -18,13 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from interp_helpers import assert_conformant, check, randn
 
 import infiniops_py
 from infiniops_py import GateError
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
-from infiniops_py.testing.compare import compare
-from infiniops_py.testing.conformance import run_conformance
-from infiniops_py.testing.tolerances import tolerance
 
 OPS = ("selective_scan", "selective_state_update")
 EXAMPLES = 4
@@ -33,33 +31,20 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @pytest.mark.parametrize("op", OPS)
 def test_conformance(op: str) -> None:
-    report = run_conformance("triton", device="cpu", ops=[op], max_examples=EXAMPLES)
-    assert report.ok, report.render()
-    assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}, report.render()
-    assert all(r.examples - r.gated > 0 for r in report.ops), report.render()
-
-
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
-
-
-def _check(op: str, got: torch.Tensor, ref: torch.Tensor) -> None:
-    _, failure = compare(op, got, ref, tolerance(op, str(got.dtype).removeprefix("torch.")))
-    assert failure is None, failure
+    assert_conformant(op, EXAMPLES)
 
 
 def _scan_inputs(batch: int, length: int, heads: int, head_dim: int, groups: int, d_state: int,
                  dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
-    x = _randn(batch, length, heads, head_dim, seed=1, dtype=dtype)
-    dt = _randn(batch, length, heads, seed=2, dtype=dtype, scale=0.5)
-    A = -torch.exp(_randn(heads, seed=3, scale=0.5))
-    B = _randn(batch, length, groups, d_state, seed=4, dtype=dtype)
-    C = _randn(batch, length, groups, d_state, seed=5, dtype=dtype)
+    x = randn(batch, length, heads, head_dim, seed=1, dtype=dtype)
+    dt = randn(batch, length, heads, seed=2, dtype=dtype, scale=0.5)
+    A = -torch.exp(randn(heads, seed=3, scale=0.5))
+    B = randn(batch, length, groups, d_state, seed=4, dtype=dtype)
+    C = randn(batch, length, groups, d_state, seed=5, dtype=dtype)
     kwargs: dict[str, object] = {
-        "D": _randn(heads, head_dim, seed=6), "z": _randn(batch, length, heads, head_dim, seed=7, dtype=dtype),
+        "D": randn(heads, head_dim, seed=6), "z": randn(batch, length, heads, head_dim, seed=7, dtype=dtype),
         "dt_bias": torch.log(torch.expm1(0.01 + 0.05 * torch.rand(heads, generator=torch.Generator().manual_seed(8)))),
-        "dt_softplus": True, "initial_states": _randn(batch, heads, head_dim, d_state, seed=9),
+        "dt_softplus": True, "initial_states": randn(batch, heads, head_dim, d_state, seed=9),
         "return_final_states": True,
     }
     return (x, dt, A, B, C), kwargs
@@ -86,8 +71,8 @@ def test_scan_many_chunks_and_restarts(dtype: torch.dtype) -> None:
     seq_idx[1, 53:] = 5  # a restart in the short last chunk
     kwargs.update(seq_idx=seq_idx, chunk_size=16, dt_limit=(0.0, 0.08))
     (out, final), (ref, ref_final) = _run_scan(args, kwargs)
-    _check("selective_scan", out, ref)
-    _check("selective_scan", final, ref_final)
+    check("selective_scan", out, ref)
+    check("selective_scan", final, ref_final)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -106,8 +91,8 @@ def test_scan_factored_decays_with_restarts_and_strong_decay(dtype: torch.dtype,
     seq_idx[0, 100:] = 2  # and one inside the second
     kwargs.update(seq_idx=seq_idx, chunk_size=64)
     (out, final), (ref, ref_final) = _run_scan((*args[:2], A, *args[3:]), kwargs)
-    _check("selective_scan", out, ref)
-    _check("selective_scan", final, ref_final)
+    check("selective_scan", out, ref)
+    check("selective_scan", final, ref_final)
 
 
 @pytest.mark.parametrize("initial", [True, False])
@@ -118,7 +103,7 @@ def test_scan_one_chunk_without_final_states(initial: bool) -> None:
     if not initial:
         del kwargs["initial_states"]
     out, ref = _run_scan(args, kwargs)
-    _check("selective_scan", out, ref)
+    check("selective_scan", out, ref)
 
 
 @pytest.mark.parametrize(("chunk_size", "length"), [(1, 20), (24, 50), (1000, 33)])
@@ -127,8 +112,8 @@ def test_scan_rounds_any_chunk_size(chunk_size: int, length: int) -> None:
     args, kwargs = _scan_inputs(1, length, 2, 8, 2, 8, torch.float32)
     kwargs["chunk_size"] = chunk_size
     (out, final), (ref, ref_final) = _run_scan(args, kwargs)
-    _check("selective_scan", out, ref)
-    _check("selective_scan", final, ref_final)
+    check("selective_scan", out, ref)
+    check("selective_scan", final, ref_final)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul")  # inf * 0 inside the own sequence
@@ -142,22 +127,22 @@ def test_scan_keeps_an_inf_inside_its_sequence() -> None:
     (out, final), (ref, ref_final) = _run_scan((x, *args[1:]), kwargs)
     assert not torch.isfinite(out[0, 5:16, 0]).all()
     assert torch.isfinite(out[0, 16:]).all() and torch.isfinite(final).all()
-    _check("selective_scan", out[0, 16:], ref[0, 16:])
-    _check("selective_scan", final, ref_final)
+    check("selective_scan", out[0, 16:], ref[0, 16:])
+    check("selective_scan", final, ref_final)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_state_update_head_dim_tiles_and_unchecked_slots(dtype: torch.dtype) -> None:
     # N=16 packs P=200 into two 128-row programs; slot 9 is out of range (unchecked): skipped, output 0.
     batch, heads, head_dim, groups, d_state, slots = 3, 2, 200, 1, 16, 6
-    state = _randn(slots, heads, head_dim, d_state, seed=1)
-    x = _randn(batch, heads, head_dim, seed=2, dtype=dtype)
-    dt = _randn(batch, heads, seed=3, dtype=dtype)
-    A = -torch.exp(_randn(heads, seed=4))
-    B = _randn(batch, groups, d_state, seed=5, dtype=dtype)
-    C = _randn(batch, groups, d_state, seed=6, dtype=dtype)
+    state = randn(slots, heads, head_dim, d_state, seed=1)
+    x = randn(batch, heads, head_dim, seed=2, dtype=dtype)
+    dt = randn(batch, heads, seed=3, dtype=dtype)
+    A = -torch.exp(randn(heads, seed=4))
+    B = randn(batch, groups, d_state, seed=5, dtype=dtype)
+    C = randn(batch, groups, d_state, seed=6, dtype=dtype)
     index = torch.tensor([4, 9, 0])
-    kwargs = {"D": _randn(heads, seed=7), "z": _randn(batch, heads, head_dim, seed=8, dtype=dtype),
+    kwargs = {"D": randn(heads, seed=7), "z": randn(batch, heads, head_dim, seed=8, dtype=dtype),
               "state_batch_indices": index}
     got_state = state.clone()
     with infiniops_py.unchecked_indices(), infiniops_py.use("triton"):
@@ -166,8 +151,8 @@ def test_state_update_head_dim_tiles_and_unchecked_slots(dtype: torch.dtype) -> 
     with infiniops_py.unchecked_indices(), infiniops_py.use("reference"):
         ref = selective_state_update(ref_state, x.double(), dt.double(), A, B.double(), C.double(),
                                      **{k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()})
-    _check("selective_state_update", out, ref)
-    _check("selective_state_update", got_state, ref_state)
+    check("selective_state_update", out, ref)
+    check("selective_state_update", got_state, ref_state)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     untouched = [1, 2, 3, 5]
     assert torch.equal(got_state[untouched], state[untouched])
