@@ -1,13 +1,15 @@
-"""The Triton dense, conv and float32 attention kernels compile for the H200 (sm_90) without a GPU, the
-way they will run.
+"""The Triton dense, conv and attention kernels compile for the H200 (sm_90) without a GPU, the way they
+will run.
 
 CI has no GPU, and the interpreter runs kernels as numpy, so neither says whether a kernel compiles for
 Hopper nor whether it reads memory the fast way. Triton compiles ahead of time here (its bundled ptxas,
 no driver), with the specializations the launchers produce at the benchmark's sizes (16-byte aligned
 pointers, unit strides as constants), and the PTX is checked for what the bandwidth targets rest on:
-16-byte vector loads, no register spills, tensor-core (wgmma) pipelines in the Gemm, and register-only
-taps in the channel-first causal_conv1d, float64 scores of float32 attention on the FP64 tensor cores
-within the shared memory of the configuration float32 takes.
+16-byte vector loads, no register spills, tensor-core (wgmma) pipelines in the Gemm and the attention
+prefill (TMA loads exactly in the configurations that ask for them), register-only taps in the
+channel-first causal_conv1d, float64 scores of float32 attention on the FP64 tensor cores within the shared
+memory of the configuration float32 takes. (The SSD kernels' check, which counts ptxas spills, is in
+tests/triton_interp/test_triton_ssm.py.)
 """
 
 from __future__ import annotations
@@ -183,16 +185,57 @@ def test_conv_kernels_compile_with_every_flag() -> None:
 F32 = "*fp32"
 
 
-def _attention_sizes(d: int) -> dict[str, Any]:
+def _attention_sizes(d: int, precision: str) -> dict[str, Any]:
     return {"stride_kb": 0, "stride_kh": d, "stride_vb": 0, "stride_vh": d, "stride_oh": d, "stride_btb": 0,
             "num_heads_q": 32, "kv_group": 4, "max_blocks": 0, "num_pages": 0, "qk_scale": 0.1, "softcap_scale": 0.0,
             "window_left": 0, "window_right": 0, "HEAD_DIM": d, "BLOCK_D": d, "HAS_LEFT": False, "HAS_RIGHT": True,
-            "SOFTCAP": False, "PAGED": False, "PAGE_SIZE": 1, "PRECISION": "fp64"}
+            "SOFTCAP": False, "PAGED": False, "PAGE_SIZE": 1, "PRECISION": precision}
+
+
+def _prefill_args(d: int, ptr: str, precision: str, config: Any) -> dict[str, Any]:
+    """`attn_fwd_kernel`'s arguments at 4 x 32 query / 8 kv heads x 4096 tokens, contiguous K/V."""
+    return {"Q": _Ptr(ptr), "K": _Ptr(ptr), "V": _Ptr(ptr), "Out": _Ptr(ptr), "CuQ": _Ptr("*i32"),
+            "CuK": _Ptr("*i32"), "BlockTable": _Ptr("*i32"), "stride_qt": 32 * d, "stride_qh": d, "stride_kt": 8 * d,
+            "stride_vt": 8 * d, "stride_ot": 32 * d, "num_bh": 128, "max_seqlen_q": 4096, "GROUP": 8,
+            **_attention_sizes(d, precision), **config.kwargs}
+
+
+def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any) -> dict[str, Any]:
+    """`decode_split_kernel`'s arguments for one query over 4096 cached tokens, 32/8 heads, split-K."""
+    return {"Q": _Ptr(ptr), "KCache": _Ptr(ptr), "VCache": _Ptr(ptr), "CacheSeqlens": _Ptr("*i32"),
+            "BlockTable": _Ptr("*i32"), "Out": _Ptr(ptr), "OPart": _Ptr(F32), "LsePart": _Ptr(F32),
+            "stride_qb": 32 * d, "stride_qt": 32 * d, "stride_qh": d, "stride_kb": 4096 * 8 * d, "stride_kt": 8 * d,
+            "stride_vb": 4096 * 8 * d, "stride_vt": 8 * d, "stride_ob": 32 * d, "stride_ot": 32 * d,
+            "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
+            "BLOCK_M": 64, "SPLIT": True, **_attention_sizes(d, precision), **config.kwargs, **overrides}
 
 
 def _fp64_scores_fit(compiled: Any) -> None:
     assert _count(compiled, r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f64") > 0  # FP64 tensor cores
     assert _count(compiled, r"(ld|st)\.local") == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+@pytest.mark.parametrize("config", range(5))
+def test_bf16_prefill_configurations_run_on_tensor_cores(config: int) -> None:
+    from infiniops_triton import _flash_attn_kernels as fk
+
+    # the five the autotuner times on the common path: wgmma dots, TMA loads exactly where asked
+    cfg = fk._prefill_configs()[config]
+    compiled = _compile(fk.attn_fwd_kernel, _prefill_args(128, BF16, "tf32", cfg), cfg.num_warps, cfg.num_stages)
+    assert _count(compiled, r"wgmma\.mma_async") > 0
+    assert (_count(compiled, r"cp\.async\.bulk\.tensor") > 0) == cfg.kwargs["USE_TMA"]
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+@pytest.mark.parametrize("config", range(4))
+def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> None:
+    from infiniops_triton import _decode_kernels as dk
+
+    cfg = dk._decode_configs()[config]  # the four the autotuner times for 16-bit inputs
+    args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16)
+    compiled = _compile(dk.decode_split_kernel, args, cfg.num_warps, cfg.num_stages)
+    assert _count(compiled, r"mma") > 0
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
@@ -203,11 +246,9 @@ def test_float32_prefill_scores_in_float64_fit_the_configuration_it_takes(d: int
     # float32 takes the first configuration whose float32 tiles fit the budget, through pointers (no TMA)
     config = next(c for c in fk._prefill_configs() if not c.kwargs["USE_TMA"]
                   and fk._prefill_smem(c, d, 4) <= fk.SMEM_BUDGET)
-    args = {"Q": _Ptr(F32), "K": _Ptr(F32), "V": _Ptr(F32), "Out": _Ptr(F32), "CuQ": _Ptr("*i32"),
-            "CuK": _Ptr("*i32"), "BlockTable": _Ptr("*i32"), "stride_qt": 32 * d, "stride_qh": d, "stride_kt": 8 * d,
-            "stride_vt": 8 * d, "stride_ot": 32 * d, "num_bh": 128, "max_seqlen_q": 4096, "GROUP": 8,
-            **_attention_sizes(d), **config.kwargs}
-    _fp64_scores_fit(_compile(fk.attn_fwd_kernel, args, config.num_warps, config.num_stages))
+    compiled = _compile(fk.attn_fwd_kernel, _prefill_args(d, F32, "fp64", config), config.num_warps,
+                        config.num_stages)
+    _fp64_scores_fit(compiled)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -216,10 +257,6 @@ def test_float32_decode_scores_in_float64_fit_the_configuration_it_takes(d: int)
     from infiniops_triton._flash_attn_kernels import SMEM_BUDGET
 
     config = next(c for c in dk._decode_configs() if c.num_stages * 2 * c.kwargs["BLOCK_N"] * d * 4 <= SMEM_BUDGET)
-    args = {"Q": _Ptr(F32), "KCache": _Ptr(F32), "VCache": _Ptr(F32), "CacheSeqlens": _Ptr("*i32"),
-            "BlockTable": _Ptr("*i32"), "Out": _Ptr(F32), "OPart": _Ptr(F32), "LsePart": _Ptr(F32),
-            "stride_qb": 32 * d, "stride_qt": 32 * d, "stride_qh": d, "stride_kb": 4096 * 8 * d, "stride_kt": 8 * d,
-            "stride_vb": 4096 * 8 * d, "stride_vt": 8 * d, "stride_ob": 32 * d, "stride_ot": 32 * d,
-            "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
-            "BLOCK_M": 64, "SPLIT": True, **_attention_sizes(d), **config.kwargs}
-    _fp64_scores_fit(_compile(dk.decode_split_kernel, args, config.num_warps, config.num_stages))
+    compiled = _compile(dk.decode_split_kernel, _decode_args(d, F32, "fp64", config), config.num_warps,
+                        config.num_stages)
+    _fp64_scores_fit(compiled)
