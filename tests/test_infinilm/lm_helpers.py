@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -48,3 +49,29 @@ def hf_model(family: str, *, tied: bool, seed: int = 0, **overrides: object) -> 
 
 
 CheckpointFactory = Callable[..., tuple[Path, torch.nn.Module]]
+
+
+class Replayer:
+    """Stands in for a captured CUDA graph on CPU: replay reruns the same forward over the static buffers."""
+
+    def __init__(self, steps: object, size: int) -> None:
+        self.steps, self.size = steps, size
+        self.out = steps._forward(size)  # type: ignore[attr-defined]
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.steps._forward(self.size))  # type: ignore[attr-defined]
+        self.replays += 1
+
+    def pool(self) -> None:
+        return None
+
+
+def replay_on_cpu(monkeypatch: pytest.MonkeyPatch, captured_steps: type) -> None:
+    """Make `captured_steps` (a `infinilm.graph_capture.CapturedSteps` subclass) "capture" `Replayer`s, so its
+    bucketing, padding and replay run on CPU."""
+    def capture(self: object, size: int, pool: object) -> tuple[Replayer, torch.Tensor]:
+        replayer = Replayer(self, size)
+        return replayer, replayer.out
+
+    monkeypatch.setattr(captured_steps, "_capture_one", capture)

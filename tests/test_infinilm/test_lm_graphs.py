@@ -13,24 +13,10 @@ import pytest
 import torch
 from fakes import cpu_capability, registered
 from infiniops_torch.flash_attn import flash_attn_with_kvcache as torch_flash_attn_with_kvcache
-from lm_helpers import CheckpointFactory
+from lm_helpers import CheckpointFactory, replay_on_cpu
 
 from infinilm import Engine, EngineOptions, SamplingParams, host_sync
 from infinilm.graphs import DecodeGraphs, capture_sizes
-
-
-class _Replayer:
-    def __init__(self, graphs: DecodeGraphs, bs: int) -> None:
-        self.graphs, self.bs = graphs, bs
-        self.out = graphs._forward(bs)
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.out.copy_(self.graphs._forward(self.bs))
-        self.replays += 1
-
-    def pool(self) -> None:
-        return None
 
 
 def test_capture_sizes() -> None:
@@ -44,7 +30,7 @@ def test_padded_graph_replays_give_the_eager_tokens(checkpoint: CheckpointFactor
     path, _ = checkpoint("qwen3")
     options = EngineOptions(block_size=8, num_blocks=32, max_model_len=64, max_num_seqs=6)
     eager, graphed = Engine.from_pretrained(path, options), Engine.from_pretrained(path, options)
-    monkeypatch.setattr(DecodeGraphs, "_capture_one", lambda self, bs, pool: (r := _Replayer(self, bs), r.out))
+    replay_on_cpu(monkeypatch, DecodeGraphs)
     assert graphed.runner.capture_graphs(6).startswith("cuda graphs: on (decode batch sizes 1..6, 4 graphs)")
     prompts = [[5, 9, 200, 4], [17], [33, 8, 8, 1, 90, 250, 7, 7, 7], [64, 2]]
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)

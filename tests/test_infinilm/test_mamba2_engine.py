@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lm_helpers import replay_on_cpu
 from test_mamba2 import hf_mamba2, prompts
 
 from infinilm import Engine, EngineOptions, FinishReason, SamplingParams
@@ -107,26 +108,10 @@ def test_eos_and_stop_tokens_release_rows(path: Path) -> None:
     assert waiting.output == free_run and engine.cache.allocator.num_free == 1  # the row was reused
 
 
-class _Replayer:
-    """Stands in for a captured CUDA graph on CPU: replay reruns the same forward over the static buffers."""
-
-    def __init__(self, graphs: _DecodeGraphs, bs: int) -> None:
-        self.graphs, self.bs = graphs, bs
-        self.out = graphs._forward(bs)
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.out.copy_(self.graphs._forward(self.bs))
-        self.replays += 1
-
-    def pool(self) -> None:
-        return None
-
-
 def test_padded_graph_replays_give_the_eager_tokens_and_touch_no_other_row(path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     eager, graphed = _engine(path, 4), _engine(path, 4)
-    monkeypatch.setattr(_DecodeGraphs, "_capture_one", lambda self, bs, pool: (r := _Replayer(self, bs), r.out))
+    replay_on_cpu(monkeypatch, _DecodeGraphs)
     assert graphed.runner.capture_graphs(8) == "cuda graphs: on (decode batch sizes 1..4, 3 graphs)"
     batch = prompts((4, 9, 1), seed=13)
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)

@@ -11,24 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from lm_helpers import replay_on_cpu
 from test_mamba2 import hf_mamba2, prompts
 
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.prefill_graphs import PrefillGraphs
-
-
-class _Replayer:
-    def __init__(self, graphs: PrefillGraphs, length: int) -> None:
-        self.graphs, self.length = graphs, length
-        self.out = graphs._forward(length)
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.out.copy_(self.graphs._forward(self.length))
-        self.replays += 1
-
-    def pool(self) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +34,7 @@ def _engine(path: Path, **options: object) -> Engine:
 
 def test_lone_prompts_replay_the_smallest_bucket_that_holds_them(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eager, graphed = _engine(path), _engine(path, prefill_graph_lengths=(16, 24))
-    monkeypatch.setattr(PrefillGraphs, "_capture_one", lambda self, n, pool: (r := _Replayer(self, n), r.out))
+    replay_on_cpu(monkeypatch, PrefillGraphs)
     assert graphed.runner.capture_prefill_graphs((24, 16)) == "prefill graphs: on (prompt lengths up to 16, 24)"
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
     # 16: no padding; 5 and 19: left padding (the scan chunk of 8 then falls elsewhere); 30: eager
@@ -69,7 +56,7 @@ def test_lone_prompts_replay_the_smallest_bucket_that_holds_them(path: Path, mon
 
 def test_the_final_states_are_the_prompts_own(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eager, graphed = _engine(path), _engine(path, prefill_graph_lengths=(32,))
-    monkeypatch.setattr(PrefillGraphs, "_capture_one", lambda self, n, pool: (r := _Replayer(self, n), r.out))
+    replay_on_cpu(monkeypatch, PrefillGraphs)
     graphed.runner.capture_prefill_graphs((32,))
     prompt = prompts((13,), seed=24)[0]
     graphed.runner.prefill_graphs.replay(prompt, 1)
