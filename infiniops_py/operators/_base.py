@@ -22,6 +22,7 @@ import torch
 __all__ = [
     "DTYPE_NAMES",
     "FLOAT_DTYPES",
+    "INDEX_DTYPES",
     "ContractError",
     "OpSpec",
     "Problem",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 FLOAT_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES: Final = (torch.int32, torch.int64)  # state/cache slot indices (vLLM, mamba)
 
 DTYPE_NAMES: Final[dict[torch.dtype, str]] = {
     torch.float16: "float16",

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
+    INDEX_DTYPES,
     ContractError,
     OpSpec,
     check_bool,
@@ -45,7 +46,6 @@ __all__ = ["MAX_WIDTH", "MIN_WIDTH", "SPECS", "causal_conv1d", "causal_conv1d_up
 
 MIN_WIDTH: Final = 2
 MAX_WIDTH: Final = 16
-_INDEX_DTYPES: Final = (torch.int32, torch.int64)
 _CONV = "causal_conv1d"
 _UPDATE = "causal_conv1d_update"
 
@@ -282,7 +282,7 @@ def causal_conv1d_update(
                                                        f"conv_state_indices, got {slots}")
     else:
         check_device(_UPDATE, "conv_state_indices", conv_state_indices, x.device)
-        check_dtype(_UPDATE, "conv_state_indices", conv_state_indices, _INDEX_DTYPES)
+        check_dtype(_UPDATE, "conv_state_indices", conv_state_indices, INDEX_DTYPES)
         check_shape(_UPDATE, "conv_state_indices", conv_state_indices, (batch,), " ([B])")
         check_index_range(_UPDATE, "conv_state_indices", conv_state_indices, slots, allow_negative=True)
     out = _empty_like_layout(x3, channel_last)

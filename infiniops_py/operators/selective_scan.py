@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
+    INDEX_DTYPES,
     ContractError,
     OpSpec,
     check_bool,
@@ -51,7 +52,6 @@ __all__ = ["SPECS", "process_dt", "selective_scan", "selective_state_update", "s
 _SCAN = "selective_scan"
 _UPDATE = "selective_state_update"
 _STATE_DTYPES: Final = (torch.float32, torch.float64)
-_INDEX_DTYPES: Final = (torch.int32, torch.int64)
 _NO_LIMIT: Final = (0.0, math.inf)
 
 
@@ -345,7 +345,7 @@ def selective_state_update(
                                                   f"state_batch_indices, got {slots}")
     else:
         check_device(_UPDATE, "state_batch_indices", state_batch_indices, x.device)
-        check_dtype(_UPDATE, "state_batch_indices", state_batch_indices, _INDEX_DTYPES)
+        check_dtype(_UPDATE, "state_batch_indices", state_batch_indices, INDEX_DTYPES)
         check_shape(_UPDATE, "state_batch_indices", state_batch_indices, (batch,), " ([B])")
         check_index_range(_UPDATE, "state_batch_indices", state_batch_indices, slots, allow_negative=True)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
