@@ -21,7 +21,7 @@ from infiniops_py.capability import (
 from infiniops_py.errors import CandidateReport, ContractError, GateError, Rejection
 from infiniops_py.hookspecs import hookimpl
 from infiniops_py.operators import OPERATORS, OpSpec, Problem
-from infiniops_py.operators._base import unchecked_indices
+from infiniops_py.operators._base import checked_indices, unchecked_indices
 from infiniops_py.operators.add import add
 from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
 from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
@@ -66,6 +66,7 @@ __all__ = [
     "add",
     "causal_conv1d",
     "causal_conv1d_update",
+    "checked_indices",
     "explain",
     "fallbacks",
     "flash_attn_varlen",

@@ -11,6 +11,8 @@ declares its fields and their defaults in an `OpSpec`, so a problem can also be 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Final, final
 
 import torch
+
+from infiniops_py._env import parse_flag
 
 __all__ = [
     "DTYPE_NAMES",
@@ -30,17 +34,21 @@ __all__ = [
     "check_device",
     "check_dtype",
     "check_index_range",
+    "check_no_grad",
     "check_no_overlap",
     "check_real",
     "check_shape",
     "check_tensor",
+    "check_unique_indices",
     "check_writable",
+    "checked_indices",
     "device_type",
     "dtype_name",
     "install_dispatcher",
     "is_checked",
     "overlaps",
     "same_view",
+    "unchecked_indices",
 ]
 
 FLOAT_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -176,28 +184,98 @@ class Problem:
 
 # --- argument checks shared by every operator ------------------------------------------------------
 
-_UNCHECKED_DEPTH = [0]
+# Index range checks: None follows the default (CPU checked, CUDA not: a check would synchronize),
+# True / False is a `checked_indices()` / `unchecked_indices()` scope of this thread or task.
+_INDEX_CHECKS: contextvars.ContextVar[bool | None] = contextvars.ContextVar("infiniops_index_checks", default=None)
+
+
+@functools.lru_cache(maxsize=8)
+def _env_index_checks(raw: str | None) -> bool | None:
+    """``INFINIOPS_CHECK_INDICES`` as a forced choice, or None when unset (the per-device default)."""
+    if raw is None or not raw.strip():
+        return None
+    return parse_flag("INFINIOPS_CHECK_INDICES", raw, False)
 
 
 @contextlib.contextmanager
-def unchecked_indices() -> Iterator[None]:
-    """Skip the host-side range checks of index tensors (slots, block tables, state indices).
-
-    Kernels still never read or write out of bounds: an out-of-range index is then skipped instead of
-    raising. CUDA-graph capture turns the checks off by itself, since they synchronize.
-    """
-    _UNCHECKED_DEPTH[0] += 1
+def _index_checks(on: bool) -> Iterator[None]:
+    token = _INDEX_CHECKS.set(on)
     try:
         yield
     finally:
-        _UNCHECKED_DEPTH[0] -= 1
+        _INDEX_CHECKS.reset(token)
+
+
+def checked_indices() -> contextlib.AbstractContextManager[None]:
+    """Scope in which index tensors are range-checked on every device, raising `ContractError`.
+
+    The values are read on the host, so on CUDA each check synchronizes with the device (never inside
+    CUDA-graph capture, where the checks stay off). The scope belongs to the thread or asyncio task that
+    enters it (a `contextvars` variable), like ``INFINIOPS_CHECK_INDICES=1`` does for the whole process.
+    """
+    return _index_checks(True)
+
+
+def unchecked_indices() -> contextlib.AbstractContextManager[None]:
+    """Scope in which index tensors (slots, block tables, sequence lengths, state indices) are not
+    range-checked on the host, on any device; it belongs to the thread or asyncio task that enters it.
+
+    Kernels still never read or write out of bounds: an out-of-range index is padding (its row is skipped,
+    its output is zero) instead of raising.
+    """
+    return _index_checks(False)
 
 
 def is_checked(device: torch.device) -> bool:
-    """Whether index tensors on `device` are range-checked now (checked mode)."""
-    if _UNCHECKED_DEPTH[0] or os.environ.get("INFINIOPS_CHECK_INDICES", "1") == "0":
+    """Whether index tensors on `device` are range-checked now.
+
+    In order: never on ``meta`` (no values) or inside CUDA-graph capture (a check would synchronize); a
+    `checked_indices()` / `unchecked_indices()` scope of this thread or task; ``INFINIOPS_CHECK_INDICES``
+    (a boolean: ``1``/``0``, ``true``/``false``, ...); otherwise checked on CPU and not on CUDA, where
+    reading the values would synchronize with the device on every call.
+
+    Raises:
+        ValueError: ``INFINIOPS_CHECK_INDICES`` is set to a value that is not a boolean.
+    """
+    kind = device.type
+    if kind == "meta":
         return False
-    return not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    if kind == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    scoped = _INDEX_CHECKS.get()
+    if scoped is not None:
+        return scoped
+    forced = _env_index_checks(os.environ.get("INFINIOPS_CHECK_INDICES"))
+    if forced is not None:
+        return forced
+    return kind == "cpu"
+
+
+def check_unique_indices(op: str, name: str, index: torch.Tensor) -> None:
+    """When `index` is checked (`is_checked`), raise `ContractError` if a non-negative value repeats.
+
+    Two rows naming one state or cache slot would race (which write lands is undefined); negative values
+    are padding and may repeat. Unchecked, duplicates are the caller's to avoid.
+    """
+    if index.numel() < 2 or not is_checked(index.device):
+        return
+    valid = index[index >= 0]
+    values, counts = torch.unique(valid, return_counts=True)
+    if bool((counts > 1).any()):
+        dup = int(values[counts > 1][0])
+        raise ContractError(op, name, f"index {dup} appears {int(counts[values == dup][0])} times: each "
+                                      "non-negative index must be unique (two rows would write one slot)")
+
+
+def check_no_grad(op: str, tensors: Mapping[str, torch.Tensor | None]) -> None:
+    """Raise `ContractError` when grad mode is on and one of `tensors` requires grad: no operator here
+    registers a backward, so autograd would either fail inside a provider or return wrong gradients."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise ContractError(op, name, f"requires grad, but {op} has no backward: call it under "
+                                          "torch.no_grad() or torch.inference_mode(), or pass a .detach()ed tensor")
 
 
 def check_dtype(op: str, name: str, t: torch.Tensor, allowed: Sequence[torch.dtype], why: str = "") -> None:
@@ -238,7 +316,7 @@ def check_index_range(op: str, name: str, index: torch.Tensor, high: int, *, all
 
     Negative values are padding when `allow_negative`; the check synchronizes with the device.
     """
-    if index.numel() == 0 or not is_checked(index.device):
+    if index.numel() == 0 or not is_checked(index.device):  # never on meta: no values there
         return
     lo_t, hi_t = torch.aminmax(index)
     lo, hi = int(lo_t), int(hi_t)
