@@ -35,13 +35,21 @@ def test_padded_graph_replays_give_the_eager_tokens(checkpoint: CheckpointFactor
     prompts = [[5, 9, 200, 4], [17], [33, 8, 8, 1, 90, 250, 7, 7, 7], [64, 2]]
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     assert graphed.generate(prompts, params) == eager.generate(prompts, params)  # 4 rows: no padding
+    before = [c.clone() for c in (*graphed.cache.keys, *graphed.cache.values)]
+    eager_before = [c.clone() for c in (*eager.cache.keys, *eager.cache.values)]
     assert graphed.generate(prompts[:3], params) == eager.generate(prompts[:3], params)  # 3 rows padded to 4
     replays = {bs: g.replays for bs, (g, _) in graphed.runner.graphs.graphs.items()}
     assert replays[4] == 2 * 11 and sum(replays.values()) == replays[4]
     assert graphed.cache.allocator.num_free == 32
-    # the padding rows wrote nothing: both caches hold the same keys
-    for k_eager, k_graph in zip(eager.cache.keys, graphed.cache.keys):
-        assert torch.equal(k_eager, k_graph)
+    # The slots the 3 requests wrote agree within rounding (the CPU's matmul rounds a batch of 4 rows
+    # differently from one of 3); every other slot is bit-for-bit what it was: the padding row wrote nothing.
+    after = (*graphed.cache.keys, *graphed.cache.values)
+    eager_after = (*eager.cache.keys, *eager.cache.values)
+    for mine, old, theirs, theirs_old in zip(after, before, eager_after, eager_before):
+        written = (theirs != theirs_old).flatten(2).any(-1)  # [num_blocks, block_size]
+        assert written.any() and not written.all()
+        torch.testing.assert_close(mine[written], theirs[written], rtol=1e-5, atol=1e-5)
+        assert torch.equal(mine[~written], old[~written])
 
 
 def test_a_failed_capture_leaves_the_engine_eager(checkpoint: CheckpointFactory,

@@ -118,5 +118,9 @@ def test_padded_graph_replays_give_the_eager_tokens_and_touch_no_other_row(path:
     assert graphed.generate(batch, params) == eager.generate(batch, params)  # 3 rows padded to 4
     replays = {bs: g.replays for bs, (g, _) in graphed.runner.graphs.graphs.items()}
     assert replays[4] == 9 and sum(replays.values()) == 9
+    used = [r for r in range(4) if not eager.cache.ssm[:, r].isnan().all()]
+    assert used == [0, 1, 2]  # one row per request; row 3 no request held
     for mine, theirs in ((graphed.cache.conv, eager.cache.conv), (graphed.cache.ssm, eager.cache.ssm)):
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True)  # padding rows wrote nothing
+        # the CPU's matmul rounds a batch of 4 rows differently from one of 3: the used rows agree within rounding
+        torch.testing.assert_close(mine[:, used], theirs[:, used], rtol=1e-5, atol=1e-5)
+        assert mine[:, 3].isnan().all()  # bit-for-bit the NaN poison: the padding row (-1) wrote nothing
