@@ -41,6 +41,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
 )
+from infiniops_py.operators._torch_library import lowered
 
 __all__ = ["MAX_WIDTH", "MIN_WIDTH", "SPECS", "causal_conv1d", "causal_conv1d_update", "run_ids"]
 
@@ -130,6 +131,11 @@ def causal_conv1d(
         ContractError: a non-tensor, a non-bool flag, or a shape, dtype, device, layout or width that breaks
             the contract, named by argument.
     """
+    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        conv = torch.ops.infiniops.causal_conv1d
+        if return_final_states is True:
+            return conv.with_final_states(x, weight, bias, activation, seq_idx, initial_states)
+        return conv.default(x, weight, bias, activation, seq_idx, initial_states)
     check_tensor(_CONV, "x", x)
     check_tensor(_CONV, "weight", weight)
     for name, t in (("bias", bias), ("seq_idx", seq_idx), ("initial_states", initial_states)):
@@ -252,6 +258,8 @@ def causal_conv1d_update(
         ContractError: a non-tensor, a bad shape, dtype, device, layout or width, a conv_state that cannot be
             written in place; in checked mode an index >= slots.
     """
+    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        return torch.ops.infiniops.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices)
     check_tensor(_UPDATE, "x", x)
     check_tensor(_UPDATE, "conv_state", conv_state)
     check_tensor(_UPDATE, "weight", weight)

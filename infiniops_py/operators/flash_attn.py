@@ -50,6 +50,7 @@ from infiniops_py.operators._base import (
     check_writable,
     is_checked,
 )
+from infiniops_py.operators._torch_library import lowered
 
 __all__ = ["SPECS", "flash_attn_varlen", "flash_attn_with_kvcache"]
 
@@ -104,6 +105,9 @@ def flash_attn_varlen(
         ContractError: a non-tensor, or a shape, dtype, device, stride, index or scalar argument that
             breaks the contract.
     """
+    if lowered(q):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        return torch.ops.infiniops.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                     softmax_scale, causal, list(window_size), softcap, block_table)
     op = _VARLEN
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_tensor(op, name, t)
@@ -182,6 +186,9 @@ def flash_attn_with_kvcache(
         ContractError: a non-tensor, or a shape, dtype, device, stride, index or scalar argument that
             breaks the contract, or caches written in place that overlap.
     """
+    if lowered(q):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        return torch.ops.infiniops.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
+                                                           softmax_scale, causal, list(window_size), softcap)
     op = _KVCACHE
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         check_tensor(op, name, t)

@@ -22,6 +22,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
 )
+from infiniops_py.operators._torch_library import lowered
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
 
 __all__ = ["SPECS", "fused_qk_norm", "reference"]
@@ -62,6 +63,9 @@ def fused_qk_norm(
             ``(Hq + 2*Hkv) * D``, a mismatched weight, dtype or device, a last stride other than 1, a bad
             `eps`, an expanded `qkv` or a weight sharing its memory.
     """
+    if lowered(qkv):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        torch.ops.infiniops.fused_qk_norm(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
+        return qkv
     check_tensor(_OP, "qkv", qkv)
     check_tensor(_OP, "q_weight", q_weight)
     check_tensor(_OP, "k_weight", k_weight)

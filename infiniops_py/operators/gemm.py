@@ -25,6 +25,7 @@ from infiniops_py.operators._base import (
     overlaps,
     same_view,
 )
+from infiniops_py.operators._torch_library import lowered
 
 __all__ = ["SPECS", "gemm", "reference"]
 
@@ -67,6 +68,11 @@ def gemm(
         ContractError: a non-tensor, a bad scalar, or a rank, shape, dtype, device or stride that breaks
             the above, naming the argument.
     """
+    if lowered(a):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        if out is None:
+            return torch.ops.infiniops.gemm(a, b, c, bias, alpha, beta, trans_a, trans_b)
+        torch.ops.infiniops.gemm.out(a, b, c, bias, alpha, beta, trans_a, trans_b, out)
+        return out
     check_tensor(_OP, "a", a)
     check_tensor(_OP, "b", b)
     for name, t in (("c", c), ("bias", bias), ("out", out)):

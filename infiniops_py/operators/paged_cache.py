@@ -25,6 +25,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
 )
+from infiniops_py.operators._torch_library import lowered
 
 __all__ = ["SPECS", "reference", "reshape_and_cache_flash"]
 
@@ -63,6 +64,9 @@ def reshape_and_cache_flash(
             ``N > T``, an expanded or overlapping cache, or (in checked mode) a slot
             ``>= num_blocks * block_size``.
     """
+    if lowered(key):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        torch.ops.infiniops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping)
+        return None
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
         check_tensor(_OP, name, t)

@@ -30,6 +30,7 @@ from infiniops_py.operators._base import (
     overlaps,
     same_view,
 )
+from infiniops_py.operators._torch_library import lowered
 
 __all__ = ["SPECS", "fused_add_rms_norm", "fused_reference", "reference", "rms_norm"]
 
@@ -62,6 +63,11 @@ def rms_norm(
         ContractError: a non-tensor, rank 0, a mismatched weight, dtype or device, a last stride other than
             1, a bad `eps` or `out`.
     """
+    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        if out is None:
+            return torch.ops.infiniops.rms_norm(x, weight, eps)
+        torch.ops.infiniops.rms_norm.out(x, weight, eps, out)
+        return out
     # The checks run on every call (benchmarks/dispatch.py keeps them near 2 us, as add.py's): each
     # attribute is read once, and a helper is only called to raise. A non-tensor fails an attribute read
     # (the try costs nothing when nothing is raised) or, duck-typed, a helper's `check_tensor`.
@@ -132,6 +138,9 @@ def fused_add_rms_norm(
         ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1, a bad
             `eps`, an expanded `x` or `residual`, or any two of the tensors sharing memory.
     """
+    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        torch.ops.infiniops.fused_add_rms_norm(x, residual, weight, eps)
+        return x, residual
     check_tensor(_FUSED, "x", x)
     check_tensor(_FUSED, "residual", residual)
     check_tensor(_FUSED, "weight", weight)

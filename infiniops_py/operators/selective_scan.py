@@ -46,6 +46,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
 )
+from infiniops_py.operators._torch_library import lowered
 
 __all__ = ["SPECS", "process_dt", "selective_scan", "selective_state_update", "state_dtype"]
 
@@ -155,6 +156,10 @@ def selective_scan(
         ContractError: a non-tensor, a bad flag or limit, or a shape, dtype, device or stride that breaks
             the contract, named by argument.
     """
+    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        scan = torch.ops.infiniops.selective_scan
+        args = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, list(dt_limit), initial_states, seq_idx, chunk_size)
+        return scan.with_final_states(*args) if return_final_states is True else scan.default(*args)
     for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         check_tensor(_SCAN, name, t)
     for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
@@ -306,6 +311,9 @@ def selective_state_update(
         ContractError: a non-tensor, a bad flag, shape, dtype, device or stride, a state that cannot be
             written in place; in checked mode an index >= slots.
     """
+    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+        return torch.ops.infiniops.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                                          state_batch_indices)
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         check_tensor(_UPDATE, name, t)
     for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)):

@@ -1,0 +1,236 @@
+"""Every entry point as a PyTorch custom operator: ``torch.ops.infiniops.<name>``.
+
+Under ``torch.compile``, ``torch.export`` (strict and non-strict), and for meta or FakeTensor inputs, each
+public function lowers to its operator here (`lowered`), so a traced graph holds one opaque node per call:
+dynamo never traces the argument checks or the resolver. At run time the node's kernel is the eager public
+function itself: the contract checks run and the resolver picks the provider then, so ``use(...)`` scopes
+and ``INFINIOPS_*`` settings in force when the graph runs apply, and no provider is baked into a graph.
+The fake kernels give output shapes, dtypes and strides without reading values.
+
+Mutation annotations follow each contract: the caches of ``reshape_and_cache_flash`` and
+``flash_attn_with_kvcache``, the states of the ``*_update`` operators, ``x``/``residual`` of
+``fused_add_rms_norm``, ``qkv`` of ``fused_qk_norm`` and every ``out=`` are ``Tensor(a!)``. An operator that
+only mutates returns nothing (the public function returns the mutated argument), since a custom operator's
+output must not alias an input. Two entry points whose return type depends on a flag have one overload per
+form (``causal_conv1d.with_final_states``, ``selective_scan.with_final_states``, ``*.out``).
+
+Mechanism: the low-level ``torch.library.Library`` ``define``/``impl`` pair, not the
+``torch.library.custom_op`` decorator. Measured on a 2-core x86 CPU (torch 2.13, a 4x4 add): a call through
+a ``Library`` operator costs 4.0 us against 11.0 us through ``custom_op`` (``torch.add`` itself 1.2 us).
+Eager calls of the public functions do not go through either: they pay only the `lowered` test
+(about 0.2 us); the operator's dispatch cost is paid inside compiled graphs, where it is the cost of
+running an opaque node.
+
+The operators are registered once, when ``infiniops_py.operators`` is imported (`register`): a graph can
+only be traced against operators that exist already. Registration defines schemas and kernels; it runs no
+kernel and reads no device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+__all__ = ["NAMESPACE", "SCHEMAS", "lowered", "register"]
+
+NAMESPACE: Final = "infiniops"
+
+
+def lowered(t: object) -> bool:
+    """Whether a public call whose first tensor argument is `t` goes through its custom operator: while
+    ``torch.compile``/``torch.export`` trace, or for a meta or FakeTensor input (no values to run on)."""
+    return torch.compiler.is_compiling() or (isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, FakeTensor)))
+
+
+# Schemas, by operator and overload. The argument names are the public functions' own.
+SCHEMAS: Final[dict[str, str]] = {
+    "gemm": "gemm(Tensor a, Tensor b, Tensor? c, Tensor? bias, float alpha, float beta, bool trans_a, "
+            "bool trans_b) -> Tensor",
+    "gemm.out": "gemm.out(Tensor a, Tensor b, Tensor? c, Tensor? bias, float alpha, float beta, bool trans_a, "
+                "bool trans_b, Tensor(a!) out) -> ()",
+    "add": "add(Tensor input, Tensor other, float alpha) -> Tensor",
+    "add.out": "add.out(Tensor input, Tensor other, float alpha, Tensor(a!) out) -> ()",
+    "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    "rms_norm.out": "rms_norm.out(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()",
+    "fused_add_rms_norm": "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()",
+    "fused_qk_norm": "fused_qk_norm(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, int num_q_heads, "
+                     "int num_kv_heads, int head_dim, float eps) -> ()",
+    "reshape_and_cache_flash": "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, "
+                               "Tensor(b!) value_cache, Tensor slot_mapping) -> ()",
+    "flash_attn_varlen": "flash_attn_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+                         "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float? softmax_scale, "
+                         "bool causal, int[] window_size, float softcap, Tensor? block_table) -> Tensor",
+    "flash_attn_with_kvcache": "flash_attn_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+                               "Tensor cache_seqlens, Tensor? block_table, Tensor? k, Tensor? v, "
+                               "float? softmax_scale, bool causal, int[] window_size, float softcap) -> Tensor",
+    "causal_conv1d": "causal_conv1d(Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor? seq_idx, "
+                     "Tensor? initial_states) -> Tensor",
+    "causal_conv1d.with_final_states": "causal_conv1d.with_final_states(Tensor x, Tensor weight, Tensor? bias, "
+                                       "str? activation, Tensor? seq_idx, Tensor? initial_states) "
+                                       "-> (Tensor, Tensor)",
+    "causal_conv1d_update": "causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, "
+                            "str? activation, Tensor? conv_state_indices) -> Tensor",
+    "selective_scan": "selective_scan(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
+                      "Tensor? dt_bias, bool dt_softplus, float[] dt_limit, Tensor? initial_states, "
+                      "Tensor? seq_idx, int chunk_size) -> Tensor",
+    "selective_scan.with_final_states": "selective_scan.with_final_states(Tensor x, Tensor dt, Tensor A, Tensor B, "
+                                        "Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, "
+                                        "float[] dt_limit, Tensor? initial_states, Tensor? seq_idx, "
+                                        "int chunk_size) -> (Tensor, Tensor)",
+    "selective_state_update": "selective_state_update(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, "
+                              "Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, "
+                              "Tensor? state_batch_indices) -> Tensor",
+}
+
+
+# --- kernels: the eager public functions -------------------------------------------------------------
+
+
+def _kernels() -> dict[str, Callable[..., Any]]:
+    """The run-time kernel of each operator: the public function, called eagerly (checks, then resolver)."""
+    from infiniops_py.operators import add as a
+    from infiniops_py.operators import causal_conv1d as cc
+    from infiniops_py.operators import flash_attn as fa
+    from infiniops_py.operators import fused_qk_norm as qk
+    from infiniops_py.operators import gemm as g
+    from infiniops_py.operators import paged_cache as pc
+    from infiniops_py.operators import rms_norm as rn
+    from infiniops_py.operators import selective_scan as ss
+
+    def gemm(a_, b, c, bias, alpha, beta, trans_a, trans_b):
+        return g.gemm(a_, b, c=c, bias=bias, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
+
+    def gemm_out(a_, b, c, bias, alpha, beta, trans_a, trans_b, out):
+        g.gemm(a_, b, c=c, bias=bias, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, out=out)
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, block_table):
+        return fa.flash_attn_varlen(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale=scale,
+                                    causal=causal, window_size=tuple(window), softcap=softcap,
+                                    block_table=block_table)
+
+    def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v, scale, causal, window, softcap):
+        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                                          k=k, v=v, softmax_scale=scale, causal=causal, window_size=tuple(window),
+                                          softcap=softcap)
+
+    def conv(x, weight, bias, activation, seq_idx, initial_states, final=False):
+        return cc.causal_conv1d(x, weight, bias, activation=activation, seq_idx=seq_idx,
+                                initial_states=initial_states, return_final_states=final)
+
+    def scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx, chunk_size, final=False):
+        return ss.selective_scan(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                 dt_limit=tuple(dt_limit), initial_states=initial_states, seq_idx=seq_idx,
+                                 return_final_states=final, chunk_size=chunk_size)
+
+    return {
+        "gemm": gemm,
+        "gemm.out": gemm_out,
+        "add": lambda input, other, alpha: a.add(input, other, alpha=alpha),
+        "add.out": lambda input, other, alpha, out: (a.add(input, other, alpha=alpha, out=out), None)[1],
+        "rms_norm": lambda x, weight, eps: rn.rms_norm(x, weight, eps),
+        "rms_norm.out": lambda x, weight, eps, out: (rn.rms_norm(x, weight, eps, out=out), None)[1],
+        "fused_add_rms_norm": lambda x, residual, weight, eps: (rn.fused_add_rms_norm(x, residual, weight, eps),
+                                                                None)[1],
+        "fused_qk_norm": lambda qkv, qw, kw, hq, hkv, d, eps: (
+            qk.fused_qk_norm(qkv, qw, kw, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, eps=eps), None)[1],
+        "reshape_and_cache_flash": lambda *args: (pc.reshape_and_cache_flash(*args), None)[1],
+        "flash_attn_varlen": varlen,
+        "flash_attn_with_kvcache": kvcache,
+        "causal_conv1d": conv,
+        "causal_conv1d.with_final_states": lambda *args: tuple(conv(*args, final=True)),
+        "causal_conv1d_update": lambda x, conv_state, weight, bias, activation, indices: cc.causal_conv1d_update(
+            x, conv_state, weight, bias, activation=activation, conv_state_indices=indices),
+        "selective_scan": scan,
+        "selective_scan.with_final_states": lambda *args: tuple(scan(*args, final=True)),
+        "selective_state_update": lambda state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx: (
+            ss.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                      state_batch_indices=idx)),
+    }
+
+
+# --- fake kernels: shapes, dtypes and strides, no values ---------------------------------------------------
+
+
+def _none(*_: Any) -> None:
+    return None
+
+
+def _fake_gemm(a: torch.Tensor, b: torch.Tensor, c: Any, bias: Any, alpha: float, beta: float, trans_a: bool,
+               trans_b: bool) -> torch.Tensor:
+    m = a.shape[-1] if trans_a else a.shape[-2]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    return a.new_empty((*a.shape[:-2], m, n))
+
+
+def _conv_out(x: torch.Tensor) -> torch.Tensor:
+    b, d, length = x.shape
+    if x.stride(2) != 1 and length > 1:  # a channel-last view: the output keeps its layout
+        return x.new_empty((b, length, d)).transpose(1, 2)
+    return x.new_empty((b, d, length))
+
+
+def _fake_conv(x: torch.Tensor, weight: torch.Tensor, *_: Any) -> torch.Tensor:
+    return _conv_out(x)
+
+
+def _fake_conv_final(x: torch.Tensor, weight: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return _conv_out(x), x.new_empty((x.shape[0], x.shape[1], weight.shape[1] - 1))
+
+
+def _fake_conv_update(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    if x.dim() == 2:
+        return x.new_empty(x.shape)
+    return _conv_out(x)
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _fake_scan_final(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, *_: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    bt, _, h, p = x.shape
+    return x.new_empty(x.shape), x.new_empty((bt, h, p, B.shape[-1]), dtype=_state_dtype(x))
+
+
+_FAKES: Final[dict[str, Callable[..., Any]]] = {
+    "gemm": _fake_gemm,
+    "gemm.out": _none,
+    "add": lambda input, other, alpha: input.new_empty(torch.broadcast_shapes(input.shape, other.shape)),
+    "add.out": _none,
+    "rms_norm": lambda x, weight, eps: x.new_empty(x.shape),
+    "rms_norm.out": _none,
+    "fused_add_rms_norm": _none,
+    "fused_qk_norm": _none,
+    "reshape_and_cache_flash": _none,
+    "flash_attn_varlen": lambda q, *_: q.new_empty(q.shape),
+    "flash_attn_with_kvcache": lambda q, *_: q.new_empty(q.shape),
+    "causal_conv1d": _fake_conv,
+    "causal_conv1d.with_final_states": _fake_conv_final,
+    "causal_conv1d_update": _fake_conv_update,
+    "selective_scan": lambda x, *_: x.new_empty(x.shape),
+    "selective_scan.with_final_states": _fake_scan_final,
+    "selective_state_update": lambda state, x, *_: x.new_empty(x.shape),
+}
+
+_LIBRARY: list[torch.library.Library] = []  # kept alive: dropping a Library deregisters its operators
+
+
+def register() -> None:
+    """Define every operator of `SCHEMAS` under ``torch.ops.infiniops``, with its kernel and fake kernel.
+
+    Idempotent: a second call does nothing.
+    """
+    if _LIBRARY:
+        return
+    lib = torch.library.Library(NAMESPACE, "DEF")
+    kernels = _kernels()
+    for name, schema in SCHEMAS.items():
+        lib.define(schema)
+        lib.impl(name, kernels[name], "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
+    _LIBRARY.append(lib)
+
