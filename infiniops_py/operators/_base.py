@@ -251,31 +251,37 @@ def is_checked(device: torch.device) -> bool:
     return kind == "cpu"
 
 
-def check_unique_indices(op: str, name: str, index: torch.Tensor) -> None:
+def check_unique_indices(op: str, name: str, index: torch.Tensor, what: str = "index") -> None:
     """When `index` is checked (`is_checked`), raise `ContractError` if a non-negative value repeats.
 
-    Two rows naming one state or cache slot would race (which write lands is undefined); negative values
-    are padding and may repeat. Unchecked, duplicates are the caller's to avoid.
+    Two rows naming one state or cache slot would race (which write lands, and whether a row reads the
+    state before or after another row's write, is undefined: providers differ); negative values are
+    padding and may repeat. Unchecked, duplicates are the caller's to avoid. `what` names a value in the
+    message (``"index"``, or e.g. ``"cache slot"`` when `index` is derived from the argument `name`).
+    Reads the values on the host, like `check_index_range`: never on meta or during CUDA-graph capture.
     """
     if index.numel() < 2 or not is_checked(index.device):
         return
-    valid = index[index >= 0]
-    values, counts = torch.unique(valid, return_counts=True)
-    if bool((counts > 1).any()):
-        dup = int(values[counts > 1][0])
-        raise ContractError(op, name, f"index {dup} appears {int(counts[values == dup][0])} times: each "
-                                      "non-negative index must be unique (two rows would write one slot)")
+    values, counts = torch.unique(index[index >= 0], return_counts=True)
+    repeated = counts > 1
+    if bool(repeated.any()):
+        first = int(repeated.int().argmax())
+        raise ContractError(op, name, f"{what} {int(values[first])} appears {int(counts[first])} times, but each "
+                                      "non-negative value must be unique: two rows would write one slot "
+                                      "(negative values are padding and may repeat)")
 
 
 def check_no_grad(op: str, tensors: Mapping[str, torch.Tensor | None]) -> None:
-    """Raise `ContractError` when grad mode is on and one of `tensors` requires grad: no operator here
-    registers a backward, so autograd would either fail inside a provider or return wrong gradients."""
+    """Raise `ContractError` when grad mode is on and one of `tensors` (argument name -> tensor or None)
+    requires grad: no operator here registers a backward, so autograd would either fail inside a provider
+    (torch's "out= arguments don't support automatic differentiation") or return wrong gradients. Call it
+    after the `check_tensor` checks (it reads ``requires_grad``) and before any kernel."""
     if not torch.is_grad_enabled():
         return
     for name, t in tensors.items():
         if t is not None and t.requires_grad:
-            raise ContractError(op, name, f"requires grad, but {op} has no backward: call it under "
-                                          "torch.no_grad() or torch.inference_mode(), or pass a .detach()ed tensor")
+            raise ContractError(op, name, f"requires_grad=True with grad mode on, but {op} has no backward: call "
+                                          "it under torch.no_grad() or torch.inference_mode(), or pass .detach()")
 
 
 def check_dtype(op: str, name: str, t: torch.Tensor, allowed: Sequence[torch.dtype], why: str = "") -> None:

@@ -14,6 +14,7 @@ from infiniops_py.operators._base import (
     OpSpec,
     check_device,
     check_dtype,
+    check_no_grad,
     check_real,
     check_tensor,
     check_writable,
@@ -50,7 +51,7 @@ def add(
 
     Raises:
         ContractError: a non-tensor, non-broadcastable shapes, a dtype or device mismatch, a bad `alpha`
-            or `out`.
+            or `out`, or a tensor that requires grad while grad mode is on (there is no backward).
     """
     if lowered(input):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         if out is None:
@@ -86,6 +87,8 @@ def add(
         inplace = False
     else:
         inplace = _check_out(input, other, out, shape, on_cpu)
+    if torch.is_grad_enabled() and (input.requires_grad or other.requires_grad or out.requires_grad):
+        check_no_grad(_OP, {"input": input, "other": other, "out": out})
     return SPEC.call(("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace), input, other, alpha, out)
 
 

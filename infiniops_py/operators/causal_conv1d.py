@@ -36,9 +36,11 @@ from infiniops_py.operators._base import (
     check_device,
     check_dtype,
     check_index_range,
+    check_no_grad,
     check_no_overlap,
     check_shape,
     check_tensor,
+    check_unique_indices,
     check_writable,
 )
 from infiniops_py.operators._torch_library import lowered
@@ -128,8 +130,8 @@ def causal_conv1d(
         out [B, D, L] in x's dtype, laid out like x; ``(out, final_states)`` when `return_final_states`.
 
     Raises:
-        ContractError: a non-tensor, a non-bool flag, or a shape, dtype, device, layout or width that breaks
-            the contract, named by argument.
+        ContractError: a non-tensor, a non-bool flag, a shape, dtype, device, layout or width that breaks
+            the contract, or a tensor that requires grad while grad mode is on, named by argument.
     """
     if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         conv = torch.ops.infiniops.causal_conv1d
@@ -140,6 +142,8 @@ def causal_conv1d(
     check_tensor(_CONV, "weight", weight)
     for name, t in (("bias", bias), ("seq_idx", seq_idx), ("initial_states", initial_states)):
         check_tensor(_CONV, name, t, optional=True)
+    check_no_grad(_CONV, {"x": x, "weight": weight, "bias": bias, "seq_idx": seq_idx,
+                          "initial_states": initial_states})
     check_bool(_CONV, "return_final_states", return_final_states)
     channel_last = _check_x(_CONV, x)
     batch, dim, length = x.shape
@@ -239,7 +243,9 @@ def causal_conv1d_update(
     Row b reads and writes state slot ``conv_state_indices[b]`` (b when None): its L new columns are
     appended to the slot's S columns, the output is the convolution of the last W columns ending at each new
     column, and the slot keeps the last S columns (exact copies). An index < 0 is a padded row: output 0,
-    no state is read or written.
+    no state is read or written. Two rows may not name one slot: in checked mode a repeated non-negative
+    index raises; unchecked, the slot's state and both rows' outputs are undefined (one provider reads
+    every slot before writing any, another runs the rows in order).
 
     Args:
         x: [B, D] (one token) or [B, D, L], float16/bfloat16/float32/float64, stride 1 along D or L.
@@ -249,14 +255,16 @@ def causal_conv1d_update(
         weight: [D, W], any float dtype (the arithmetic runs in it), 2 <= W <= 16.
         bias: [D] in weight's dtype, or None.
         activation: None or "silu".
-        conv_state_indices: int32/int64 [B] slot per row, < slots; negative values are padding.
+        conv_state_indices: int32/int64 [B] slot per row, < slots, each non-negative value once; negative
+            values are padding (and may repeat).
 
     Returns:
         out shaped like x, in x's dtype.
 
     Raises:
         ContractError: a non-tensor, a bad shape, dtype, device, layout or width, a conv_state that cannot be
-            written in place; in checked mode an index >= slots.
+            written in place, a tensor that requires grad while grad mode is on; in checked mode an index
+            >= slots or a repeated index.
     """
     if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         return torch.ops.infiniops.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices)
@@ -265,6 +273,8 @@ def causal_conv1d_update(
     check_tensor(_UPDATE, "weight", weight)
     check_tensor(_UPDATE, "bias", bias, optional=True)
     check_tensor(_UPDATE, "conv_state_indices", conv_state_indices, optional=True)
+    check_no_grad(_UPDATE, {"x": x, "conv_state": conv_state, "weight": weight, "bias": bias,
+                            "conv_state_indices": conv_state_indices})
     check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
     if x.dim() not in (2, 3):
         raise ContractError(_UPDATE, "x", f"expected shape [B, D] or [B, D, L], got {list(x.shape)}")
@@ -293,6 +303,7 @@ def causal_conv1d_update(
         check_dtype(_UPDATE, "conv_state_indices", conv_state_indices, INDEX_DTYPES)
         check_shape(_UPDATE, "conv_state_indices", conv_state_indices, (batch,), " ([B])")
         check_index_range(_UPDATE, "conv_state_indices", conv_state_indices, slots, allow_negative=True)
+        check_unique_indices(_UPDATE, "conv_state_indices", conv_state_indices)
     out = _empty_like_layout(x3, channel_last)
     if x3.numel():
         key = (x.device.type, x.dtype, width, state_len, bias is not None, silu, conv_state_indices is not None)
@@ -309,7 +320,8 @@ def reference_update(
     conv_state_indices: torch.Tensor | None,
     out: torch.Tensor,
 ) -> None:
-    """Literal reference: row by row, append x to the slot, convolve the new columns, keep the last S."""
+    """Literal reference: row by row, append x to the slot, convolve the new columns, keep the last S (the
+    indices are read on the host, one at a time: it synchronizes on CUDA)."""
     slots, _, state_len = conv_state.shape
     width = weight.shape[1]
     length = x.shape[2]

@@ -43,10 +43,12 @@ from infiniops_py.operators._base import (
     check_device,
     check_dtype,
     check_index_range,
+    check_no_grad,
     check_no_overlap,
     check_real,
     check_shape,
     check_tensor,
+    check_unique_indices,
     check_writable,
     is_checked,
 )
@@ -96,14 +98,15 @@ def flash_attn_varlen(
             -1), and PEERS.md lists "window sizes >= Sk mean unbounded" among the settled semantics.
         softcap: a finite number >= 0; ``s = softcap * tanh(s / softcap)`` when > 0.
         block_table: int32 ``[B, max_blocks]`` of block ids into the paged k/v; sequence b reads its first
-            ``ceil(Sk_b / block_size)`` entries, which must be in ``[0, num_blocks)`` (checked mode).
+            ``ceil(Sk_b / block_size)`` entries, which must be in ``[0, num_blocks)`` (checked mode). A
+            block id may appear in several rows (blocks of a shared prefix): they are only read.
 
     Returns:
         ``[total_q, Hq, D]`` in q's dtype; rows that see no key are 0.
 
     Raises:
-        ContractError: a non-tensor, or a shape, dtype, device, stride, index or scalar argument that
-            breaks the contract.
+        ContractError: a non-tensor, a shape, dtype, device, stride, index or scalar argument that breaks
+            the contract, or a tensor that requires grad while grad mode is on.
     """
     if lowered(q):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         return torch.ops.infiniops.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -112,6 +115,8 @@ def flash_attn_varlen(
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_tensor(op, name, t)
     check_tensor(op, "block_table", block_table, optional=True)
+    check_no_grad(op, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+                       "block_table": block_table})
     paged = block_table is not None
     hq, d = _check_q(op, q, 3)
     hkv = _check_kv(op, q, k, v, ("k", "v"), 4 if paged else 3, hq, d)
@@ -129,7 +134,7 @@ def flash_attn_varlen(
     if block_table is not None:
         block_size = k.shape[1]
         _check_block_table(op, block_table, n - 1, q.device)
-    if _values_checked(q.device):
+    if is_checked(q.device):
         _check_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q (q.shape[0])", max_seqlen_q)
         total_k = (None, "") if paged else (k.shape[0], "total_k (k.shape[0])")
         lengths = _check_seqlens(op, "cu_seqlens_k", cu_seqlens_k, *total_k, max_seqlen_k)
@@ -168,7 +173,9 @@ def flash_attn_with_kvcache(
             (only read otherwise: one tensor may then serve as both).
         cache_seqlens: int32 ``[B]``: tokens already in the cache per sequence (>= 0, checked mode).
         block_table: int32 ``[B, max_blocks]``; sequence b uses its first ``ceil(Sk_b / block_size)``
-            entries, which must be in ``[0, num_blocks)`` (checked mode).
+            entries, which must be in ``[0, num_blocks)`` (checked mode). Sequences may share blocks they
+            only read (a common prefix), but no two new k/v rows may land in one cache slot: in checked
+            mode that raises; unchecked, which row lands there is undefined.
         k, v: both or neither; ``[B, Sq_new, Hkv, D]``, written at positions ``cache_seqlens[b] + t``;
             ``cache_seqlens[b] + Sq_new`` must fit in the cache capacity (``S_max`` or
             ``max_blocks * block_size``; checked mode).
@@ -183,8 +190,9 @@ def flash_attn_with_kvcache(
         ``[B, Sq, Hq, D]`` in q's dtype; rows that see no key are 0.
 
     Raises:
-        ContractError: a non-tensor, or a shape, dtype, device, stride, index or scalar argument that
-            breaks the contract, or caches written in place that overlap.
+        ContractError: a non-tensor, a shape, dtype, device, stride, index or scalar argument that breaks
+            the contract, caches written in place that overlap, a tensor that requires grad while grad mode
+            is on, or (checked mode) two new k/v rows landing in one paged-cache slot.
     """
     if lowered(q):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         return torch.ops.infiniops.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
@@ -194,6 +202,8 @@ def flash_attn_with_kvcache(
         check_tensor(op, name, t)
     for name, t in (("block_table", block_table), ("k", k), ("v", v)):
         check_tensor(op, name, t, optional=True)
+    check_no_grad(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens,
+                       "block_table": block_table, "k": k, "v": v})
     paged = block_table is not None
     hq, d = _check_q(op, q, 4)
     b = q.shape[0]
@@ -218,10 +228,11 @@ def flash_attn_with_kvcache(
         capacity = block_table.shape[1] * block_size
     else:
         block_size, capacity = 0, k_cache.shape[1]
-    if _values_checked(q.device):
+    if is_checked(q.device):
         lengths = _check_cache_seqlens(op, cache_seqlens, new, capacity)
         if block_table is not None:
             _check_used_blocks(op, block_table, lengths, k_cache.shape[0], block_size)
+            _check_append_slots(op, block_table, lengths, new, block_size)
     scale, window, softcap = _normalize(op, d, softmax_scale, causal, window_size, softcap, capacity)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged,
@@ -231,11 +242,6 @@ def flash_attn_with_kvcache(
 
 
 # --- argument checks ---------------------------------------------------------------------------------
-
-
-def _values_checked(device: torch.device) -> bool:
-    """Whether index values are checked now (never on ``meta``, where tensors hold no values)."""
-    return device.type != "meta" and is_checked(device)
 
 
 def _check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
@@ -351,6 +357,18 @@ def _check_used_blocks(op: str, table: torch.Tensor, lengths: Sequence[int], num
     check_index_range(op, "block_table", table[used], num_blocks, allow_negative=False)
 
 
+def _check_append_slots(op: str, table: torch.Tensor, lengths: Sequence[int], new: int, block_size: int) -> None:
+    """No two new k/v rows may land in one paged-cache slot (sequences whose tables share the block they
+    append to): which write would land is undefined. Sequences may share the blocks they only read."""
+    if not new:
+        return
+    pos = (torch.tensor(lengths, dtype=torch.long, device=table.device)[:, None] - new
+           + torch.arange(new, device=table.device))  # [B, new]: cache_seqlens[b] + t, < capacity (checked)
+    blocks = table.gather(1, pos // block_size).long()
+    check_unique_indices(op, "block_table", (blocks * block_size + pos % block_size).flatten(),
+                         "new k/v rows' cache slot (block * block_size + offset)")
+
+
 def _normalize(op: str, d: int, softmax_scale: float | None, causal: bool, window_size: Sequence[int],
                softcap: float, max_seqlen_k: int) -> tuple[float, tuple[int, int], float]:
     """Check the scalars, fill in the scale and canonicalize the window; see the module docstring."""
@@ -446,7 +464,7 @@ def reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      causal: bool, window_size: tuple[int, int], softcap: float, block_table: torch.Tensor | None,
                      out: torch.Tensor) -> torch.Tensor:
     """Literal reference, one sequence at a time, in the input dtype (flash-attention's
-    ``attention_ref(upcast=False)``)."""
+    ``attention_ref(upcast=False)``); it reads the sequence starts on the host (a sync on CUDA)."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         keys, values, present = _sequence_kv(k, v, block_table, b, ck[b], max(0, ck[b + 1] - ck[b]))
@@ -473,7 +491,8 @@ def reference_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_table: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor | None,
                       softmax_scale: float, causal: bool, window_size: tuple[int, int], softcap: float,
                       out: torch.Tensor) -> torch.Tensor:
-    """Literal reference: append the new k/v of every sequence, then attend one sequence at a time."""
+    """Literal reference: append the new k/v of every sequence in order, then attend one sequence at a time;
+    it reads `cache_seqlens` on the host (a sync on CUDA)."""
     lengths = cache_seqlens.tolist()
     new = 0 if k is None else k.shape[1]
     for b, n in enumerate(lengths):

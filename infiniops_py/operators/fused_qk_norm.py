@@ -17,6 +17,7 @@ from infiniops_py.operators._base import (
     OpSpec,
     check_device,
     check_dtype,
+    check_no_grad,
     check_no_overlap,
     check_real,
     check_tensor,
@@ -61,7 +62,8 @@ def fused_qk_norm(
     Raises:
         ContractError: a non-tensor, a non-positive head count or head dim, a width other than
             ``(Hq + 2*Hkv) * D``, a mismatched weight, dtype or device, a last stride other than 1, a bad
-            `eps`, an expanded `qkv` or a weight sharing its memory.
+            `eps`, an expanded `qkv`, a weight sharing its memory, or a tensor that requires grad while
+            grad mode is on.
     """
     if lowered(qkv):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         torch.ops.infiniops.fused_qk_norm(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
@@ -69,6 +71,7 @@ def fused_qk_norm(
     check_tensor(_OP, "qkv", qkv)
     check_tensor(_OP, "q_weight", q_weight)
     check_tensor(_OP, "k_weight", k_weight)
+    check_no_grad(_OP, {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight})
     check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
     check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):

@@ -20,6 +20,7 @@ from infiniops_py.operators._base import (
     check_bool,
     check_device,
     check_dtype,
+    check_no_grad,
     check_real,
     check_tensor,
     overlaps,
@@ -65,8 +66,9 @@ def gemm(
         `out`, or a new contiguous ``[(Bt,) M, N]`` tensor in `a`'s dtype.
 
     Raises:
-        ContractError: a non-tensor, a bad scalar, or a rank, shape, dtype, device or stride that breaks
-            the above, naming the argument.
+        ContractError: a non-tensor, a bad scalar, a rank, shape, dtype, device or stride that breaks the
+            above, or a tensor that requires grad while grad mode is on (there is no backward), naming the
+            argument.
     """
     if lowered(a):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         if out is None:
@@ -77,6 +79,7 @@ def gemm(
     check_tensor(_OP, "b", b)
     for name, t in (("c", c), ("bias", bias), ("out", out)):
         check_tensor(_OP, name, t, optional=True)
+    check_no_grad(_OP, {"a": a, "b": b, "c": c, "bias": bias, "out": out})
     check_real(_OP, "alpha", alpha)
     check_real(_OP, "beta", beta)
     check_bool(_OP, "trans_a", trans_a)

@@ -21,8 +21,10 @@ from infiniops_py.operators._base import (
     check_device,
     check_dtype,
     check_index_range,
+    check_no_grad,
     check_no_overlap,
     check_tensor,
+    check_unique_indices,
     check_writable,
 )
 from infiniops_py.operators._torch_library import lowered
@@ -43,8 +45,9 @@ def reshape_and_cache_flash(
 
     Token ``i < N`` goes to block ``s // block_size``, offset ``s % block_size`` of both caches, where
     ``s = slot_mapping[i]``; ``s < 0`` marks a padding token, which is skipped. The token count is
-    ``N = len(slot_mapping)``: rows of `key` past ``N`` are padding and are never read. Slots should be
-    unique; when two tokens share a slot, which one lands there is unspecified.
+    ``N = len(slot_mapping)``: rows of `key` past ``N`` are padding and are never read. Non-negative slots
+    must be unique: in checked mode a repeated one raises; unchecked, which of the tokens lands in the slot
+    is undefined (providers differ; vLLM's kernel races there too).
 
     Args:
         key, value: ``[T, Hkv, D]``, dtype float16/bfloat16/float32/float64, last stride 1 (strided views
@@ -52,7 +55,7 @@ def reshape_and_cache_flash(
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype and device as `key`, last
             stride 1 (NHD, or an HND buffer viewed as NHD); updated in place.
         slot_mapping: int64 ``[N]``, ``N <= T``; in checked mode every value must be ``< num_blocks *
-            block_size``.
+            block_size`` and no non-negative value may repeat.
 
     The caches are written in place, so neither may have a zero-stride (expanded) or otherwise
     self-overlapping dim, and no two of `key_cache`, `value_cache` and the new `key`/`value` may share
@@ -61,8 +64,8 @@ def reshape_and_cache_flash(
 
     Raises:
         ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1,
-            ``N > T``, an expanded or overlapping cache, or (in checked mode) a slot
-            ``>= num_blocks * block_size``.
+            ``N > T``, an expanded or overlapping cache, a tensor that requires grad while grad mode is
+            on, or (in checked mode) a slot ``>= num_blocks * block_size`` or a repeated slot.
     """
     if lowered(key):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         torch.ops.infiniops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping)
@@ -70,6 +73,8 @@ def reshape_and_cache_flash(
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
         check_tensor(_OP, name, t)
+    check_no_grad(_OP, {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+                        "slot_mapping": slot_mapping})
     check_dtype(_OP, "key", key, FLOAT_DTYPES)
     dev, dt = key.device, key.dtype
     if key.dim() != 3:
@@ -108,6 +113,7 @@ def reshape_and_cache_flash(
         check_no_overlap(_OP, name, t, "key_cache", key_cache)
         check_no_overlap(_OP, name, t, "value_cache", value_cache)
     check_index_range(_OP, "slot_mapping", slot_mapping, num_blocks * block_size, allow_negative=True)
+    check_unique_indices(_OP, "slot_mapping", slot_mapping, "slot")
     if slot_mapping.shape[0] == 0 or key_cache.numel() == 0:
         return
     SPEC.call((dev.type, dt, d, block_size, hkv), key, value, key_cache, value_cache, slot_mapping)
@@ -120,7 +126,8 @@ def reference(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Literal reference: a Python loop over the tokens, skipping padding and out-of-range slots."""
+    """Literal reference: a Python loop over the tokens, skipping padding and out-of-range slots (it reads
+    `slot_mapping` on the host: one synchronization on CUDA; of tokens sharing a slot, the last lands)."""
     num_blocks, block_size = key_cache.shape[:2]
     for i, s in enumerate(slot_mapping.tolist()):
         if 0 <= s < num_blocks * block_size:

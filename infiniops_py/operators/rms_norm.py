@@ -22,6 +22,7 @@ from infiniops_py.operators._base import (
     OpSpec,
     check_device,
     check_dtype,
+    check_no_grad,
     check_no_overlap,
     check_real,
     check_tensor,
@@ -61,7 +62,8 @@ def rms_norm(
 
     Raises:
         ContractError: a non-tensor, rank 0, a mismatched weight, dtype or device, a last stride other than
-            1, a bad `eps` or `out`.
+            1, a bad `eps` or `out`, or a tensor that requires grad while grad mode is on (there is no
+            backward).
     """
     if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         if out is None:
@@ -100,6 +102,8 @@ def rms_norm(
             # Only views share a storage (short of `set_` or two `from_numpy` of one array): a storage
             # comparison on every call would cost 0.2 us of the 2 us budget.
             _check_out_overlap(x, weight, out)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or out.requires_grad):
+            check_no_grad(_OP, {"x": x, "weight": weight, "out": out})
     except AttributeError:
         for name, t in (("x", x), ("weight", weight), ("out", out)):
             check_tensor(_OP, name, t, optional=name == "out")
@@ -136,7 +140,8 @@ def fused_add_rms_norm(
 
     Raises:
         ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1, a bad
-            `eps`, an expanded `x` or `residual`, or any two of the tensors sharing memory.
+            `eps`, an expanded `x` or `residual`, any two of the tensors sharing memory, or a tensor that
+            requires grad while grad mode is on.
     """
     if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         torch.ops.infiniops.fused_add_rms_norm(x, residual, weight, eps)
@@ -144,6 +149,7 @@ def fused_add_rms_norm(
     check_tensor(_FUSED, "x", x)
     check_tensor(_FUSED, "residual", residual)
     check_tensor(_FUSED, "weight", weight)
+    check_no_grad(_FUSED, {"x": x, "residual": residual, "weight": weight})
     check_real(_FUSED, "eps", eps, low=0.0, low_inclusive=False)
     h = _check_rows(_FUSED, "x", x)
     if residual.shape != x.shape:

@@ -41,9 +41,11 @@ from infiniops_py.operators._base import (
     check_device,
     check_dtype,
     check_index_range,
+    check_no_grad,
     check_no_overlap,
     check_shape,
     check_tensor,
+    check_unique_indices,
     check_writable,
 )
 from infiniops_py.operators._torch_library import lowered
@@ -153,8 +155,8 @@ def selective_scan(
         (float64 for float64 x) when `return_final_states`.
 
     Raises:
-        ContractError: a non-tensor, a bad flag or limit, or a shape, dtype, device or stride that breaks
-            the contract, named by argument.
+        ContractError: a non-tensor, a bad flag or limit, a shape, dtype, device or stride that breaks the
+            contract, or a tensor that requires grad while grad mode is on, named by argument.
     """
     if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         scan = torch.ops.infiniops.selective_scan
@@ -165,6 +167,8 @@ def selective_scan(
     for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
                     ("seq_idx", seq_idx)):
         check_tensor(_SCAN, name, t, optional=True)
+    check_no_grad(_SCAN, {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+                          "initial_states": initial_states, "seq_idx": seq_idx})
     check_bool(_SCAN, "dt_softplus", dt_softplus)
     check_bool(_SCAN, "return_final_states", return_final_states)
     check_dtype(_SCAN, "x", x, FLOAT_DTYPES)
@@ -288,7 +292,9 @@ def selective_state_update(
 
     Row b advances slot ``state_batch_indices[b]`` (b when None) by one step, in place, and returns that
     step's output; dt is clamped to ``(0, inf)`` like `selective_scan`'s default. An index < 0 skips the row:
-    output 0, no state read or written.
+    output 0, no state read or written. Two rows may not name one slot: in checked mode a repeated
+    non-negative index raises; unchecked, the slot's state and both rows' outputs are undefined (one
+    provider reads every slot before writing any, another runs the rows in order).
 
     Args:
         state: [slots, H, P, N] float32 (float64 accepted), updated in place; last dim dense, no expanded
@@ -302,14 +308,16 @@ def selective_state_update(
         z: like x, or None.
         dt_bias: [H], any float dtype, or None.
         dt_softplus: apply softplus (threshold 20) to ``dt + dt_bias``.
-        state_batch_indices: int32/int64 [B] slot per row, < slots; negative values are padding.
+        state_batch_indices: int32/int64 [B] slot per row, < slots, each non-negative value once; negative
+            values are padding (and may repeat).
 
     Returns:
         out [B, H, P] in x's dtype.
 
     Raises:
         ContractError: a non-tensor, a bad flag, shape, dtype, device or stride, a state that cannot be
-            written in place; in checked mode an index >= slots.
+            written in place, a tensor that requires grad while grad mode is on; in checked mode an index
+            >= slots or a repeated index.
     """
     if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
         return torch.ops.infiniops.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
@@ -318,6 +326,8 @@ def selective_state_update(
         check_tensor(_UPDATE, name, t)
     for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)):
         check_tensor(_UPDATE, name, t, optional=True)
+    check_no_grad(_UPDATE, {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z,
+                            "dt_bias": dt_bias, "state_batch_indices": state_batch_indices})
     check_bool(_UPDATE, "dt_softplus", dt_softplus)
     check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
     if x.dim() != 3:
@@ -356,6 +366,7 @@ def selective_state_update(
         check_dtype(_UPDATE, "state_batch_indices", state_batch_indices, INDEX_DTYPES)
         check_shape(_UPDATE, "state_batch_indices", state_batch_indices, (batch,), " ([B])")
         check_index_range(_UPDATE, "state_batch_indices", state_batch_indices, slots, allow_negative=True)
+        check_unique_indices(_UPDATE, "state_batch_indices", state_batch_indices)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel():
         key = (x.device.type, x.dtype, head_dim, d_state, groups, D is not None, z is not None,
@@ -369,7 +380,8 @@ def reference_update(
     D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool,
     state_batch_indices: torch.Tensor | None, out: torch.Tensor,
 ) -> None:
-    """Literal reference: row by row, one step of `reference`'s recurrence on the row's slot."""
+    """Literal reference: row by row, one step of `reference`'s recurrence on the row's slot (the indices
+    are read on the host, one at a time: it synchronizes on CUDA)."""
     slots = state.shape[0]
     cdt = torch.float64 if torch.float64 in (x.dtype, state.dtype) else torch.float32
     rep = x.shape[1] // B.shape[1]
