@@ -224,7 +224,8 @@ class EngineOptions:
 
     Attributes:
         device: ``cpu`` or ``cuda`` (``cuda:N``).
-        dtype: compute and weight dtype; None takes the checkpoint's.
+        dtype: compute and weight dtype, a `torch.dtype` or its name (``"bf16"``, stored as the dtype; see
+            `parse_dtype`); None takes the checkpoint's.
         block_size: tokens per KV-cache block.
         num_blocks: KV-cache blocks per layer; None sizes the cache from `kv_cache_memory` (or, on CUDA, from
             `gpu_memory_utilization` of the free memory after the weights load). For a recurrent model
@@ -266,6 +267,14 @@ class EngineOptions:
     check_indices: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.dtype is not None:  # a name becomes its torch.dtype; an unsupported one is refused here
+            object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        try:
+            device_type = torch.device(self.device).type
+        except (RuntimeError, TypeError):
+            device_type = None
+        if device_type not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r} is not a device the engine runs on; use cpu, cuda or cuda:N")
         if self.block_size <= 0:
             raise ConfigError(f"block_size={self.block_size} must be positive")
         if self.num_blocks is not None and self.num_blocks <= 0:
