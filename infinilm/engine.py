@@ -1,9 +1,10 @@
 """The engine: gates, load, then one straight data path per step.
 
 ``Engine.from_pretrained`` reads the config, runs the gates (`infinilm.gates.plan`, which raises
-`GateError` before any weight is read), allocates the model and loads the weights, then sizes the paged
-KV cache (for a recurrent Mamba-2 model: the state pool of `infinilm.state_pool`, one row per running
-request, and its `RecurrentRunner`). Each `step` is: schedule -> prepare inputs -> run model -> sample ->
+`GateError` before any weight is read), checks the checkpoint's safetensors headers against the model's
+tensors (`infinilm.loader`, before anything is allocated), allocates the model and loads the weights, then
+sizes the paged KV cache (for a recurrent Mamba-2 model: the state pool of `infinilm.state_pool`, one row per
+running request, and its `RecurrentRunner`). Each `step` is: schedule -> prepare inputs -> run model -> sample ->
 postprocess. Requests can be added and cancelled between steps; new prefills join the running decodes in the
 next step.
 """
@@ -11,6 +12,7 @@ next step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import torch
 from infinilm.cache import KVCache
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.gates import GatePlan, overrides, plan
-from infinilm.loader import load_weights
+from infinilm.loader import load_weights, read_checkpoint
 from infinilm.models.llama import LlamaModel
 from infinilm.models.mamba2 import Mamba2Model
 from infinilm.runner import ModelRunner
@@ -89,7 +91,8 @@ class Engine:
 
         Raises:
             ConfigError: an unsupported config or option. GateError: an operator problem no provider serves
-                (raised before any weight is read). LoadError: the checkpoint does not fit the model.
+                (raised before any weight is read). LoadError: the checkpoint cannot be read safely or does not
+                fit the model (raised from the safetensors headers, before the model is allocated).
         """
         options = options or EngineOptions()
         config = ModelConfig.from_pretrained(path)
@@ -97,14 +100,21 @@ class Engine:
             _check_blocks(config, options, options.num_blocks)
         _check_prefill_graphs(config, options)
         gate_plan = plan(config, options)
+        # the headers (names, shapes, dtypes) against the model's targets built on the meta device: a
+        # checkpoint that does not fit is refused before any weight is allocated or read
+        family = Mamba2Model if config.ssm is not None else LlamaModel
+        ignored = functools.partial(family.ignored, tied=config.tie_word_embeddings)
+        checkpoint = read_checkpoint(path)
+        checkpoint.check(cls._build(config, options, gate_plan, torch.device("meta")).targets(), ignored)
         model = cls._build(config, options, gate_plan)
-        load_weights(path, model.targets(), ignored=lambda n: model.ignored(n, config.tie_word_embeddings),
-                     progress=options.progress)
+        load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
         return cls(config, options, gate_plan, model)
 
     @staticmethod
-    def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan) -> LlamaModel | Mamba2Model:
-        dtype, device = options.resolved_dtype(config), torch.device(options.device)
+    def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan,
+               device: torch.device | None = None) -> LlamaModel | Mamba2Model:
+        """The model with empty weights on `device` (default: the options' device; ``meta`` allocates nothing)."""
+        dtype, device = options.resolved_dtype(config), device or torch.device(options.device)
         if config.ssm is not None:
             return Mamba2Model(config, gate_plan, dtype=dtype, device=device)
         return LlamaModel(config, gate_plan, dtype=dtype, device=device, max_len=options.model_len(config))

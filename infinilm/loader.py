@@ -1,85 +1,235 @@
-"""Safetensors loading: single file or sharded index, memory-mapped, checked in full before any data is read.
+"""Safetensors loading: single file or sharded index, memory-mapped, checked in full before anything is allocated.
 
-The checkpoint's tensor headers (names, shapes) are compared with the model's `targets()` first; every
-missing, unexpected and mis-shaped tensor goes into one `LoadError`. Only then are the tensors read
-(``safe_open`` maps the file; no pickle) and copied, with a cast to the model dtype, into the views the
-model allocated; a progress bar shows for large checkpoints.
+`read_checkpoint` finds the files and reads every tensor header (name, shape, dtype), refusing what could
+make the loader read the wrong bytes:
+
+- the index ``model.safetensors.index.json`` is a JSON object whose ``weight_map`` maps each tensor name,
+  listed once, to a relative path (a str) of a shard: no absolute path, no ``..``;
+- every shard, symlinks resolved, lies inside the checkpoint directory; the one exception is a Hugging Face
+  hub cache snapshot (``<repo>/snapshots/<revision>/``), whose files are links into ``<repo>/blobs/``;
+- every shard exists and is a safetensors file (safetensors checks that the header's offsets cover the file
+  exactly, so a header that lies about sizes is refused), holds the tensors the index maps to it, and no
+  tensor is in two files.
+
+`Checkpoint.check` then compares the headers with the model's ``targets()`` (which may be meta tensors, so
+that nothing is allocated yet): every missing, unexpected, mis-shaped and non-floating-point tensor goes
+into one `LoadError`. Only then are the tensors read (``safe_open`` maps the file; no pickle) and copied,
+with a cast to the model dtype, into the views the model allocated; a progress bar shows for large
+checkpoints.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
 
 import torch
 
-__all__ = ["LoadError", "checkpoint_files", "load_weights"]
+__all__ = ["FLOAT_DTYPES", "Checkpoint", "LoadError", "TensorHeader", "checkpoint_files", "load_weights",
+           "read_checkpoint"]
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 _PROGRESS_BYTES = 1 << 30
+# The safetensors header dtypes a floating-point weight may have (each casts to the model dtype); integer,
+# bool and complex tensors (I*, U*, BOOL, C64) and scale formats (F8_E8M0) are refused.
+FLOAT_DTYPES: Final = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
 class LoadError(RuntimeError):
-    """The checkpoint does not fit the model: every problem, one per line."""
+    """The checkpoint does not fit the model, or cannot be read safely: every problem, one per line."""
+
+
+@dataclass(frozen=True)
+class TensorHeader:
+    """One tensor as its safetensors header declares it: the file holding it, its shape and dtype (``"BF16"``)."""
+
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The safetensors files of a checkpoint directory and the header of every tensor they hold.
+
+    Attributes:
+        path: the checkpoint directory.
+        files: the safetensors files, each inside `path` (see the module docstring for the hub cache).
+        headers: tensor name -> its header (each name in exactly one file).
+    """
+
+    path: Path
+    files: tuple[Path, ...]
+    headers: Mapping[str, TensorHeader]
+
+    def check(self, targets: Mapping[str, torch.Tensor], ignored: Callable[[str], bool] = lambda n: False) -> None:
+        """Compare the headers with the model's `targets` (name -> tensor; meta tensors do, nothing is read).
+
+        Raises:
+            LoadError: every tensor that is missing, unexpected (unless `ignored`), of another shape than
+                its target, or not floating point (dtypes outside `FLOAT_DTYPES`) where the target is, in one
+                error naming the directory, each tensor, its file, shape and dtype.
+        """
+        found = self.headers
+        problems = [f"missing: {n} (expected shape {list(t.shape)})" for n, t in targets.items() if n not in found]
+        problems += [f"unexpected: {n} (shape {list(h.shape)}, in {h.file.name})" for n, h in found.items()
+                     if n not in targets and not ignored(n)]
+        problems += [f"mis-shaped: {n}: checkpoint {list(found[n].shape)}, model expects {list(t.shape)}"
+                     for n, t in targets.items() if n in found and found[n].shape != tuple(t.shape)]
+        problems += [f"not floating point: {n}: dtype {found[n].dtype} in {found[n].file.name} (the model loads "
+                     f"{t.dtype} weights; allowed checkpoint dtypes: {', '.join(FLOAT_DTYPES)})"
+                     for n, t in targets.items()
+                     if n in found and t.is_floating_point() and found[n].dtype not in FLOAT_DTYPES]
+        if problems:
+            raise LoadError(f"{self.path}: the checkpoint does not fit the model ({len(problems)} problem(s)):\n  "
+                            + "\n  ".join(problems))
+
+
+class _Object(dict[str, Any]):
+    """A JSON object that remembers the keys it held more than once (json keeps the last silently)."""
+
+    repeated: list[str]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object()
+    obj.repeated = []
+    for key, value in pairs:
+        if key in obj:
+            obj.repeated.append(key)
+        obj[key] = value
+    return obj
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of the index: tensor name -> shard name, each checked to be a relative path.
+
+    Raises:
+        LoadError: unreadable or invalid JSON, no ``weight_map`` object, a tensor listed twice, or a shard
+            name that is not a str, is empty, absolute or holds ``..`` (all listed).
+    """
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"), object_pairs_hook=_object)
+    except OSError as err:
+        raise LoadError(f"{index}: cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise LoadError(f"{index}: not UTF-8 text (expected a JSON object with a weight_map)") from None
+    except json.JSONDecodeError as err:
+        raise LoadError(f"{index}: not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, _Object):
+        raise LoadError(f"{index}: expected a JSON object with a weight_map object (tensor name -> shard file), "
+                        f"got {'no weight_map' if weight_map is None else type(weight_map).__name__}")
+    problems = [f"weight_map lists {name!r} more than once (a tensor must come from one shard)"
+                for name in dict.fromkeys(weight_map.repeated)]
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            problems.append(f"weight_map[{name!r}]={shard!r} must be a str (a shard file name)")
+        elif not shard or "\x00" in shard or PurePosixPath(shard).is_absolute() or ".." in PurePosixPath(shard).parts:
+            problems.append(f"weight_map[{name!r}]={shard!r} must be a file name relative to the checkpoint "
+                            "directory (no absolute path, no '..')")
+    if not weight_map:
+        problems.append("weight_map is empty (it names no shard)")
+    if problems:
+        raise LoadError(f"{index}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+    return dict(weight_map)
+
+
+def _inside(path: Path, file: Path) -> bool:
+    """Whether `file`, symlinks resolved, lies in `path` (or, for a hub cache snapshot, in its repo's blobs)."""
+    root, target = path.resolve(), file.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots":  # <repo>/snapshots/<revision>/<file> -> ../../blobs/<sha>
+        roots.append(root.parent.parent / "blobs")
+    return any(target.is_relative_to(r) for r in roots)
+
+
+def _shard_files(path: Path, names: list[str], where: Path) -> list[Path]:
+    """`path / name` for each name (once each, in name order), after checking each is a file inside `path`.
+
+    Raises:
+        LoadError: a shard that is missing, not a file, or resolves outside `path` (all listed).
+    """
+    files = sorted({path / name for name in names})
+    outside = [f"{f} resolves to {f.resolve()}, outside {path.resolve()}" for f in files if not _inside(path, f)]
+    if outside:
+        raise LoadError(f"{where}: shard(s) outside the checkpoint directory (symlinks are followed):\n  "
+                        + "\n  ".join(outside))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise LoadError(f"{where} names missing shard(s): {', '.join(missing)}")
+    return files
+
+
+def _locate(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The checked shard files and, for a sharded checkpoint, the index's weight_map."""
+    if (path / _INDEX).is_file():
+        weight_map = _read_index(path / _INDEX)
+        return _shard_files(path, list(weight_map.values()), path / _INDEX), weight_map
+    if (path / _SINGLE).is_file():
+        return _shard_files(path, [_SINGLE], path), None
+    raise LoadError(f"{path}: no {_SINGLE} or {_INDEX}")
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint directory (from the sharded index when present).
 
     Raises:
-        LoadError: neither ``model.safetensors.index.json`` nor ``model.safetensors`` exists, or the index
-            names a missing shard.
+        LoadError: neither ``model.safetensors.index.json`` nor ``model.safetensors`` exists; an index that
+            is not valid (see `_read_index`); a shard that is missing or lies outside the directory.
     """
-    path = Path(path)
-    if (path / _INDEX).is_file():
-        weight_map = json.loads((path / _INDEX).read_text())["weight_map"]
-        files = [path / name for name in sorted(set(weight_map.values()))]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise LoadError(f"{path / _INDEX} names missing shard(s): {', '.join(missing)}")
-        return files
-    if (path / _SINGLE).is_file():
-        return [path / _SINGLE]
-    raise LoadError(f"{path}: no {_SINGLE} or {_INDEX}")
+    return _locate(Path(path))[0]
 
 
-def _headers(files: list[Path]) -> dict[str, tuple[Path, list[int]]]:
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """The files of a checkpoint directory and every tensor header; reads no tensor data, allocates nothing.
+
+    Raises:
+        LoadError: the files cannot be found or lie outside the directory (see `checkpoint_files`); a file
+            that is not safetensors (including a header whose offsets do not cover the file); a tensor held
+            by two files, or one the index maps to a shard that does not hold it (all listed).
+    """
     from safetensors import safe_open
 
-    found: dict[str, tuple[Path, list[int]]] = {}
+    path = Path(path)
+    files, weight_map = _locate(path)
+    headers: dict[str, TensorHeader] = {}
+    problems: list[str] = []
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device="cpu") as st:
                 for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    found[name] = (f, list(st.get_slice(name).get_shape()))
+                    piece = st.get_slice(name)
+                    if name in headers:
+                        problems.append(f"{name} is in two shards: {headers[name].file.name} and {f.name}")
+                        continue
+                    headers[name] = TensorHeader(f, tuple(piece.get_shape()), piece.get_dtype())
         except Exception as err:  # safetensors raises its own SafetensorError (and OSError)
             raise LoadError(f"{f}: not a readable safetensors file ({type(err).__name__}: {err})") from err
-    return found
-
-
-def _check(found: dict[str, tuple[Path, list[int]]], targets: dict[str, torch.Tensor],
-           ignored: Callable[[str], bool], where: Path) -> None:
-    problems = [f"missing: {n} (expected shape {list(t.shape)})" for n, t in targets.items() if n not in found]
-    problems += [f"unexpected: {n} (shape {s}, in {f.name})" for n, (f, s) in found.items()
-                 if n not in targets and not ignored(n)]
-    problems += [f"mis-shaped: {n}: checkpoint {found[n][1]}, model expects {list(t.shape)}"
-                 for n, t in targets.items() if n in found and found[n][1] != list(t.shape)]
+    if weight_map is not None:
+        problems += [f"the index maps {name} to {shard}, which does not hold it"
+                     for name, shard in weight_map.items()
+                     if name not in headers or headers[name].file != path / shard]
     if problems:
-        raise LoadError(f"{where}: the checkpoint does not fit the model ({len(problems)} problem(s)):\n  "
+        raise LoadError(f"{path}: the checkpoint is inconsistent ({len(problems)} problem(s)):\n  "
                         + "\n  ".join(problems))
+    return Checkpoint(path, tuple(files), headers)
 
 
 def load_weights(
-    path: str | Path, targets: dict[str, torch.Tensor], *, ignored: Callable[[str], bool] = lambda n: False,
-    progress: bool | None = None,
+    path: str | Path | Checkpoint, targets: dict[str, torch.Tensor], *,
+    ignored: Callable[[str], bool] = lambda n: False, progress: bool | None = None,
 ) -> int:
     """Copy every checkpoint tensor into its target view (cast to the target's dtype and device).
 
     Args:
-        path: checkpoint directory.
+        path: checkpoint directory, or a `Checkpoint` already read (its headers are checked against
+            `targets` again, which reads nothing).
         targets: tensor name -> the view to fill (the model's ``targets()``).
         ignored: names that may be present and are skipped (RoPE buffers, a tied LM head).
         progress: show a tqdm bar; None shows it for checkpoints over 1 GiB on a terminal.
@@ -88,22 +238,20 @@ def load_weights(
         the number of bytes read.
 
     Raises:
-        LoadError: missing, unexpected or mis-shaped tensors (all listed, nothing read yet), no safetensors
-            files, or a file that is not safetensors.
+        LoadError: everything `read_checkpoint` and `Checkpoint.check` refuse (all listed, nothing read yet).
     """
     from safetensors import safe_open
     from tqdm import tqdm
 
-    path = Path(path)
-    files = checkpoint_files(path)
-    found = _headers(files)
-    _check(found, targets, ignored, path)
+    checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
+    checkpoint.check(targets, ignored)
+    files = checkpoint.files
     total = sum(f.stat().st_size for f in files)
     if progress is None:
         progress = total > _PROGRESS_BYTES and sys.stderr.isatty()
     by_file: dict[Path, list[str]] = {}
     for name in targets:
-        by_file.setdefault(found[name][0], []).append(name)
+        by_file.setdefault(checkpoint.headers[name].file, []).append(name)
     read = 0
     with tqdm(total=len(targets), desc="loading weights", unit="tensor", disable=not progress) as bar:
         for f, names in by_file.items():

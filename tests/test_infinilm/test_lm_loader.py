@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -26,15 +27,29 @@ def _options(**kw: object) -> EngineOptions:
     return EngineOptions(**{"block_size": 8, "num_blocks": 16, "max_model_len": 64, **kw})
 
 
+def _hub_snapshot(src: Path, repo: Path) -> Path:
+    """`src` laid out as the Hugging Face hub cache does: ``snapshots/<rev>/<file>`` links to ``blobs/<name>``."""
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for f in src.iterdir():
+        shutil.copy(f, repo / "blobs" / f.name)
+        (snapshot / f.name).symlink_to(Path("..", "..", "blobs", f.name))
+    return snapshot
+
+
 def test_sharded_checkpoint_loads_and_matches(checkpoint: CheckpointFactory, tmp_path: Path) -> None:
     _, hf = checkpoint("qwen2")
-    hf.save_pretrained(str(tmp_path), max_shard_size="40KB")
-    assert (tmp_path / "model.safetensors.index.json").is_file()
-    assert len(checkpoint_files(tmp_path)) > 2
-    engine = Engine.from_pretrained(tmp_path, _options(progress=True))
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(str(sharded), max_shard_size="40KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(checkpoint_files(sharded)) > 2
     with torch.no_grad():
         ref = hf(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(engine.prefill_logits([PROMPT])[0], ref, rtol=0, atol=1e-4)
+    # as saved, and as the hub cache keeps it (every file a symlink out of the snapshot, into ../../blobs)
+    for path in (sharded, _hub_snapshot(sharded, tmp_path / "models--tiny--qwen2")):
+        engine = Engine.from_pretrained(path, _options(progress=True))
+        torch.testing.assert_close(engine.prefill_logits([PROMPT])[0], ref, rtol=0, atol=1e-4)
 
 
 def test_every_mismatch_is_listed_in_one_error(checkpoint: CheckpointFactory, tmp_path: Path) -> None:
@@ -90,3 +105,113 @@ def test_dtype_comes_from_the_config_or_the_option(checkpoint: CheckpointFactory
     (tmp_path / "bf16" / "config.json").write_text(json.dumps(config))
     shutil.copy(path / "model.safetensors", tmp_path / "bf16" / "model.safetensors")
     assert Engine.from_pretrained(tmp_path / "bf16", _options()).model.embed.weight.dtype == torch.bfloat16
+
+
+def _write_sharded(dst: Path, config: Path, shards: dict[str, dict[str, torch.Tensor]],
+                   index: dict[str, object] | str | None = None) -> Path:
+    """A checkpoint directory: config.json, each shard saved by safetensors, and an index (a dict is written as
+    JSON, a str verbatim; None maps each tensor to the shard that holds it)."""
+    _copy_config(config, dst)
+    for name, tensors in shards.items():
+        save_file(tensors, str(dst / name))
+    if index is None:
+        index = {name: shard for shard, tensors in shards.items() for name in tensors}
+    text = index if isinstance(index, str) else json.dumps({"metadata": {}, "weight_map": index})
+    (dst / "model.safetensors.index.json").write_text(text)
+    return dst
+
+
+def _bad_checkpoint(case: str, src: Path, root: Path) -> Path:
+    """The checkpoint directory of one refused case, built from the tensors of the good checkpoint `src`."""
+    tensors = load_file(str(src / "model.safetensors"))
+    first, second = dict(list(tensors.items())[:5]), dict(list(tensors.items())[5:])
+    other = root / "other"  # a complete checkpoint of the same model, outside the directory
+    _copy_config(src, other)
+    shutil.copy(src / "model.safetensors", other / "model.safetensors")
+    dst = root / case
+    if case == "dotdot":
+        return _write_sharded(dst, src, {}, dict.fromkeys(tensors, "../other/model.safetensors"))
+    if case == "absolute":
+        return _write_sharded(dst, src, {}, dict.fromkeys(tensors, str(other / "model.safetensors")))
+    if case == "symlink":
+        _write_sharded(dst, src, {}, dict.fromkeys(tensors, "model-00001-of-00001.safetensors"))
+        (dst / "model-00001-of-00001.safetensors").symlink_to(other / "model.safetensors")
+        return dst
+    if case == "not-a-str":
+        return _write_sharded(dst, src, {"a.safetensors": tensors}, {**dict.fromkeys(tensors, "a.safetensors"),
+                                                                     "model.norm.weight": 7})
+    if case == "listed-twice":
+        pairs = [f'"{name}": "a.safetensors"' for name in tensors] + ['"model.norm.weight": "b.safetensors"']
+        index = '{"metadata": {}, "weight_map": {' + ", ".join(pairs) + "}}"
+        shards = {"a.safetensors": tensors, "b.safetensors": {"model.norm.weight": torch.ones(64)}}
+        return _write_sharded(dst, src, shards, index)
+    if case == "in-two-shards":
+        second["model.norm.weight"] = torch.zeros(64)  # also in the first shard, whose copy the index names
+        index = {**dict.fromkeys(first, "a.safetensors"), **dict.fromkeys(second, "b.safetensors"),
+                 "model.norm.weight": "a.safetensors"}
+        first["model.norm.weight"] = tensors["model.norm.weight"]
+        return _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": second}, index)
+    if case == "not-floating-point":
+        tensors["model.norm.weight"] = torch.ones(64, dtype=torch.int64)
+        tensors["model.layers.0.input_layernorm.weight"] = torch.ones(64, dtype=torch.bool)
+        tensors["model.layers.1.input_layernorm.weight"] = torch.ones(64, dtype=torch.complex64)
+        return _write_sharded(dst, src, {"a.safetensors": tensors})
+    if case == "header-lies-about-sizes":  # the header's offsets reach past the end of the (truncated) file
+        _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": second})
+        data = (dst / "b.safetensors").read_bytes()
+        (dst / "b.safetensors").write_bytes(data[:-4])
+        return dst
+    if case == "missing-shard":
+        return _write_sharded(dst, src, {"a.safetensors": first}, {**dict.fromkeys(first, "a.safetensors"),
+                                                                   **dict.fromkeys(second, "b.safetensors")})
+    assert case == "mis-shaped", case  # a checkpoint of another size than the config says
+    tensors["model.layers.1.mlp.down_proj.weight"] = torch.randn(64, 80)
+    return _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": tensors})
+
+
+BAD_CHECKPOINTS = {  # case -> what the error says
+    "dotdot": [r"weight_map\['model\.norm\.weight'\]='\.\./other/model\.safetensors' must be a file name "
+               r"relative to the checkpoint directory \(no absolute path, no '\.\.'\)"],
+    "absolute": [r"weight_map\['model\.norm\.weight'\]='/.*/other/model\.safetensors' must be a file name relative"],
+    "symlink": [r"index\.json: shard\(s\) outside the checkpoint directory \(symlinks are followed\)",
+                r"model-00001-of-00001\.safetensors resolves to .*/other/model\.safetensors, outside .*/symlink"],
+    "not-a-str": [r"weight_map\['model\.norm\.weight'\]=7 must be a str \(a shard file name\)"],
+    "listed-twice": [r"weight_map lists 'model\.norm\.weight' more than once \(a tensor must come from one shard\)"],
+    "in-two-shards": [r"model\.norm\.weight is in two shards: a\.safetensors and b\.safetensors"],
+    "not-floating-point": [r"\(3 problem\(s\)\)",
+                           r"not floating point: model\.norm\.weight: dtype I64 in a\.safetensors \(the model loads "
+                           r"torch\.float32 weights; allowed checkpoint dtypes: F64, F32, F16, BF16",
+                           r"model\.layers\.0\.input_layernorm\.weight: dtype BOOL",
+                           r"model\.layers\.1\.input_layernorm\.weight: dtype C64"],
+    "header-lies-about-sizes": [r"b\.safetensors: not a readable safetensors file \(SafetensorError: .*incomplete "
+                                r"metadata, file not fully covered"],
+    "missing-shard": [r"index\.json names missing shard\(s\): .*/b\.safetensors"],
+    "mis-shaped": [r"mis-shaped: model\.layers\.1\.mlp\.down_proj\.weight: checkpoint \[64, 80\], model expects "
+                   r"\[64, 96\]"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CHECKPOINTS))
+def test_a_bad_checkpoint_is_refused_from_its_headers_before_the_model_is_allocated(
+        case: str, checkpoint: CheckpointFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards outside the directory (``..``, absolute, a symlink out), a weight_map value that is not a str, a
+    tensor listed twice or held by two shards, integer/bool/complex weights, a header whose offsets do not cover
+    its file, a missing shard and a tensor of another shape: each is one LoadError naming the file and tensor,
+    raised before any tensor is allocated on the device (only meta tensors are built) or read."""
+    path, _ = checkpoint("qwen2")
+    bad = _bad_checkpoint(case, path, tmp_path)
+    built: list[str] = []
+    build = Engine._build
+
+    def spy(*args: object) -> object:
+        model = build(*args)  # type: ignore[arg-type]
+        built.append(model.embed.weight.device.type)
+        return model
+
+    monkeypatch.setattr(Engine, "_build", staticmethod(spy))
+    with pytest.raises(LoadError) as info:
+        Engine.from_pretrained(bad, _options())
+    for pattern in BAD_CHECKPOINTS[case]:
+        assert re.search(pattern, str(info.value)), (pattern, str(info.value))
+    assert str(bad) in str(info.value)
+    assert "cpu" not in built, "the model was allocated before the checkpoint was refused"
