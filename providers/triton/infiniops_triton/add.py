@@ -24,6 +24,7 @@ import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._launch import Tuned
 
 __all__ = ["IMPLEMENTATIONS", "add"]
 
@@ -119,8 +120,8 @@ _FLAT = _flat_config(4096, 8, "evict_first")  # 16 elements per thread: two 16-b
 _FLAT_CANDIDATES = (_FLAT, _flat_config(4096, 8, ""), _flat_config(8192, 8, "evict_first"),
                     _flat_config(2048, 4, "evict_first"))
 _even = triton.heuristics({"EVEN": lambda args: args["numel"] % args["BLOCK"] == 0})
-_add_flat_tuned = triton.autotune(list(_FLAT_CANDIDATES), key=["size_class", "WIDE"], restore_value=["OUT"])(
-    _even(_add_flat_kernel))
+_add_flat_tuned = Tuned(triton.autotune(list(_FLAT_CANDIDATES), key=["size_class", "WIDE"],
+                                        restore_value=["OUT"])(_even(_add_flat_kernel)))
 _add_flat_fixed = _even(_add_flat_kernel)
 
 
@@ -129,7 +130,8 @@ def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: flo
     args = (a, b, out, numel, alpha, numel.bit_length())
     wide = numel + 2 * max(c.kwargs["BLOCK"] for c in _FLAT_CANDIDATES) >= 2**31  # the last block's offsets too
     if numel >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
-        _add_flat_tuned[lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)](*args, WIDE=wide)
+        _add_flat_tuned.launch((args[-1], wide, out.dtype), lambda meta: (triton.cdiv(numel, meta["BLOCK"]),), *args,
+                               WIDE=wide)
         return
     block = _FLAT.kwargs["BLOCK"]
     _add_flat_fixed[(triton.cdiv(numel, block),)](*args, WIDE=wide, BLOCK=block, EVICT=_FLAT.kwargs["EVICT"],

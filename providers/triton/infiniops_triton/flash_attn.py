@@ -33,6 +33,7 @@ from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
+from infiniops_triton._launch import Tuned
 
 __all__ = ["BLOCK_SIZES", "HEAD_DIMS", "IMPLEMENTATIONS", "flash_attn_varlen", "flash_attn_with_kvcache"]
 
@@ -47,6 +48,8 @@ _INTERPRET_DECODE_BLOCK_N: Final = 16
 # 1.4x what the fp32 rule allows (H200, .gpu diagnostic, 2026-11-30); "fp64" is what the conformance
 # suite runs. Module-level so such a comparison can switch it.
 FP32_PRECISION = "fp64"
+_PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
+_DECODE = Tuned(decode_split_tuned)
 
 
 def _interpreting() -> bool:
@@ -138,7 +141,8 @@ def flash_attn_varlen(
         def grid(m: dict[str, Any]) -> tuple[int]:
             return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
 
-        attn_fwd_tuned[grid](*args, **meta)
+        key = (head_dim, has_left, has_right, softcap > 0, paged, q.dtype, k.dtype, cu_seqlens_q.dtype, table.dtype)
+        _PREFILL.launch(key, grid, *args, **meta)
         return out
     config = {"USE_TMA": False, **config}
     if config["USE_TMA"] and not tma_layout_ok(q, k, v, paged):
@@ -234,7 +238,8 @@ def flash_attn_with_kvcache(
     if interpreting:
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
-        decode_split_tuned[grid](*args, **meta)
+        key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype)
+        _DECODE.launch(key, grid, *args, **meta)
     if splits > 1:
         combine_kernel[(batch * q_len * num_heads_q,)](
             o_part, lse_part, out, *out.stride()[:3], q_len, num_heads_q, splits, HEAD_DIM=head_dim, BLOCK_D=block_d,

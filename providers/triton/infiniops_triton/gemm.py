@@ -24,6 +24,7 @@ import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._launch import Tuned
 
 __all__ = ["IMPLEMENTATIONS", "gemm"]
 
@@ -151,6 +152,9 @@ def _gemm_kernel(
     tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
+_GEMM = Tuned(_gemm_kernel)
+
+
 def _as_batched(t: torch.Tensor) -> tuple[int, int, int]:
     """(batch stride, row stride, column stride) of a 2-D or 3-D operand (batch stride 0 when 2-D)."""
     if t.dim() == 2:
@@ -202,11 +206,14 @@ def gemm(
     c_view = out3 if c is None else c.expand(out3.shape)
     bias_arg = out if bias is None else bias
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), batches)  # noqa: E731
-    _gemm_kernel[grid](
+    tune_key = _size_class(m, n) * 4 + (a_view.stride(-1) == 1) * 2 + (b_view.stride(-1) == 1)
+    has_c, has_bias = c is not None, bias is not None
+    _GEMM.launch(
+        (tune_key, has_c, has_bias, a.dtype, c_view.dtype, bias_arg.dtype), grid,
         a_view, b_view, c_view, bias_arg, out3, m, n, k,
         *_as_batched(a_view), *_as_batched(b_view), *c_view.stride(), *out3.stride(),
-        float(alpha), float(beta), _size_class(m, n) * 4 + (a_view.stride(-1) == 1) * 2 + (b_view.stride(-1) == 1),
-        HAS_C=c is not None, HAS_BIAS=bias is not None,
+        float(alpha), float(beta), tune_key,
+        HAS_C=has_c, HAS_BIAS=has_bias,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         WIDE=max(_span(t) for t in (a, b, out3)) >= 2**31,
     )
