@@ -1,4 +1,5 @@
-"""Boolean environment switches, parsed one way everywhere (``INFINIOPS_STRICT``, ``INFINIOPS_TRACE_CALLS``, ...).
+"""Environment switches, parsed one way everywhere: booleans (``INFINIOPS_STRICT``, ``INFINIOPS_TRACE_CALLS``,
+...) and comma-separated lists of names (``INFINIOPS_PROVIDERS``).
 
 A leaf module: it imports nothing from the project, so every layer may use it.
 """
@@ -8,10 +9,14 @@ from __future__ import annotations
 import os
 from typing import Final
 
-__all__ = ["FALSE_WORDS", "TRUE_WORDS", "env_flag", "parse_flag"]
+__all__ = ["FALSE_WORDS", "TRUE_WORDS", "EnvValueError", "env_flag", "env_names", "parse_flag", "split_names"]
 
 TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS: Final = frozenset({"0", "false", "no", "off"})
+
+
+class EnvValueError(ValueError):
+    """An environment variable holds a value its parser does not accept; the message names the variable."""
 
 
 def parse_flag(name: str, raw: str | None, default: bool) -> bool:
@@ -21,7 +26,7 @@ def parse_flag(name: str, raw: str | None, default: bool) -> bool:
     ``no``, ``off`` are false.
 
     Raises:
-        ValueError: any other value, naming the variable and the words it accepts.
+        EnvValueError: (a ValueError) any other value, naming the variable and the words it accepts.
     """
     if raw is None:
         return default
@@ -33,7 +38,7 @@ def parse_flag(name: str, raw: str | None, default: bool) -> bool:
     if word in FALSE_WORDS:
         return False
     on, off = ", ".join(sorted(TRUE_WORDS)), ", ".join(sorted(FALSE_WORDS))
-    raise ValueError(f"environment variable {name}={raw!r} is not a boolean: use one of {on} (on) "
+    raise EnvValueError(f"environment variable {name}={raw!r} is not a boolean: use one of {on} (on) "
                      f"or {off} (off), or leave it unset")
 
 
@@ -41,6 +46,16 @@ def env_flag(name: str, default: bool = False) -> bool:
     """The boolean environment variable `name` (see `parse_flag`); `default` when unset or empty.
 
     Raises:
-        ValueError: a value that is neither true nor false, naming the variable.
+        EnvValueError: (a ValueError) a value that is neither true nor false, naming the variable.
     """
     return parse_flag(name, os.environ.get(name), default)
+
+
+def split_names(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` as ``("a", "b", "c")``: the comma-separated names, stripped, empty ones dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def env_names(name: str) -> tuple[str, ...]:
+    """The environment variable `name` as a comma-separated list of names (`split_names`); unset gives ()."""
+    return split_names(os.environ.get(name, ""))
