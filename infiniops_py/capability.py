@@ -248,17 +248,22 @@ def constraint_text(c: Constraint) -> str:
 
 
 def safe_reject(c: Constraint, problem: Problem) -> Rejection | None:
-    """``c.reject(problem)``, except that a check which raises is a rejection of its own.
+    """``c.reject(problem)``, except that a check which raises (``SystemExit`` too), or which returns
+    something other than a `Rejection` or None, is a rejection of its own.
 
     The rejection reads ``<field>=<value> (constraint <name> raised ZeroDivisionError: division by zero)``
-    and carries no fix (nothing about the problem can fix a faulty constraint), so the resolver never
-    picks that candidate and the others still serve.
+    (or ``... returned str, not a Rejection or None``) and carries no fix (nothing about the problem can fix
+    a faulty constraint), so the resolver never picks that candidate and the others still serve.
     """
     try:
-        return c.reject(problem)
-    except Exception as exc:  # a plugin's constraint is foreign code: contain it
+        found = c.reject(problem)
+    except (Exception, SystemExit) as exc:  # a plugin's constraint is foreign code: contain it
         return Rejection("raised", c.field, problem.get(c.field),
                          f"(constraint {constraint_text(c)} raised {type(exc).__name__}: {exc})")
+    if found is None or isinstance(found, Rejection):
+        return found
+    return Rejection("invalid", c.field, problem.get(c.field),
+                     f"(constraint {constraint_text(c)} returned {type(found).__name__}, not a Rejection or None)")
 
 
 class Capability:

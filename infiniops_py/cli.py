@@ -6,12 +6,15 @@
     infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--dtype T] [--seed S]
                    [--reference-device {cpu,cuda}] [--json FILE] [--progress]
 
-Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage.
+Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage
+(including an ``INFINIOPS_*`` switch set to a value it does not accept, such as ``INFINIOPS_STRICT=maybe``).
+Plugin code runs with ``sys.stdout`` sent to stderr, so that stdout carries only the command's output.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -21,6 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from infiniops_py._env import EnvValueError
 
 __all__ = ["main"]
 
@@ -82,9 +87,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command `argv` (default: ``sys.argv[1:]``); returns the exit status (see the module doc).
+
+    Raises:
+        SystemExit: with status 2, from argparse, on bad arguments.
+    """
     args = _parser().parse_args(argv)
     command = {"providers": _providers, "matrix": _matrix, "explain": _explain, "check": _check}[args.command]
-    return command(args)
+    try:
+        return command(args)
+    except EnvValueError as err:  # an INFINIOPS_* switch holds a value no parser accepts: usage, not a crash
+        print(f"infiniops {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 # --- providers ------------------------------------------------------------------------------------------
@@ -113,7 +127,8 @@ def _matrix(args: argparse.Namespace) -> int:
     from infiniops_py import matrix
 
     try:
-        m = matrix.build(ops=args.op, devices=args.device or matrix.DEVICES)
+        with contextlib.redirect_stdout(sys.stderr):  # plugin constraints run here: stdout is for the matrix
+            m = matrix.build(ops=args.op, devices=args.device or matrix.DEVICES)
     except KeyError as err:
         print(f"infiniops matrix: {err.args[0]}", file=sys.stderr)
         return 2

@@ -8,6 +8,10 @@ module implements::
     @hookimpl
     def infiniops_provider() -> Provider:
         return Provider(name="mine", version="1.0", implementations=[...])
+
+registered as ``mine = my_package`` under that group: the provider's name must be the entry point's name,
+or the plugin is refused (no plugin can take another provider's name). The hook runs once, with
+``sys.stdout`` sent to stderr; whatever it raises makes the provider a failed one (see `plugins.load_plugin`).
 """
 
 from __future__ import annotations
@@ -26,4 +30,4 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def infiniops_provider() -> Provider:  # type: ignore[empty-body]
-    """Return the provider: its name, version and implementations."""
+    """Return the provider: its name (the entry point's name), version and implementations (a list or tuple)."""

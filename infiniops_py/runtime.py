@@ -38,12 +38,19 @@ _manual: list[Provider] = []
 def _build() -> Resolver:
     from infiniops_py import reference_provider
 
+    settings = Settings.from_env()  # first: a bad switch stops before any plugin loads
     found = plugins.deduplicate([reference_provider.provider(), *plugins.discover(), *_manual])
-    return Resolver(found, Settings.from_env(), OPERATORS)
+    return Resolver(found, settings, OPERATORS)
 
 
 def get_resolver() -> Resolver:
-    """The current resolver, built on first use."""
+    """The current resolver, built on first use.
+
+    Raises:
+        ValueError: (`_env.EnvValueError`) a boolean ``INFINIOPS_*`` switch (``INFINIOPS_STRICT``,
+            ``INFINIOPS_TRACE_CALLS``, ``INFINIOPS_DISABLE_PLUGIN_AUTOLOAD``) set to a value that is neither
+            true nor false, naming the variable.
+    """
     global _resolver
     if _resolver is None:
         _resolver = _build()
@@ -51,7 +58,11 @@ def get_resolver() -> Resolver:
 
 
 def reload() -> Resolver:
-    """Re-discover providers and re-read the environment; clears the resolution cache."""
+    """Re-discover providers and re-read the environment; clears the resolution cache.
+
+    Raises:
+        ValueError: as `get_resolver`.
+    """
     global _resolver
     _resolver = _build()
     return _resolver
@@ -61,17 +72,30 @@ def register_provider(plugin: Any, *, name: str | None = None) -> Provider:
     """Register a provider plugin object by hand (a module or object with an ``infiniops_provider`` hook).
 
     For use with ``INFINIOPS_DISABLE_PLUGIN_AUTOLOAD=1`` or in tests; returns the loaded `Provider`
-    (check ``provider.error``). Nothing raises for a bad plugin: a missing or raising hook, unusable
-    declarations (see `plugins.declaration_errors`) or a provider name already taken (``torch``) give a
-    failed provider, listed by ``infiniops providers``; the provider already holding the name keeps serving.
+    (check ``provider.error``). `name`, when given, must be the provider's own name, as an entry point's
+    name must be; without it the provider keeps the name it gives itself. Nothing raises for a bad plugin
+    (``SystemExit`` and ``KeyboardInterrupt`` from its hook included, see `plugins.load_plugin`): a missing or
+    raising hook, a provider named otherwise than `name`, unusable declarations (see
+    `plugins.declaration_errors`) or a provider name already taken (``torch``) give a failed provider,
+    listed by ``infiniops providers``; the provider already holding the name keeps serving.
     """
-    provider = plugins.load_plugin(plugin, name=name or getattr(plugin, "__name__", "manual"), source="manual")
+    provider = plugins.load_plugin(plugin, name=name or _plugin_name(plugin), source="manual",
+                                   check_name=name is not None)
     taken = get_resolver().providers.get(provider.name)
     if taken is not None:
         provider = plugins.duplicate(provider, taken, origin="manual")
     _manual.append(provider)
     reload()
     return provider
+
+
+def _plugin_name(plugin: Any) -> str:
+    """The plugin's ``__name__`` (a module's), or ``manual``: the name of its provider should it fail."""
+    try:
+        found = getattr(plugin, "__name__", None)
+    except BaseException:  # a plugin object is foreign code, even its attributes
+        found = None
+    return found if isinstance(found, str) and found.strip() else "manual"
 
 
 def unregister_provider(name: str) -> None:

@@ -1,7 +1,9 @@
 """The test provider plugins (tests/plugins/), made discoverable without installing them.
 
-``example`` (a working ``add`` provider) and ``broken`` (raises on import) are meant to be separate
-distributions with an ``infiniops.providers`` entry point. Installing them into the environment would
+``example`` (a working ``add`` provider) and ``broken`` (raises on import), and the hostile ones
+(``impostor``, which takes other providers' names, and ``hostile``, whose plugins exit, interrupt, print or
+declare what they cannot serve) are meant to be separate distributions with ``infiniops.providers`` entry
+points. Installing them into the environment would
 leave them behind for the user (a broken provider in ``infiniops providers``), so `plugin_site` lays
 them out in a folder the way pip would (the package, plus a ``NAME-VERSION.dist-info`` with ``METADATA``
 and ``entry_points.txt``): `importlib.metadata` finds the entry points of any folder on ``sys.path``, so
@@ -32,6 +34,14 @@ BROKEN: Final = Plugin("infiniops-provider-broken", HERE / "plugins" / "broken_p
                        {"broken": "infiniops_broken"})
 # A second distribution claiming the provider name ``example``: the clash must be reported.
 CLONE: Final = Plugin("infiniops-provider-example-clone", EXAMPLE.package, {"example": "infiniops_example"})
+# A provider calling itself ``torch``, under entry points that try to take torch's and reference's names.
+IMPOSTOR: Final = Plugin("aaa-infiniops-impostor", HERE / "plugins" / "impostor_provider" / "infiniops_impostor",
+                         {"aaahijack": "infiniops_impostor", "torch": "infiniops_impostor",
+                          "reference": "infiniops_impostor"})
+# Plugins that exit, interrupt, declare a generator, a str-returning reject or an int describe, or print.
+HOSTILE: Final = Plugin("infiniops-provider-hostile", HERE / "plugins" / "hostile_provider" / "infiniops_hostile",
+                        {name: f"infiniops_hostile.{name}"
+                         for name in ("exits", "interrupts", "generator", "stringy", "baddescribe", "chatty")})
 
 VERSION: Final = "0.1.0"
 

@@ -8,6 +8,8 @@ meet it.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,10 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from example_plugins import CLONE, EXAMPLE, plugin_site
-from fakes import fresh_env
+import torch
+from example_plugins import CLONE, EXAMPLE, HOSTILE, IMPOSTOR, plugin_site
+from fakes import correct_add, cpu_capability, fresh_env
 
 import infiniops_py as io
+from infiniops_py import Implementation, Provider, hookimpl
 from infiniops_py.cli import main
 
 BIN = Path(sys.executable).parent
@@ -150,3 +154,96 @@ def test_a_second_entry_point_under_a_taken_name_is_shown_as_a_clash(
         monkeypatch.undo()
         io.reload()
 
+
+
+class _CallsItself:
+    """A plugin object whose provider is named `name` (whatever it is registered as)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookimpl
+    def infiniops_provider(self) -> Provider:
+        impl = Implementation("add", self.name, f"{self.name}.add", cpu_capability(), 10_000, correct_add)
+        return Provider(name=self.name, implementations=[impl])
+
+
+def test_no_plugin_can_take_another_providers_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # the impostor distribution sorts first and calls itself torch under entry points aaahijack, torch, reference
+    monkeypatch.syspath_prepend(str(plugin_site(tmp_path, IMPOSTOR)))
+    monkeypatch.delenv("INFINIOPS_PROVIDERS", raising=False)
+    caplog.set_level(logging.WARNING, logger="infiniops")
+    try:
+        io.reload()
+        found = {p.name: p for p in io.providers()}
+        assert not found["aaahijack"].loaded
+        assert ("the provider is named 'torch', but it is registered as 'aaahijack': a provider's name must equal "
+                "its entry point's name") in found["aaahijack"].error
+        assert found["torch"].loaded and found["torch"].source.startswith("infiniops-provider-torch 0.1.0")
+        assert found["reference"].loaded and found["reference"].source == "built into infiniops-py"
+        for name, holder in (("torch", "infiniops-provider-torch 0.1.0"), ("reference", "the built-in provider")):
+            refused = found[f"{name} [aaa-infiniops-impostor]"]
+            assert not refused.loaded and not refused.implementations
+            assert refused.error.startswith(f"duplicate provider name {name!r}: also provided by {holder}")
+            assert f"(entry point {name} = infiniops_impostor) refused: duplicate provider name" in caplog.text
+        a, b = torch.randn(9), torch.randn(9)
+        torch.testing.assert_close(io.add(a, b), a + b, rtol=1e-6, atol=1e-6)  # not the impostor's a - b
+        assert io.resolve("add", device_type="cpu", dtype="float32").provider == "torch"
+
+        # by hand: a name that is given must be the provider's own; a loaded provider's name stays refused
+        renamed = io.register_provider(_CallsItself("other"), name="mine")
+        assert renamed.name == "mine" and not renamed.loaded
+        assert "the provider is named 'other', but it is registered as 'mine'" in renamed.error
+        taken = io.register_provider(_CallsItself("torch"), name="torch")
+        assert taken.name == "torch [manual]" and not taken.loaded
+        assert io.resolve("add", device_type="cpu", dtype="float32").provider == "torch"
+        torch.testing.assert_close(io.add(a, b), a + b, rtol=1e-6, atol=1e-6)
+    finally:
+        io.unregister_provider("mine")
+        io.unregister_provider("torch")
+        monkeypatch.undo()
+        io.reload()
+
+
+def test_no_plugin_can_end_crash_or_garble_the_host(tmp_path: Path) -> None:
+    site = plugin_site(tmp_path, HOSTILE)
+    run = subprocess.run([str(BIN / "infiniops"), "matrix", "--op", "add", "--device", "cpu", "--format", "json"],
+                         env=_env(site), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)  # stdout holds the JSON alone: the plugin's prints went to stderr
+    assert "chatty: imported" in run.stderr and "chatty: hook called" in run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    errors = {p["name"]: p["error"] for p in data["providers"]}
+    assert errors["exits"] == "SystemExit: 3"
+    assert errors["interrupts"] == "KeyboardInterrupt"
+    assert "implementations is a generator, not a list or tuple of Implementation" in errors["generator"]
+    assert "constraint 2 (Mute): describe() returned int 5, not a str" in errors["baddescribe"]
+    assert errors["stringy"] == errors["chatty"] == ""
+    add = next(op for op in data["operators"] if op["name"] == "add")
+    stringy = next(row for row in add["providers"] if row["provider"] == "stringy")
+    assert all("(constraint stringy returned str, not a Rejection or None)" in "; ".join(cell["reasons"])
+               for cell in stringy["cells"])
+
+    code = """
+import torch, infiniops_py as io
+from infiniops_py.cli import main
+assert main(["providers"]) == 0
+ex = io.explain("add", device_type="cpu", dtype="float32")
+stringy = next(c for c in ex.candidates if c.provider == "stringy")
+assert "(constraint stringy returned str, not a Rejection or None)" in str(stringy.rejections[0]), ex.render()
+assert ex.chosen is not None and ex.chosen.provider != "stringy"
+a, b = torch.randn(5), torch.randn(5)
+torch.testing.assert_close(io.add(a, b), a + b, rtol=1e-6, atol=1e-6)
+with io.use("stringy"):
+    try:
+        io.resolve("add", device_type="cpu", dtype="float32")
+    except io.GateError as err:
+        assert "returned str, not a Rejection or None" in str(err), err
+    else:
+        raise AssertionError("stringy served add")
+print("ok")
+"""
+    run = _python(site, code)
+    assert run.returncode == 0 and run.stdout.rstrip().endswith("ok"), run.stdout + run.stderr
+    assert "Traceback" not in run.stderr, run.stderr

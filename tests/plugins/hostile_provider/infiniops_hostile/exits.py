@@ -1,0 +1,5 @@
+"""Ends the process when imported."""
+
+import sys
+
+sys.exit(3)
