@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from example_plugins import BROKEN, plugin_site
 from fakes import correct_add, cpu_capability, fresh_env, registered
 
 import infiniops_py as io
-from infiniops_py import GateError, OneOf
+from infiniops_py import GateError, OneOf, Provider, hookimpl, plugins, runtime
+from infiniops_py.cli import main
+from infiniops_py.resolver import Settings
 from infiniops_py.runtime import get_resolver
 
 CPU32 = {"device_type": "cpu", "dtype": "float32"}
@@ -209,3 +214,91 @@ def test_trace_is_off_by_default() -> None:
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "operator_name" not in run.stderr
+
+
+class _RaisingHook:
+    """A plugin whose hook raises: registered, it is a provider that failed to load."""
+
+    @hookimpl
+    def infiniops_provider(self) -> Provider:
+        raise RuntimeError("kernel cache corrupt")
+
+
+def test_strict_mode_refuses_providers_named_but_not_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="infiniops")
+    serving = io.resolve("add", **CPU32).provider
+    cpu64 = {"device_type": "cpu", "dtype": "float64"}  # only the reference declares float64
+    io.register_provider(_RaisingHook(), name="broken")
+    try:
+        for named, why in (("broken", "it failed to load: RuntimeError: kernel cache corrupt"), ("tpyo", "known: ")):
+            monkeypatch.setenv("INFINIOPS_PRIORITY", f"add={named}")
+            monkeypatch.delenv("INFINIOPS_STRICT", raising=False)
+            caplog.clear()
+            io.reload()
+            assert io.resolve("add", **CPU32).provider == serving
+            assert io.resolve("add", **cpu64).provider == "reference"  # a typo keeps the reference check on
+            assert len(io.fallbacks()) == 2, named
+            assert all(f"({named}: provider {named!r} is not loaded ({why}" in str(f) for f in io.fallbacks())
+            warned = [r.getMessage() for r in caplog.records if repr(named) in r.getMessage()]
+            assert len(warned) == 1 and f"INFINIOPS_PRIORITY for add: provider {named!r}" in warned[0], warned
+
+            monkeypatch.setenv("INFINIOPS_STRICT", "1")
+            io.reload()
+            for fields in (CPU32, cpu64):
+                with pytest.raises(GateError) as err:
+                    io.resolve("add", **fields)
+                assert str(err.value).startswith("INFINIOPS_STRICT=1 refuses to resolve while the configuration "
+                                                 f"names what is not loaded: INFINIOPS_PRIORITY for add: provider "
+                                                 f"{named!r} is not loaded ({why}")
+            assert io.resolve("rms_norm", **CPU32) is not None  # the priority concerns add alone
+    finally:
+        io.unregister_provider("broken")
+
+    monkeypatch.delenv("INFINIOPS_PRIORITY")
+    monkeypatch.syspath_prepend(str(plugin_site(tmp_path, BROKEN)))
+    for allowed, why in (("broken", "ImportError: infiniops_broken: libexample_kernels.so not found"),
+                         ("nosuch", "no installed distribution has an entry point of that name")):
+        monkeypatch.setenv("INFINIOPS_PROVIDERS", allowed)
+        monkeypatch.delenv("INFINIOPS_STRICT", raising=False)
+        io.reload()
+        assert io.resolve("add", **CPU32).provider == "reference"
+        [fallback] = io.fallbacks()
+        assert f"{allowed}: provider {allowed!r} is not loaded (it failed to load: " in str(fallback)
+        assert why in str(fallback)
+        monkeypatch.setenv("INFINIOPS_STRICT", "1")
+        io.reload()
+        with pytest.raises(GateError) as err:
+            io.resolve("rms_norm", **CPU32)
+        assert f"INFINIOPS_PROVIDERS: provider {allowed!r} is not loaded (it failed to load: " in err.value.headline
+        assert why in err.value.headline
+
+
+def test_boolean_switches_parse_one_way_and_refuse_other_values(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    switches = ("INFINIOPS_STRICT", "INFINIOPS_TRACE_CALLS", "INFINIOPS_DISABLE_PLUGIN_AUTOLOAD")
+    for word, on in (("false", False), ("0", False), ("no", False), ("OFF", False), ("", False),
+                     ("1", True), ("true", True), (" Yes ", True), ("on", True)):
+        for var in switches:
+            monkeypatch.setenv(var, word)
+        settings = Settings.from_env()
+        assert (settings.strict, settings.trace) == (on, on), word
+        assert (plugins.discover() == []) is on, word
+    for var in switches:
+        monkeypatch.delenv(var)
+    for var in switches:
+        monkeypatch.setenv(var, "maybe")
+        with pytest.raises(ValueError, match=f"environment variable {var}='maybe' is not a boolean: use one of 1, "):
+            io.reload()
+        monkeypatch.setattr(runtime, "_resolver", None)  # as in a fresh process
+        assert main(["providers"]) == 2
+        assert capsys.readouterr().err.startswith(f"infiniops providers: environment variable {var}='maybe' ")
+        monkeypatch.delenv(var)
+
+    caplog.set_level(logging.WARNING, logger="infiniops")
+    monkeypatch.setenv("INFINIOPS_PROVIDERS", "TORCH")
+    io.reload()
+    assert ("INFINIOPS_PROVIDERS: provider 'TORCH' is not loaded (it failed to load: INFINIOPS_PROVIDERS names "
+            "'TORCH', but no installed distribution has an entry point of that name in group infiniops.providers "
+            "(installed: ") in caplog.text
+    assert not {p.name: p for p in io.providers()}["TORCH"].loaded
