@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
-from infinilm.config_checks import ConfigError, field_problems, hf_error_reason, raise_problems, read_config_json
+from infinilm.config_checks import (
+    BOOLS,
+    ConfigError,
+    field_problems,
+    hf_error_reason,
+    raise_problems,
+    read_config_json,
+    resolved_problems,
+    rope_problems,
+)
 
 if TYPE_CHECKING:
     from infinilm.models.mamba2 import Mamba2Dims
@@ -122,7 +131,10 @@ class ModelConfig:
 
         Raises:
             ConfigError: an unsupported model type, RoPE type or sliding window; non-positive sizes, head
-                counts, epsilon or RoPE theta, or a head layout that does not divide (all listed in one error).
+                counts, epsilon or RoPE theta, a head layout that does not divide, an odd head_dim, an
+                activation other than SiLU, a flag that is not a boolean, an EOS id outside the vocabulary
+                (all listed in one error); RoPE parameters out of their limits or from which the frequencies
+                cannot be computed (`infinilm.config_checks.rope_problems`).
         """
         mt = getattr(hf, "model_type", "?")
         if mt not in SUPPORTED_MODEL_TYPES:
@@ -131,17 +143,19 @@ class ModelConfig:
             from infinilm.models.mamba2 import mamba2_config
 
             return mamba2_config(hf)
+        rope = _rope_parameters(hf)
+        theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        heads, kv_heads, head_dim = _head_layout(mt, hf, theta)
         if getattr(hf, "use_sliding_window", False):
             raise ConfigError(f"{mt}: use_sliding_window=True is not supported (fix: set it to false)")
-        rope = _rope_parameters(hf)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in _STATIC_ROPE_TYPES:
             raise ConfigError(f"{mt}: rope_type={rope_type!r} is not supported; supported: {_STATIC_ROPE_TYPES}")
-        theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-        heads, kv_heads, head_dim = _head_layout(mt, hf, theta)
+        partial = getattr(hf, "partial_rotary_factor", None)
+        raise_problems(mt, rope_problems(mt, rope_type, {"partial_rotary_factor": partial, **rope}))
         attention_bias = bool(getattr(hf, "attention_bias", False))
         dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
-        return cls(
+        config = cls(
             model_type=mt,
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
@@ -163,6 +177,8 @@ class ModelConfig:
             eos_token_ids=_ids(getattr(hf, "eos_token_id", None)),
             hf_config=hf,
         )
+        _check_frequencies(config, rope)
+        return config
 
     @property
     def q_size(self) -> int:
@@ -182,10 +198,13 @@ def _unsupported(model_type: object) -> str:
 def _head_layout(mt: str, hf: Any, rope_theta: object) -> tuple[int, int, int]:
     """``(num_heads, num_kv_heads, head_dim)`` of an attention config, after checking every size it reads.
 
-    A config without ``head_dim`` (Qwen2) takes ``hidden_size / num_attention_heads``, which must then divide.
+    A config without ``head_dim`` (Qwen2) takes ``hidden_size / num_attention_heads``, which must then divide
+    and be even. The activation, the flags and the EOS ids are checked here too, so that one error lists
+    every problem.
 
     Raises:
-        ConfigError: every problem at once (see `infinilm.config_checks.field_problems`).
+        ConfigError: every problem at once (see `infinilm.config_checks.field_problems` and
+            `infinilm.config_checks.resolved_problems`).
     """
     heads = hf.num_attention_heads
     kv_heads = getattr(hf, "num_key_value_heads", None)
@@ -196,12 +215,38 @@ def _head_layout(mt: str, hf: Any, rope_theta: object) -> tuple[int, int, int]:
     values |= {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
                "rope_theta": rope_theta}
     problems = [f"{k} is missing" for k, v in values.items() if v is None and k != "head_dim"]
-    problems += field_problems(mt, values)
+    others = {k: getattr(hf, k, None) for k in ("hidden_act", "eos_token_id", *BOOLS[mt])}
+    problems += field_problems(mt, values | others) + resolved_problems(mt, values | others)
     if head_dim is None and not problems and values["hidden_size"] % heads:
         problems.append(f"hidden_size={values['hidden_size']} must be a multiple of num_attention_heads={heads} "
                         f"(without head_dim, {mt} takes head_dim = hidden_size / num_attention_heads)")
+    elif head_dim is None and not problems and (values["hidden_size"] // heads) % 2:
+        problems.append(f"head_dim = hidden_size / num_attention_heads = {values['hidden_size'] // heads} must be "
+                        "even (rotate-half RoPE pairs dim i with dim i + head_dim/2)")
     raise_problems(mt, problems)
     return heads, kv_heads, head_dim if head_dim is not None else values["hidden_size"] // heads
+
+
+def _check_frequencies(config: ModelConfig, rope: dict[str, Any]) -> None:
+    """Compute the RoPE frequencies now (what the model will build), so that they cannot fail after the gates.
+
+    Raises:
+        ConfigError: transformers cannot compute them from `rope`, or they are not ``head_dim / 2`` finite
+            numbers with a finite positive attention scaling.
+    """
+    from infinilm.layers.rotary import inverse_frequencies
+
+    what = f"{config.model_type}: the {config.rope_type} RoPE parameters {rope}"
+    try:
+        inv, scaling = inverse_frequencies(config)
+    except (ArithmeticError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{what}: the frequencies cannot be computed ({type(err).__name__}: "
+                          f"{hf_error_reason(err)})") from None
+    if tuple(inv.shape) != (config.head_dim // 2,) or not bool(inv.isfinite().all()):
+        raise ConfigError(f"{what} give {list(inv.shape)} frequencies ({inv.isfinite().sum()} finite); need "
+                          f"head_dim/2 = {config.head_dim // 2} finite ones")
+    if not (math.isfinite(scaling) and scaling > 0):
+        raise ConfigError(f"{what} give an attention scaling of {scaling}; need a positive finite number")
 
 
 def _rope_parameters(hf: Any) -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """Reading and checking ``config.json`` before transformers sees it, so a bad file gives one clear error.
 
-`read_config_json` reads the file as a JSON object; `field_problems` checks the numbers the model layer
-uses (sizes and head counts positive integers, epsilons and RoPE theta positive and finite, the query
-heads a multiple of the KV heads), naming each field by its ``config.json`` key, so that every problem goes
-into one `ConfigError` (`raise_problems`) before any gate runs or any tensor is allocated.
+`read_config_json` reads the file as a JSON object; `field_problems` checks the fields the model layer
+uses against the limits each family declares here as data (sizes and head counts positive integers, epsilons
+and RoPE theta positive and finite, the query heads a multiple of the KV heads, the ranges the operator
+contracts set, the activations the models implement, an even RoPE head dim), naming each field by its
+``config.json`` key, so that every problem goes into one `ConfigError` (`raise_problems`) before any gate
+runs or any tensor is allocated. `resolved_problems` checks what only the resolved config (transformers'
+defaults filled in) can tell: flags that must be booleans and EOS ids inside the vocabulary;
+`rope_problems` the parameters of each RoPE type (transformers only logs a warning for most of them).
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["POSITIVE_FLOATS", "POSITIVE_INTS", "ConfigError", "field_problems", "hf_error_reason", "raise_problems",
-           "read_config_json"]
+from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
+
+__all__ = ["BOOLS", "CHOICES", "EVEN", "POSITIVE_FLOATS", "POSITIVE_INTS", "RANGES", "ROPE_NUMBERS", "ConfigError",
+           "field_problems", "hf_error_reason", "raise_problems", "read_config_json", "resolved_problems",
+           "rope_problems"]
 
 _ATTENTION_INTS: Final = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
@@ -34,6 +41,28 @@ _MULTIPLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "qwen2": (("num_attention_heads", "num_key_value_heads"),),
     "qwen3": (("num_attention_heads", "num_key_value_heads"),),
     "mamba2": (),  # n_groups | num_heads: `infinilm.models.mamba2.mamba2_config` checks it with the fix
+}
+_ATTENTION_EVEN: Final = ("head_dim",)  # rotate-half RoPE pairs dim i with dim i + head_dim / 2
+# fields that must be even (of those that are positive integers)
+EVEN: Final[dict[str, tuple[str, ...]]] = {
+    "llama": _ATTENTION_EVEN, "qwen2": _ATTENTION_EVEN, "qwen3": _ATTENTION_EVEN, "mamba2": (),
+}
+# field -> (low, high, where the limit comes from), inclusive, for fields that are positive integers
+RANGES: Final[dict[str, dict[str, tuple[int, int, str]]]] = {
+    "llama": {}, "qwen2": {}, "qwen3": {},
+    "mamba2": {"conv_kernel": (MIN_WIDTH, MAX_WIDTH, "the widths of the causal_conv1d contract")},
+}
+# field -> the values the model implements (the MLP and the Mamba-2 gate are SiLU, written in the models)
+_SILU: Final[dict[str, tuple[object, ...]]] = {"hidden_act": ("silu",)}
+CHOICES: Final[dict[str, dict[str, tuple[object, ...]]]] = {
+    "llama": _SILU, "qwen2": _SILU, "qwen3": _SILU, "mamba2": _SILU,
+}
+# flags the models read, which must be booleans (``bool("false")`` is True)
+BOOLS: Final[dict[str, tuple[str, ...]]] = {
+    "llama": ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"),
+    "qwen2": ("tie_word_embeddings", "use_sliding_window"),
+    "qwen3": ("tie_word_embeddings", "attention_bias", "use_sliding_window"),
+    "mamba2": ("tie_word_embeddings", "use_bias", "use_conv_bias", "residual_in_fp32"),
 }
 
 
@@ -82,6 +111,91 @@ def field_problems(model_type: str, values: Mapping[str, Any]) -> list[str]:
     for a, b in _MULTIPLES.get(model_type, ()):
         if _positive_int(values.get(a)) and _positive_int(values.get(b)) and values[a] % values[b]:
             problems.append(f"{a}={values[a]} must be a multiple of {b}={values[b]}")
+    problems += [f"{k}={values[k]} must be even (rotate-half RoPE pairs dim i with dim i + {k}/2)"
+                 for k in EVEN.get(model_type, ()) if _positive_int(values.get(k)) and values[k] % 2]
+    problems += [f"{k}={values[k]} is out of range: need {lo} <= {k} <= {hi} ({why})"
+                 for k, (lo, hi, why) in RANGES.get(model_type, {}).items()
+                 if _positive_int(values.get(k)) and not lo <= values[k] <= hi]
+    problems += [f"{k}={values[k]!r} is not supported; allowed: {', '.join(map(repr, allowed))}"
+                 for k, allowed in CHOICES.get(model_type, {}).items()
+                 if values.get(k) is not None and values[k] not in allowed]
+    return problems
+
+
+def resolved_problems(model_type: str, values: Mapping[str, Any]) -> list[str]:
+    """Every problem among the resolved flags and token ids of `values` (transformers' defaults filled in).
+
+    The `BOOLS` of `model_type` must be booleans (None: absent, not checked); ``eos_token_id`` must be None,
+    an integer or a list of integers, each in ``[0, vocab_size)`` (an id outside can never be sampled, so
+    generation would never stop on it). Returns one line per problem naming the key, the value and what is
+    allowed.
+    """
+    problems = [f"{k}={values[k]!r} must be true or false" for k in BOOLS.get(model_type, ())
+                if values.get(k) is not None and not isinstance(values[k], bool)]
+    eos, vocab = values.get("eos_token_id"), values.get("vocab_size")
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list | tuple) else None
+    if eos is not None and (ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        problems.append(f"eos_token_id={eos!r} must be an integer or a list of integers")
+    elif ids and _positive_int(vocab) and not all(0 <= i < vocab for i in ids):
+        problems.append(f"eos_token_id={eos!r} must be token ids in [0, vocab_size={vocab})")
+    return problems
+
+
+# rope_type -> (required, optional) numeric parameters, as transformers' ROPE_INIT_FUNCTIONS read them
+ROPE_NUMBERS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": ((), ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                  "mscale", "mscale_all_dim")),
+}
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rope_limit(key: str, value: object) -> str | None:
+    """What `value` of RoPE parameter `key` must be, or None when it is allowed."""
+    if key == "factor":  # transformers' own rule (it only warns): a scaling factor below 1 is no scaling
+        return None if _number(value) and value >= 1 else "a finite number >= 1"
+    if key == "original_max_position_embeddings":
+        return None if _positive_int(value) else "a positive integer"
+    if key in ("mscale", "mscale_all_dim"):
+        return None if _number(value) else "a finite number"
+    return None if _positive_float(value) else "a positive finite number"
+
+
+def rope_problems(model_type: str, rope_type: str, rope: Mapping[str, Any]) -> list[str]:
+    """Every problem among the RoPE parameters `rope` (``rope_scaling``/``rope_parameters``) of `rope_type`.
+
+    The models rotate the whole head (``partial_rotary_factor`` must be 1 or absent); each parameter of
+    `ROPE_NUMBERS` is checked when present, the required ones must be present; llama3 needs
+    ``high_freq_factor > low_freq_factor`` (its smoothing divides by the difference), yarn
+    ``beta_fast >= beta_slow`` (defaults 32 and 1) and a boolean ``truncate``. Returns one line per problem
+    naming the key, the value and what is allowed.
+    """
+    problems = []
+    partial = rope.get("partial_rotary_factor")
+    if partial is not None and partial != 1:
+        problems.append(f"partial_rotary_factor={partial!r} is not supported: {model_type} rotates the whole "
+                        "head_dim (allowed: 1.0, or leave it out)")
+    required, optional = ROPE_NUMBERS.get(rope_type, ((), ()))
+    problems += [f"rope_scaling.{k} is missing ({rope_type} RoPE needs it)" for k in required if rope.get(k) is None]
+    for k in required + optional:
+        limit = None if rope.get(k) is None else _rope_limit(k, rope[k])
+        if limit is not None:
+            problems.append(f"rope_scaling.{k}={rope[k]!r} must be {limit} ({rope_type} RoPE)")
+    low, high = rope.get("low_freq_factor"), rope.get("high_freq_factor")
+    if rope_type == "llama3" and _positive_float(low) and _positive_float(high) and not high > low:
+        problems.append(f"rope_scaling.high_freq_factor={high!r} must be greater than low_freq_factor={low!r} "
+                        "(llama3 RoPE)")
+    fast, slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
+    if rope_type == "yarn" and _positive_float(fast) and _positive_float(slow) and fast < slow:
+        problems.append(f"rope_scaling.beta_fast={fast!r} must be >= beta_slow={slow!r} (yarn RoPE; they default "
+                        "to 32 and 1)")
+    if rope_type == "yarn" and rope.get("truncate") is not None and not isinstance(rope["truncate"], bool):
+        problems.append(f"rope_scaling.truncate={rope['truncate']!r} must be true or false (yarn RoPE)")
     return problems
 
 

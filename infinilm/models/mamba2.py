@@ -35,7 +35,16 @@ import torch
 import torch.nn.functional as F
 
 from infinilm.config import ConfigError, ModelConfig, parse_dtype
-from infinilm.config_checks import POSITIVE_FLOATS, POSITIVE_INTS, field_problems, raise_problems
+from infinilm.config_checks import (
+    BOOLS,
+    CHOICES,
+    POSITIVE_FLOATS,
+    POSITIVE_INTS,
+    RANGES,
+    field_problems,
+    raise_problems,
+    resolved_problems,
+)
 from infinilm.layers.embedding import Embedding, LMHead
 from infinilm.layers.linear import Linear
 from infinilm.layers.norm import RMSNorm
@@ -95,24 +104,24 @@ def mamba2_config(hf: Any) -> ModelConfig:
     """A `ModelConfig` (with `ssm` set) from transformers' ``Mamba2Config``; the attention fields are neutral.
 
     Raises:
-        ConfigError: non-positive sizes or epsilon (all listed in one error), an activation other than SiLU,
-            ``num_heads * head_dim != expand * hidden_size``, an ``n_groups`` that does not divide
-            ``num_heads``, or a malformed ``time_step_limit``.
+        ConfigError: non-positive sizes or epsilon, a ``conv_kernel`` outside the widths of the causal conv
+            (2 to 16), an activation other than SiLU, a flag that is not a boolean, an EOS id outside the
+            vocabulary (all listed in one error), ``num_heads * head_dim != expand * hidden_size``, an
+            ``n_groups`` that does not divide ``num_heads``, or a ``time_step_limit`` that is not a
+            ``(low, high)`` pair of numbers with ``0 <= low <= high`` and low finite.
     """
-    keys = POSITIVE_INTS["mamba2"] + POSITIVE_FLOATS["mamba2"]
-    raise_problems("mamba2", field_problems("mamba2", {k: getattr(hf, k, None) for k in keys}))
+    keys = (*POSITIVE_INTS["mamba2"], *POSITIVE_FLOATS["mamba2"], *RANGES["mamba2"], *CHOICES["mamba2"],
+            *BOOLS["mamba2"], "eos_token_id")
+    values = {k: getattr(hf, k, None) for k in keys}
+    raise_problems("mamba2", field_problems("mamba2", values) + resolved_problems("mamba2", values))
     heads, head_dim, groups = int(hf.num_heads), int(hf.head_dim), int(hf.n_groups)
     d_inner = int(hf.expand * hf.hidden_size)
-    if hf.hidden_act != "silu":
-        raise ConfigError(f"mamba2: hidden_act={hf.hidden_act!r} is not supported; only 'silu'")
     if heads * head_dim != d_inner:
         raise ConfigError(f"mamba2: num_heads * head_dim = {heads * head_dim} must equal expand * hidden_size = "
                           f"{d_inner}")
     if groups < 1 or heads % groups:
         raise ConfigError(f"mamba2: n_groups={groups} must divide num_heads={heads}")
-    limit = tuple(float(v) for v in hf.time_step_limit)
-    if len(limit) != 2 or not limit[0] <= limit[1]:
-        raise ConfigError(f"mamba2: time_step_limit={hf.time_step_limit!r} must be a (low, high) pair, low <= high")
+    limit = _time_step_limit(hf.time_step_limit)
     dims = Mamba2Dims(
         num_heads=heads, head_dim=head_dim, state_size=int(hf.state_size), n_groups=groups,
         conv_kernel=int(hf.conv_kernel), chunk_size=int(hf.chunk_size), intermediate_size=d_inner,
@@ -131,6 +140,20 @@ def mamba2_config(hf: Any) -> ModelConfig:
         eos_token_ids=() if eos is None else ((int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)),
         hf_config=hf, ssm=dims,
     )
+
+
+def _time_step_limit(value: object) -> tuple[float, float]:
+    """``time_step_limit`` as ``(low, high)`` floats: two real numbers, ``0 <= low <= high``, low finite.
+
+    Raises:
+        ConfigError: anything else, naming the field and the value.
+    """
+    pair = list(value) if isinstance(value, list | tuple) else None
+    if (pair is None or len(pair) != 2 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in pair)
+            or not (math.isfinite(pair[0]) and 0 <= pair[0] <= pair[1])):
+        raise ConfigError(f"mamba2: time_step_limit={value!r} must be a (low, high) pair of numbers with "
+                          "0 <= low <= high and low finite (high may be inf; the default is (0.0, inf))")
+    return float(pair[0]), float(pair[1])
 
 
 def gate_problems(c: ModelConfig, base: dict[str, Any], fused_bias: bool) -> list[tuple[str, dict[str, Any]]]:

@@ -10,12 +10,21 @@ import pytest
 import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+# a tiny Mamba2Config: 4 heads x head_dim 16 = expand 2 x hidden 32, d_state 16, conv width 4, chunks of 8
+MAMBA2_BASE: dict[str, object] = {
+    "vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "state_size": 16, "expand": 2, "head_dim": 16,
+    "num_heads": 4, "n_groups": 1, "conv_kernel": 4, "chunk_size": 8, "eos_token_id": 159, "pad_token_id": 0,
+    "bos_token_id": 0,
+}
 
 
 def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
-    """A small transformers config of `family` (llama with attention and MLP biases, to cover them)."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    """A small transformers config of `family` (llama with attention and MLP biases, to cover them; mamba2 from
+    `MAMBA2_BASE`)."""
+    from transformers import LlamaConfig, Mamba2Config, Qwen2Config, Qwen3Config
 
+    if family == "mamba2":
+        return Mamba2Config(**{**MAMBA2_BASE, "tie_word_embeddings": tied, **overrides})
     common = {
         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,

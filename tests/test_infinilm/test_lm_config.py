@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from lm_helpers import CheckpointFactory, hf_config
 
 from infinilm import ConfigError, Engine, EngineOptions, ModelConfig
+from infinilm.cli import main
 from infinilm.config import parse_dtype
 
 
@@ -71,3 +73,67 @@ def test_a_cache_too_small_for_one_sequence_is_refused(checkpoint: CheckpointFac
     path, _ = checkpoint("qwen3")
     with pytest.raises(ConfigError, match="cannot hold one sequence"):
         Engine.from_pretrained(path, EngineOptions(block_size=8, num_blocks=3, max_model_len=64))
+
+
+def _rope(scaling: dict[str, object], **changes: object) -> dict[str, object]:
+    """Config changes that set ``rope_scaling`` (config.json's spelling; transformers 5 reads it as well)."""
+    return {"rope_scaling": scaling, "rope_parameters": None, **changes}
+
+
+# (family, config.json changes, the problem line or its parts); every one used to pass `infinilm check` and fail,
+# or run on garbage, after the weights had loaded
+LIMITS_IN_CONFIG_JSON = {
+    "conv-kernel-1": ("mamba2", {"conv_kernel": 1},
+                      "conv_kernel=1 is out of range: need 2 <= conv_kernel <= 16 (the widths of the causal_conv1d"),
+    "conv-kernel-17": ("mamba2", {"conv_kernel": 17}, "conv_kernel=17 is out of range: need 2 <= conv_kernel <= 16"),
+    "mamba2-eos": ("mamba2", {"eos_token_id": 160}, "eos_token_id=160 must be token ids in [0, vocab_size=160)"),
+    "llama-eos": ("llama", {"eos_token_id": [255, -1]},
+                  "eos_token_id=[255, -1] must be token ids in [0, vocab_size=256)"),
+    "activation": ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu' is not supported; allowed: 'silu'"),
+    "odd-head-dim": ("qwen3", {"head_dim": 3}, "head_dim=3 must be even (rotate-half RoPE pairs dim i with dim i + "),
+    "odd-derived-head-dim": ("qwen2", {"hidden_size": 60, "head_dim": None},
+                             "head_dim = hidden_size / num_attention_heads = 15 must be even"),
+    "partial-rotary": ("llama", {"partial_rotary_factor": 0.5},
+                       "partial_rotary_factor=0.5 is not supported: llama rotates the whole head_dim"),
+    "rope-factor": ("llama", _rope({"rope_type": "linear", "factor": 0}),
+                    "rope_scaling.factor=0 must be a finite number >= 1 (linear RoPE)"),
+    "llama3-band": ("llama", _rope({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+                    "rope_scaling.high_freq_factor=4.0 must be greater than low_freq_factor=4.0 (llama3 RoPE)"),
+    "yarn-betas": ("qwen2", _rope({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                   "beta_fast": 1, "beta_slow": 8}),
+                   "rope_scaling.beta_fast=1 must be >= beta_slow=8 (yarn RoPE"),
+    "yarn-frequencies": ("qwen2", _rope({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+                                        rope_theta=1.0),
+                         ("the yarn RoPE parameters {", "'rope_theta': 1.0", "the frequencies cannot be computed")),
+}
+# (family, resolved values, the problem line): what transformers 5 refuses itself in config.json, and what a
+# config object built in code, or an older transformers, hands over as it is
+LIMITS_OF_RESOLVED_VALUES = {
+    "tie-word-embeddings": ("qwen2", {"tie_word_embeddings": "false"}, "tie_word_embeddings='false' must be true or"),
+    "conv-bias": ("mamba2", {"use_conv_bias": "no"}, "use_conv_bias='no' must be true or false"),
+    "time-step-limit": ("mamba2", {"time_step_limit": 5}, "time_step_limit=5 must be a (low, high) pair of numbers"),
+}
+
+
+@pytest.mark.parametrize("case", [*LIMITS_IN_CONFIG_JSON, *LIMITS_OF_RESOLVED_VALUES])
+def test_a_config_outside_the_model_limits_is_refused_before_any_weight(
+        case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each limit of a model (the operator contracts' widths, the SiLU it implements, RoPE's even head dim and
+    its parameters, boolean flags, EOS ids in the vocabulary) is checked with the config: `infinilm check` on a
+    directory without weights exits 2 with the field, the value and what is allowed."""
+    if case in LIMITS_OF_RESOLVED_VALUES:
+        family, changes, problem = LIMITS_OF_RESOLVED_VALUES[case]
+        resolved = SimpleNamespace(**{**hf_config(family, tied=False).to_dict(), **changes})
+        with pytest.raises(ConfigError) as info:
+            ModelConfig.from_hf(resolved)
+        assert problem in str(info.value)
+        return
+    family, changes, problem = LIMITS_IN_CONFIG_JSON[case]
+    config = {k: v for k, v in {**hf_config(family, tied=False).to_dict(), **changes}.items() if v is not None}
+    path = _write(tmp_path / case, config)
+    assert main(["check", "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"infinilm check: error: {path / 'config.json'}: " in err, err  # (transformers may log a warning too)
+    for part in (problem,) if isinstance(problem, str) else problem:
+        assert part in err, err

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from fakes import cpu_capability, registered
+from lm_helpers import MAMBA2_BASE
 
 from infinilm import ConfigError, Engine, EngineOptions, ModelConfig, SamplingParams
 from infinilm.cli import main
@@ -23,9 +24,7 @@ from infinilm.gates import plan
 from infiniops_py import GateError, OneOf
 from infiniops_py.operators.rms_norm import reference as rms_norm_reference
 
-BASE = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "state_size": 16, "expand": 2,
-        "head_dim": 16, "num_heads": 4, "n_groups": 1, "conv_kernel": 4, "chunk_size": 8,
-        "eos_token_id": 159, "pad_token_id": 0, "bos_token_id": 0}
+BASE = MAMBA2_BASE
 ATOL = 1e-4
 
 
