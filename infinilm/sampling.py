@@ -5,6 +5,12 @@ by ``1 / temperature``, keeps the top-k, then the smallest most-likely set whose
 top-p (the most likely token always stays), and draws from the softmax with the request's own
 `torch.Generator`, seeded from `SamplingParams.seed`: a seeded request gives the same tokens whatever
 else shares its batch.
+
+The scaling is ``(logits - max) / temperature`` in float64 (`scale_logits`): the softmax is the same (it is
+shift-invariant), and every positive finite temperature, however small, gives finite scaled logits whose
+maximum is 0, so a temperature far below the gaps between logits samples among the tied maxima (the limit of
+the softmax) instead of dividing to ``inf`` and drawing from NaN. No threshold turns a small temperature
+into greedy.
 """
 
 from __future__ import annotations
@@ -15,11 +21,22 @@ import torch
 
 from infinilm.sequence import SamplingParams, Sequence
 
-__all__ = ["filter_logits", "sample"]
+__all__ = ["filter_logits", "sample", "scale_logits"]
+
+
+def scale_logits(row: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``(row - row.max()) / temperature`` in float64, for a row ``[V]`` of logits in any float dtype.
+
+    float64 holds every positive finite Python float (a float32 temperature would round 1e-300 to 0), and
+    after the shift the maximum divides to exactly 0, so the result is never NaN for finite logits: entries
+    far below the maximum go to -inf, which the softmax turns into probability 0.
+    """
+    row = row.double()
+    return (row - row.max()) / temperature
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set to -inf the entries of `logits` ``[V]`` (float32) outside the top-k and the top-p nucleus."""
+    """Set to -inf the entries of `logits` ``[V]`` (float32 or float64) outside the top-k and the top-p nucleus."""
     if 0 < top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -45,7 +62,7 @@ def _generator(seq: Sequence, device: torch.device) -> torch.Generator:
 
 
 def _sample_one(row: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-    logits = filter_logits(row.float() / params.temperature, params.top_k, params.top_p)
+    logits = filter_logits(scale_logits(row, params.temperature), params.top_k, params.top_p)
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)
 
 

@@ -23,7 +23,9 @@ class SamplingParams:
         temperature: 0 is greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
         top_k: keep the k most likely tokens (0: all).
         top_p: keep the smallest set of most likely tokens whose probability reaches `top_p` (1.0: all).
-        seed: seeds this request's own generator, so its samples do not depend on the batch it shares.
+        seed: seeds this request's own generator, so its samples do not depend on the batch it shares; an int
+            in ``[0, 2**64)``, the seeds of a `torch.Generator` (torch would remap a negative seed onto that
+            range, so that -1 and ``2**64 - 1`` gave the same stream: refused instead).
         ignore_eos: keep generating past an end-of-sequence token.
         stop_token_ids: extra tokens that end the request (besides the model's EOS ids).
     """
@@ -37,6 +39,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        """Check every field.
+
+        Raises:
+            ValueError: a field out of its range, or an integer field that is not an int (a float or a bool).
+        """
+        for name in ("max_new_tokens", "top_k", "seed"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{name}={value!r} must be an int")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -45,6 +56,8 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
         if not 0.0 < self.top_p <= 1.0:  # also refuses nan
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed={self.seed} must be in [0, 2**64) (or None: a random seed)")
 
 
 class SeqStatus(enum.Enum):

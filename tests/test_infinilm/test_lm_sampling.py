@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from infinilm.sampling import filter_logits, sample
+from infinilm.sampling import filter_logits, sample, scale_logits
 from infinilm.sequence import SamplingParams, Sequence
 
 
@@ -47,3 +48,29 @@ def test_top_k_one_is_greedy() -> None:
     logits = torch.randn(4, 50)
     seqs = _seqs(*[SamplingParams(temperature=0.7, top_k=1, seed=s) for s in range(4)])
     assert sample(logits, seqs) == logits.argmax(-1).tolist()
+
+
+def test_a_tiny_temperature_samples_among_the_maxima_without_nan() -> None:
+    """logits / 1e-300 in float32 was inf - inf = NaN in the softmax, and multinomial raised."""
+    logits = torch.tensor([[0.5, 3.0, -2.0, 3.0, 1.0], [0.5, 3.0, -2.0, 2.9, 1.0]])
+    for temperature in (1e-300, 5e-324, 1e-40):
+        seqs = _seqs(*[SamplingParams(temperature=temperature, top_p=0.9, seed=s) for s in range(2)])
+        draws = {tuple(sample(logits, seqs)) for _ in range(20)}
+        assert {d[0] for d in draws} <= {1, 3} and {d[1] for d in draws} == {1}
+        row = scale_logits(logits[0], temperature)
+        assert not row.isnan().any() and row.max() == 0
+        assert torch.softmax(row, -1).tolist() == [0.0, 0.5, 0.0, 0.5, 0.0]  # the limit: the tied maxima
+    # a usual temperature gives the softmax of logits / temperature
+    torch.testing.assert_close(torch.softmax(scale_logits(logits[1], 0.7), -1),
+                               torch.softmax(logits[1].double() / 0.7, -1), rtol=1e-12, atol=1e-15)
+
+
+def test_sampling_params_refuse_seeds_a_generator_cannot_take_and_non_integer_sizes() -> None:
+    """A seed of 2**64 used to fail inside torch's manual_seed; -1 was silently the seed 2**64 - 1."""
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1 and SamplingParams(seed=0).seed == 0
+    for seed in (2**64, -1):
+        with pytest.raises(ValueError, match=rf"seed={seed} must be in \[0, 2\*\*64\)"):
+            SamplingParams(seed=seed)
+    for name, value in (("seed", 1.5), ("max_new_tokens", 2.5), ("top_k", True), ("top_k", 3.0)):
+        with pytest.raises(ValueError, match=rf"{name}={value!r} must be an int"):
+            SamplingParams(**{name: value})
