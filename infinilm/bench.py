@@ -20,7 +20,7 @@ import torch
 from infinilm.engine import Engine
 from infinilm.sequence import SamplingParams
 
-__all__ = ["BenchResult", "LogitsCheck", "compare_logits", "run_bench"]
+__all__ = ["BenchResult", "LogitsCheck", "check_bench_args", "compare_logits", "run_bench"]
 
 ERR_FACTOR: Final = 2.0  # infinilm's max logits error <= ERR_FACTOR x transformers' own + ERR_ATOL
 ERR_ATOL: Final = 1e-2
@@ -61,15 +61,32 @@ class BenchResult:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def check_bench_args(batch: int, input_len: int, output_len: int, seed: int) -> None:
+    """The arguments of `run_bench` that need no engine (the CLI checks them before loading the model).
+
+    Raises:
+        ValueError: a size below 1, or a seed outside ``[0, 2**64)`` (what a `torch.Generator` takes).
+    """
+    sizes = {"batch": batch, "input_len": input_len, "output_len": output_len}
+    bad = [f"{k}={v}" for k, v in sizes.items() if v < 1]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: batch, input_len and output_len must be >= 1")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed={seed} must be in [0, 2**64)")
+
+
 def run_bench(engine: Engine, batch: int, input_len: int, output_len: int, *, seed: int = 0,
               warmup: bool = True) -> BenchResult:
     """Prefill `batch` random prompts of `input_len` tokens together, then decode to `output_len` tokens each.
 
     Raises:
-        ValueError: sizes below 1, or more than the engine can schedule in one step.
+        ValueError: `check_bench_args` fails; more than the engine can schedule in one step; or
+            ``input_len + output_len`` beyond the engine's ``max_model_len`` (checked before any prompt is made).
     """
-    if min(batch, input_len, output_len) < 1:
-        raise ValueError("batch, input_len and output_len must be >= 1")
+    check_bench_args(batch, input_len, output_len, seed)
+    if input_len + output_len > engine.scheduler.max_model_len:
+        raise ValueError(f"input_len={input_len} + output_len={output_len} exceeds max_model_len="
+                         f"{engine.scheduler.max_model_len}; lower them or raise max_model_len")
     if batch > engine.scheduler.max_num_seqs or batch * input_len > engine.scheduler.max_num_batched_tokens:
         raise ValueError(f"batch={batch} x input_len={input_len} does not fit one step (max_num_seqs="
                          f"{engine.scheduler.max_num_seqs}, max_num_batched_tokens="

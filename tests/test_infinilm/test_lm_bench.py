@@ -1,11 +1,14 @@
-"""The low-precision logits check of the GPU benchmarks (`infinilm.bench.compare_logits`)."""
+"""The low-precision logits check of the GPU benchmarks (`infinilm.bench.compare_logits`), and the checks of
+`infinilm.bench.run_bench`'s arguments."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from lm_helpers import CheckpointFactory
 
-from infinilm.bench import AGREE_MARGIN, ERR_FACTOR, compare_logits
+from infinilm import Engine, EngineOptions
+from infinilm.bench import AGREE_MARGIN, ERR_FACTOR, check_bench_args, compare_logits, run_bench
 
 
 def _logits(gen: torch.Generator, rows: int = 400, vocab: int = 64) -> torch.Tensor:
@@ -53,3 +56,22 @@ def test_mismatched_inputs_raise() -> None:
         compare_logits([ref], [], [ref])
     with pytest.raises(ValueError, match="shapes"):
         compare_logits([ref[:4]], [ref], [ref])
+
+
+def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: CheckpointFactory,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed of 2**64 used to fail in torch's manual_seed, and input_len + output_len past max_model_len
+    to draw every prompt (a billion-token input_len: gigabytes) before add_request refused the first."""
+    with pytest.raises(ValueError, match=r"seed=18446744073709551616 must be in \[0, 2\*\*64\)"):
+        check_bench_args(1, 8, 4, 2**64)
+    with pytest.raises(ValueError, match=r"batch=0, output_len=-1: batch, input_len and output_len must be >= 1"):
+        check_bench_args(0, 8, -1, 0)
+    path, _ = checkpoint("llama")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=16, max_model_len=64))
+    drawn: list[object] = []
+    monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: drawn.append(args))
+    for seed, lengths, message in ((2**64, (8, 4), "seed="), (0, (60, 5), r"input_len=60 \+ output_len=5 exceeds "
+                                                                         "max_model_len=64")):
+        with pytest.raises(ValueError, match=message):
+            run_bench(engine, 1, *lengths, seed=seed)
+    assert drawn == [] and not engine.has_work()
