@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import pytest
 import torch
 
 import infiniops_py as ip
 from infiniops_py import ContractError, OpSpec, flash_attn_varlen, flash_attn_with_kvcache
+from infiniops_py.operators._base import is_checked
 from infiniops_py.testing.conformance import run_conformance
 
 PROVIDERS = ("torch", "reference")
@@ -337,3 +339,108 @@ def test_contract_non_paged_varlen_and_kvcache_shapes() -> None:
         flash_attn_with_kvcache(q[None], torch.randn(2, 8, 2, 8), torch.randn(2, 8, 2, 8),
                                 cache_seqlens=torch.tensor([1], dtype=torch.int32))
     assert info.value.argument == "k_cache"
+
+
+# --- repeated append slots, meta inputs, inputs that require grad, index-check scopes -------------------------
+
+_ENTRY_POINTS = {"flash_attn_varlen": _varlen_args, "flash_attn_with_kvcache": _kvcache_args,
+                 "flash_attn_with_kvcache-paged": _paged_kvcache_args}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_two_appends_to_one_paged_slot_are_rejected_when_checked_and_shared_blocks_are_read(provider: str) -> None:
+    """Sequences may share the blocks they read (a common prefix), but two new k/v rows landing in one
+    cache slot would race (the reference appends in order, the torch provider in one scatter), so checked
+    mode rejects them before anything is written."""
+    args = _paged_kvcache_args()  # block_size 8; sequence 0 appends at 3 (block 0), sequence 1 at 9 (block 2)
+    args["block_table"] = torch.tensor([[0, 3], [0, 2]], dtype=torch.int32)  # both read block 0
+    with ip.use(provider), ip.checked_indices():
+        out = _call("flash_attn_with_kvcache", dict(args))
+    assert out.shape == (2, 1, 4, 16) and bool(out.isfinite().all())
+    args = _paged_kvcache_args()
+    args["block_table"] = torch.tensor([[0, 3], [1, 0]], dtype=torch.int32)  # sequence 1 appends at 11: block 0
+    args["cache_seqlens"] = torch.tensor([3, 11], dtype=torch.int32)
+    caches = [args["k_cache"].clone(), args["v_cache"].clone()]
+    with ip.use(provider), ip.checked_indices(), pytest.raises(ContractError) as err:
+        _call("flash_attn_with_kvcache", dict(args))
+    assert err.value.argument == "block_table" and "cache slot (block * block_size + offset) 3 appears 2" in str(
+        err.value)
+    assert torch.equal(args["k_cache"], caches[0]) and torch.equal(args["v_cache"], caches[1])
+
+
+@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+def test_meta_inputs_give_the_output_shape_without_reading_values(entry: str) -> None:
+    """Each entry point on meta tensors, with the index checks forced on (cu_seqlens, cache_seqlens and
+    block tables would be read): the output has the CPU call's shape and dtype."""
+    op = entry.removesuffix("-paged")
+    expected = _call(op, _ENTRY_POINTS[entry]())
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _ENTRY_POINTS[entry]().items()}
+    with ip.checked_indices():
+        got = _call(op, meta)
+    assert got.is_meta and got.shape == expected.shape and got.dtype == expected.dtype
+
+
+@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+def test_inputs_that_require_grad_are_rejected_before_any_kernel(entry: str) -> None:
+    """No backward exists (the torch provider gave NaN gradients with softcap and rows that see no key):
+    a tensor argument that requires grad (grad mode on) is a ContractError naming it, before the caches
+    are written; under ``torch.no_grad()`` the same call runs."""
+    op, make = entry.removesuffix("-paged"), _ENTRY_POINTS[entry]
+    names = [k for k, v in make().items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert len(names) >= 3
+    for name in names:
+        args = make()
+        args[name] = args[name].requires_grad_()  # type: ignore[union-attr]
+        before = {k: v.detach().clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+        with pytest.raises(ContractError) as err:
+            _call(op, dict(args))
+        assert err.value.argument == name and "requires_grad" in str(err.value)
+        assert all(torch.equal(args[k].detach(), v) for k, v in before.items())  # type: ignore[union-attr]
+        with torch.no_grad():
+            _call(op, dict(args))
+
+
+def test_index_checks_default_per_device_and_a_scope_belongs_to_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked by default on CPU, not on CUDA (a check reads the values: a host sync on every call), never
+    on meta; ``INFINIOPS_CHECK_INDICES`` forces either way; a `checked_indices()` / `unchecked_indices()`
+    scope overrides both for the thread that entered it, and no other."""
+    cpu, cuda, meta = torch.device("cpu"), torch.device("cuda"), torch.device("meta")
+    monkeypatch.delenv("INFINIOPS_CHECK_INDICES", raising=False)
+    assert (is_checked(cpu), is_checked(cuda), is_checked(meta)) == (True, False, False)
+    monkeypatch.setenv("INFINIOPS_CHECK_INDICES", "1")
+    assert (is_checked(cpu), is_checked(cuda), is_checked(meta)) == (True, True, False)
+    monkeypatch.setenv("INFINIOPS_CHECK_INDICES", "0")
+    with ip.checked_indices():
+        assert (is_checked(cpu), is_checked(cuda), is_checked(meta)) == (True, True, False)
+    assert (is_checked(cpu), is_checked(cuda)) == (False, False)
+    monkeypatch.delenv("INFINIOPS_CHECK_INDICES")
+
+    bad = _varlen_args()
+    bad["block_table"][0, 1] = 3  # type: ignore[index]  # block 3 of 3: out of range
+    entered, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def unchecked_thread() -> None:
+        with ip.unchecked_indices():
+            entered.set()
+            release.wait(10)
+            seen["unchecked"] = (is_checked(cpu), is_checked(cuda))
+            seen["out"] = _call("flash_attn_varlen", dict(bad)).shape  # skipped, not raised
+
+    def plain_thread() -> None:
+        seen["plain"] = (is_checked(cpu), is_checked(cuda))  # no scope of its own: the defaults
+
+    with ip.checked_indices():
+        worker = threading.Thread(target=unchecked_thread)
+        worker.start()
+        assert entered.wait(10)
+        seen["checked"] = (is_checked(cpu), is_checked(cuda))
+        with pytest.raises(ContractError, match="block_table"):
+            _call("flash_attn_varlen", dict(bad))
+        plain = threading.Thread(target=plain_thread)
+        plain.start()
+        plain.join(10)
+        release.set()
+        worker.join(10)
+    assert seen == {"checked": (True, True), "unchecked": (False, False), "plain": (True, False),
+                    "out": torch.Size([5, 4, 16])}

@@ -317,3 +317,71 @@ def test_torch_provider_conformance() -> None:
     report = run_conformance("torch", ops=ops, max_examples=15)
     assert report.ok, report.render()
     assert {r.op for r in report.ops} == set(ops)
+
+
+# --- repeated slots, meta inputs, inputs that require grad ---------------------------------------------------
+
+_DENSE: dict[str, tuple[Callable[[], dict[str, Any]], Callable[..., Any]]] = {
+    "gemm": (lambda: {"a": _randn(4, 3), "b": _randn(3, 5), "c": _randn(4, 5), "bias": _randn(5),
+                      "out": torch.zeros(4, 5)}, lambda **a: _gemm(**a, beta=0.5)()),
+    "add": (lambda: {"input": _randn(4, 3), "other": _randn(3), "out": torch.zeros(4, 3)},
+            lambda **a: io.add(a.pop("input"), a.pop("other"), **a)),
+    "rms_norm": (lambda: {"x": _randn(4, 8), "weight": _randn(8), "out": torch.zeros(4, 8)}, lambda **a: _rms(**a)()),
+    "fused_add_rms_norm": (lambda: {"x": _randn(4, 8), "residual": _randn(4, 8), "weight": _randn(8)},
+                           lambda **a: _fused(**a)()),
+    "fused_qk_norm": (lambda: {"qkv": _randn(3, 64), "q_weight": _randn(8), "k_weight": _randn(8)},
+                      lambda **a: _qk(**a)()),
+    "reshape_and_cache_flash": (lambda: {"key": _randn(5, 2, 8), "value": _randn(5, 2, 8),
+                                         "key_cache": _randn(3, 4, 2, 8), "value_cache": _randn(3, 4, 2, 8),
+                                         "slot_mapping": torch.tensor([0, 5, -1, 11])}, lambda **a: _cache(**a)()),
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_repeated_slot_is_rejected_when_checked(provider: str) -> None:
+    """Two tokens naming one slot race (in vLLM's kernel too), so checked mode rejects them before any
+    write; padding slots (< 0) may repeat."""
+    make, call = _DENSE["reshape_and_cache_flash"]
+    args = make()
+    before = args["key_cache"].clone(), args["value_cache"].clone()
+    with io.use(provider), io.checked_indices(), pytest.raises(ContractError) as info:
+        call(**args | {"slot_mapping": torch.tensor([5, -1, -1, 5])})
+    assert info.value.argument == "slot_mapping" and "slot 5 appears 2 times" in str(info.value)
+    assert torch.equal(args["key_cache"], before[0]) and torch.equal(args["value_cache"], before[1])
+    with io.use(provider), io.checked_indices():
+        call(**args | {"slot_mapping": torch.tensor([-1, 7, -1, -1])})
+    assert torch.equal(args["key_cache"][1, 3], args["key"][1])
+
+
+@pytest.mark.parametrize("op", list(_DENSE))
+def test_meta_inputs_give_the_output_shapes_without_reading_values(op: str) -> None:
+    """Every entry point on meta tensors, with the index checks forced on: outputs of the CPU call's
+    shapes and dtypes (None for the in-place cache write), no values read."""
+    make, call = _DENSE[op]
+    expected = call(**make())
+    with io.checked_indices():
+        got = call(**{k: v.to(META) for k, v in make().items()})
+    got_list = list(got) if isinstance(got, tuple) else [got]
+    expected_list = list(expected) if isinstance(expected, tuple) else [expected]
+    assert len(got_list) == len(expected_list)
+    for g, e in zip(got_list, expected_list):
+        assert (g is None and e is None) or (g.is_meta and g.shape == e.shape and g.dtype == e.dtype)
+
+
+@pytest.mark.parametrize("op", list(_DENSE))
+def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> None:
+    """No operator has a backward (the torch provider raised torch's "out= arguments don't support
+    automatic differentiation"): a tensor argument that requires grad, grad mode on, is a ContractError
+    naming it, before anything is written; under ``torch.no_grad()`` the same call runs."""
+    make, call = _DENSE[op]
+    names = [k for k, v in make().items() if v.is_floating_point()]
+    for name in names:
+        args = make()
+        args[name].requires_grad_()
+        before = {k: v.detach().clone() for k, v in args.items()}
+        with pytest.raises(ContractError) as info:
+            call(**args)
+        assert info.value.argument == name and "requires_grad" in str(info.value)
+        assert all(torch.equal(args[k].detach(), v) for k, v in before.items())
+        with torch.no_grad():
+            call(**args)

@@ -289,32 +289,48 @@ def test_unchecked_indices_are_skipped() -> None:
 
 # --- contract errors: one per kind and entry point, naming the argument -----------------------------
 
-def _conv_call(**change: Any) -> None:
+def _conv_args() -> dict[str, Any]:
     r = Rand(12)
     x, weight, bias = _conv_inputs(r, torch.float32, 2, 8, 10, 4)
-    kw = {"x": x, "weight": weight, "bias": bias, "seq_idx": _runs(2, 10, (4,))} | change
-    io.causal_conv1d(kw.pop("x"), kw.pop("weight"), kw.pop("bias"), **kw)
+    return {"x": x, "weight": weight, "bias": bias, "seq_idx": _runs(2, 10, (4,)), "initial_states": r(2, 8, 3)}
 
 
-def _conv_update_call(**change: Any) -> None:
+def _conv_call(**change: Any) -> Any:
+    kw = _conv_args() | change
+    return io.causal_conv1d(kw.pop("x"), kw.pop("weight"), kw.pop("bias"), **kw)
+
+
+def _conv_update_args() -> dict[str, Any]:
     r = Rand(13)
     x, weight, bias = _conv_inputs(r, torch.float32, 2, 8, 1, 4)
-    kw = {"x": x[:, :, 0], "conv_state": r(4, 8, 3), "weight": weight, "bias": bias,
-          "conv_state_indices": torch.tensor([3, -1], dtype=torch.int32)} | change
-    io.causal_conv1d_update(kw.pop("x"), kw.pop("conv_state"), kw.pop("weight"), kw.pop("bias"), **kw)
+    return {"x": x[:, :, 0], "conv_state": r(4, 8, 3), "weight": weight, "bias": bias,
+            "conv_state_indices": torch.tensor([3, -1], dtype=torch.int32)}
 
 
-def _scan_call(**change: Any) -> None:
+def _conv_update_call(**change: Any) -> Any:
+    kw = _conv_update_args() | change
+    return io.causal_conv1d_update(kw.pop("x"), kw.pop("conv_state"), kw.pop("weight"), kw.pop("bias"), **kw)
+
+
+def _scan_args() -> dict[str, Any]:
     args, kwargs = _scan_inputs(Rand(14), torch.float32, 2, 10, 4, 4, 2, 8)
-    kw = dict(zip(("x", "dt", "A", "B", "C"), args)) | kwargs | change
-    io.selective_scan(*[kw.pop(k) for k in ("x", "dt", "A", "B", "C")], **kw)
+    return dict(zip(("x", "dt", "A", "B", "C"), args)) | kwargs | {"initial_states": Rand(16)(2, 4, 4, 8)}
 
 
-def _update_call(**change: Any) -> None:
+def _scan_call(**change: Any) -> Any:
+    kw = _scan_args() | change
+    return io.selective_scan(*[kw.pop(k) for k in ("x", "dt", "A", "B", "C")], **kw)
+
+
+def _update_args() -> dict[str, Any]:
     args, kwargs = _update_inputs(Rand(15), torch.float32, slots=4, b=2, h=4, p=4, g=2, n=8)
-    kw = dict(zip(("state", "x", "dt", "A", "B", "C"), args)) | kwargs | {
-        "state_batch_indices": torch.tensor([3, -1])} | change
-    io.selective_state_update(*[kw.pop(k) for k in ("state", "x", "dt", "A", "B", "C")], **kw)
+    return dict(zip(("state", "x", "dt", "A", "B", "C"), args)) | kwargs | {
+        "state_batch_indices": torch.tensor([3, -1])}
+
+
+def _update_call(**change: Any) -> Any:
+    kw = _update_args() | change
+    return io.selective_state_update(*[kw.pop(k) for k in ("state", "x", "dt", "A", "B", "C")], **kw)
 
 
 _ERRORS: list[tuple[Callable[..., None], str, dict[str, Any]]] = [
@@ -367,3 +383,67 @@ def test_contract_errors_name_the_argument(call: Callable[..., None], argument: 
 @pytest.mark.parametrize("call", [_conv_call, _conv_update_call, _scan_call, _update_call])
 def test_valid_calls_of_the_error_table_pass(call: Callable[..., None]) -> None:
     call()
+
+
+# --- repeated indices, meta inputs, inputs that require grad -----------------------------------------
+
+_ENTRY_POINTS: dict[str, tuple[Callable[[], dict[str, Any]], Callable[..., Any]]] = {
+    "causal_conv1d": (_conv_args, _conv_call),
+    "causal_conv1d_update": (_conv_update_args, _conv_update_call),
+    "selective_scan": (_scan_args, _scan_call),
+    "selective_state_update": (_update_args, _update_call),
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(("op", "name", "state"), [("causal_conv1d_update", "conv_state_indices", "conv_state"),
+                                                   ("selective_state_update", "state_batch_indices", "state")])
+def test_repeated_state_index_is_rejected_when_checked(provider: str, op: str, name: str, state: str) -> None:
+    """Two rows naming one slot would race (the reference runs the rows in order, the torch provider
+    gathers every slot first: states and outputs differ), so checked mode rejects them before any write;
+    negative padding indices may repeat."""
+    make, call = _ENTRY_POINTS[op]
+    states = make()[state]
+    before = states.clone()
+    with io.use(provider), io.checked_indices(), pytest.raises(ContractError) as err:
+        call(**{state: states, name: torch.tensor([1, 1], dtype=torch.int32)})
+    assert err.value.argument == name and "index 1 appears 2 times" in str(err.value)
+    assert torch.equal(states, before)  # rejected before any write
+    with io.use(provider), io.checked_indices():
+        out = call(**{state: states, name: torch.tensor([-1, -1], dtype=torch.int32)})
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(states, before)
+
+
+@pytest.mark.parametrize("op", list(_ENTRY_POINTS))
+def test_meta_inputs_give_the_output_shapes_without_reading_values(op: str) -> None:
+    """Every entry point on meta tensors, with the index checks forced on (they would read values): the
+    outputs have the CPU call's shapes and dtypes, and nothing is read."""
+    make, call = _ENTRY_POINTS[op]
+    extra = {"return_final_states": True} if op in ("causal_conv1d", "selective_scan") else {}
+    expected = call(**extra)
+    meta = {k: v.to(META) if isinstance(v, torch.Tensor) else v for k, v in make().items()}
+    with io.checked_indices():
+        got = call(**meta, **extra)
+    for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,),
+                    strict=True):
+        assert g.is_meta and g.shape == e.shape and g.dtype == e.dtype
+
+
+@pytest.mark.parametrize("op", list(_ENTRY_POINTS))
+def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> None:
+    """No operator has a backward: a tensor argument that requires grad (grad mode on) is a ContractError
+    naming it, before any state is written (the torch provider failed inside ``out=`` instead); under
+    ``torch.no_grad()`` the same call runs."""
+    make, call = _ENTRY_POINTS[op]
+    names = [k for k, v in make().items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert len(names) >= 4
+    for name in names:
+        args = make()
+        args[name] = args[name].requires_grad_()
+        before = {k: v.detach().clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+        with pytest.raises(ContractError) as err:
+            call(**args)
+        assert err.value.argument == name and "requires_grad" in str(err.value)
+        assert all(torch.equal(args[k].detach(), v) for k, v in before.items())
+        with torch.no_grad():
+            call(**args)

@@ -240,7 +240,7 @@ def is_checked(device: torch.device) -> bool:
     kind = device.type
     if kind == "meta":
         return False
-    if kind == "cuda" and torch.cuda.is_current_stream_capturing():
+    if kind == "cuda" and _capturing():
         return False
     scoped = _INDEX_CHECKS.get()
     if scoped is not None:
@@ -249,6 +249,15 @@ def is_checked(device: torch.device) -> bool:
     if forced is not None:
         return forced
     return kind == "cpu"
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph; False where torch has no CUDA runtime (a
+    CPU-only build raises instead of answering)."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:
+        return False
 
 
 def check_unique_indices(op: str, name: str, index: torch.Tensor, what: str = "index") -> None:

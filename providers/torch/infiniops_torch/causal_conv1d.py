@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from infiniops_py import Between, Capability, Implementation
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH, run_ids
-from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY
+from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY, put_rows
 
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update", "scatter_rows"]
 
@@ -69,25 +69,14 @@ def causal_conv1d(
 
 
 def scatter_rows(dst: torch.Tensor, index: torch.Tensor | None, rows: torch.Tensor, valid: torch.Tensor) -> None:
-    """``dst[index[b]] = rows[b]`` for each b where `valid[b]`, skipping the rest, without a host sync.
-
-    One `index_copy_` writes every row: skipped rows are redirected to the first valid row's slot with
-    that row's value (or, when none is valid, to slot 0 with its own content), so the duplicate indices
-    all carry identical data and the result is deterministic.
+    """``dst[index[b]] = rows[b]`` for each b where `valid[b]`, skipping the rest, without a host sync
+    (`put_rows`; all of `dst` when `index` is None). Rows are gathered before any is written, so two rows
+    naming one slot (rejected in checked mode) both read its old state, and which write lands is undefined.
     """
     if index is None:
         dst.copy_(rows)
         return
-    if dst.shape[0] == 0:
-        return
-    safe = torch.where(valid, index.long(), 0)
-    first = valid.int().argmax()[None]  # 0 when none is valid
-    first_slot = safe.index_select(0, first)
-    filler = torch.where(valid.index_select(0, first).view(1, *([1] * (rows.dim() - 1))),
-                         rows.index_select(0, first).to(dst.dtype), dst.index_select(0, first_slot))
-    target = torch.where(valid, safe, first_slot)
-    keep = valid.view(-1, *([1] * (rows.dim() - 1)))
-    dst.index_copy_(0, target, torch.where(keep, rows.to(dst.dtype), filler))
+    put_rows(dst, (index,), rows, valid)
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

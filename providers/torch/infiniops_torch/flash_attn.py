@@ -2,11 +2,16 @@
 
 Two layouts feed one attention routine (`_attend`, on ``[B, S, H, D]`` batches):
 
-- per sequence: host-side lengths (one sync), one SDPA call per sequence; a sequence that needs no mask
-  (no window, and non-causal or ``Sq == Sk``, where top-left and bottom-right causal agree) takes SDPA's
-  ``is_causal`` path, which runs the flash kernel on CUDA. Used for long sequences.
+- per sequence: host-side lengths (``cu_seqlens`` read on the host: one sync on CUDA, the only host read
+  of the varlen path), one SDPA call per sequence; a sequence that needs no mask (no window, and
+  non-causal or ``Sq == Sk``, where top-left and bottom-right causal agree) takes SDPA's ``is_causal``
+  path, which runs the flash kernel on CUDA. Used for long sequences, except under CUDA-graph capture.
 - batched with padding: gather every sequence into ``[B, max_S, H, D]`` on the device (no sync), one
   SDPA call with a ``[B, Sq, Sk]`` mask that also hides padded keys. Used for many short sequences.
+
+The KV-cache entry point appends the new k/v with `put_rows` (rows outside the cache skipped on the
+device) and pads to the longest attended length on CPU (read on the host, free there) but to the cache
+capacity on CUDA, so that nothing there synchronizes with the host.
 
 Masked calls fold the ``Hq // Hkv`` query heads of each kv head into the query axis (``[B, Hkv, G*Sq, D]``),
 so GQA never copies K/V and every SDPA backend applies. Softcap has no SDPA form: it takes a manual path in
@@ -24,7 +29,7 @@ import torch.nn.functional as F
 
 from infiniops_py import Capability, Implementation
 from infiniops_py.operators._base import is_checked
-from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY
+from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY, put_rows
 
 __all__ = ["IMPLEMENTATIONS", "flash_attn_varlen", "flash_attn_with_kvcache"]
 
@@ -169,7 +174,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                       causal: bool, window_size: tuple[int, int], softcap: float, block_table: torch.Tensor | None,
                       out: torch.Tensor) -> torch.Tensor:
     """Varlen attention (contract: `infiniops_py.operators.flash_attn`): per sequence when sequences are
-    long or padding would more than double the work, else one padded batch."""
+    long or padding would more than double the work (it reads `cu_seqlens_q/k` on the host: one sync on
+    CUDA), else, and always during CUDA-graph capture, one padded batch (no host read)."""
     batch = cu_seqlens_q.shape[0] - 1
     if out.numel() == 0 or batch == 0:
         return out
@@ -179,6 +185,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     padded_k = batch * max_seqlen_k
     per_sequence = (batch == 1 or q.shape[0] >= _PER_SEQUENCE_MIN_LEN * batch or padded_q > 2 * q.shape[0]
                     or (block_table is None and padded_k > 2 * k.shape[0]))
+    if per_sequence and q.is_cuda and torch.cuda.is_current_stream_capturing():
+        per_sequence = False  # a capture cannot read the lengths on the host
     if per_sequence:
         _varlen_per_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_size, softcap,
                              block_table, out)
@@ -190,7 +198,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
 
 def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor,
             block_table: torch.Tensor | None) -> None:
-    """Write ``new`` ``[B, Sq_new, Hkv, D]`` at rows ``cache_seqlens[b] + t``; out-of-range rows are skipped."""
+    """Write ``new`` ``[B, Sq_new, Hkv, D]`` at rows ``cache_seqlens[b] + t``; rows outside the cache (or in
+    a block whose id is out of range) are skipped on the device, without a host sync (`put_rows`)."""
     pos = cache_seqlens.long()[:, None] + torch.arange(new.shape[1], device=new.device)
     if block_table is None:
         ok = (pos >= 0) & (pos < cache.shape[1])
@@ -201,10 +210,7 @@ def _append(cache: torch.Tensor, new: torch.Tensor, cache_seqlens: torch.Tensor,
         blocks = block_table.gather(1, slot.clamp(0, block_table.shape[1] - 1)).long()
         ok = (pos >= 0) & (slot < block_table.shape[1]) & (blocks >= 0) & (blocks < num_blocks)
         index = (blocks, pos % block_size)
-    if is_checked(new.device):  # the contract has checked every row is in range: no sync, no filtering
-        cache.index_put_(index, new)
-    else:
-        cache.index_put_(tuple(i[ok] for i in index), new[ok])
+    put_rows(cache, tuple(i.flatten() for i in index), new.flatten(0, 1), ok.flatten())
 
 
 def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -212,7 +218,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             v: torch.Tensor | None, softmax_scale: float, causal: bool, window_size: tuple[int, int],
                             softcap: float, out: torch.Tensor) -> torch.Tensor:
     """KV-cache attention (contract: `infiniops_py.operators.flash_attn`): append, then one padded batch
-    over the longest attended length (one sync to learn it)."""
+    over the longest attended length on CPU (read on the host), over the cache capacity on CUDA (masked:
+    no host sync, so it can be captured in a CUDA graph)."""
     new = 0
     if k is not None and v is not None:
         _append(k_cache, k, cache_seqlens, block_table)
@@ -222,7 +229,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     capacity = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     len_k = (cache_seqlens.long() + new).clamp(0, capacity)
-    max_k = int(len_k.max())
+    max_k = capacity if q.is_cuda else int(len_k.max())
     if max_k == 0:
         return out.zero_()
     if block_table is None:

@@ -1,11 +1,12 @@
-"""Paged-cache write through one vectorized ``index_put_`` per cache, padding and out-of-range slots filtered."""
+"""Paged-cache write through one vectorized ``index_put_`` per cache (`put_rows`): padding and out-of-range
+slots are skipped without a host synchronization."""
 
 from __future__ import annotations
 
 import torch
 
 from infiniops_py import Capability, Implementation
-from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY
+from infiniops_torch._common import DEVICES, FLOAT_DTYPES, PRIORITY, put_rows
 
 __all__ = ["IMPLEMENTATIONS", "reshape_and_cache_flash"]
 
@@ -17,16 +18,17 @@ def reshape_and_cache_flash(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Keeps the tokens with ``0 <= slot < capacity`` (one host sync), then scatters them by (block, offset).
+    """Scatters the tokens with ``0 <= slot < capacity`` by (block, offset), skipping the rest on the device
+    (no host sync); of tokens sharing a slot (rejected in checked mode), which lands is undefined.
 
     Indexing by (block, offset) rather than a flat slot works for any cache strides (NHD or HND views).
     """
     num_blocks, block_size = key_cache.shape[:2]
-    keep = ((slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)).nonzero().squeeze(1)
-    slots = slot_mapping.index_select(0, keep)
-    where = (torch.div(slots, block_size, rounding_mode="floor"), slots % block_size)
-    key_cache.index_put_(where, key.index_select(0, keep))
-    value_cache.index_put_(where, value.index_select(0, keep))
+    n = slot_mapping.shape[0]
+    valid = (slot_mapping >= 0) & (slot_mapping < num_blocks * block_size)
+    where = (torch.div(slot_mapping, block_size, rounding_mode="floor"), slot_mapping % block_size)
+    put_rows(key_cache, where, key[:n], valid)
+    put_rows(value_cache, where, value[:n], valid)
 
 
 IMPLEMENTATIONS = [
