@@ -1,7 +1,8 @@
 """Add: ``out = input + alpha * other`` with broadcasting (``torch.add`` semantics).
 
 Implementation calling convention: ``fn(input, other, alpha, out) -> out``; `out` is allocated (or
-checked) by `add` and has the broadcast shape; it may be `input` itself (in place).
+checked) by `add` and has the broadcast shape; it may be `input` itself (in place). `add` returns that
+`out` whatever the implementation returns; the conformance suite holds implementations to returning it.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def add(
         inplace = _check_out(input, other, out, shape, on_cpu)
     if torch.is_grad_enabled() and (input.requires_grad or other.requires_grad or out.requires_grad):
         check_no_grad(_OP, {"input": input, "other": other, "out": out})
-    return SPEC.call(("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace), input, other, alpha, out)
+    # The implementation writes `out`; what it returns is not the result (it may be None or another tensor).
+    SPEC.call(("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace), input, other, alpha, out)
+    return out
 
 
 def _check_out(input: torch.Tensor, other: torch.Tensor, out: torch.Tensor, shape: torch.Size,

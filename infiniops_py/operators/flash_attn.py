@@ -143,8 +143,9 @@ def flash_attn_varlen(
     scale, window, softcap = _normalize(op, d, softmax_scale, causal, window_size, softcap, max_seqlen_k)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size)
-    return VARLEN_SPEC.call(key, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            bool(causal), window, softcap, block_table, out)
+    VARLEN_SPEC.call(key, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                     bool(causal), window, softcap, block_table, out)
+    return out  # what the implementation wrote, whatever it returned
 
 
 def flash_attn_with_kvcache(
@@ -237,8 +238,9 @@ def flash_attn_with_kvcache(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged,
            block_size, k is not None)
-    return KVCACHE_SPEC.call(key, q, k_cache, v_cache, cache_seqlens, block_table, k, v, scale, bool(causal),
-                             window, softcap, out)
+    KVCACHE_SPEC.call(key, q, k_cache, v_cache, cache_seqlens, block_table, k, v, scale, bool(causal),
+                      window, softcap, out)
+    return out  # what the implementation wrote, whatever it returned
 
 
 # --- argument checks ---------------------------------------------------------------------------------
