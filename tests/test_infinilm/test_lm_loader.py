@@ -1,4 +1,5 @@
-"""Loading: single file and sharded checkpoints, dtype choice, and one error listing every mismatch."""
+"""Loading: single file and sharded checkpoints (also as the hub cache lays them out), dtype choice, one error
+listing every mismatch, and bad checkpoints refused from their headers before the model is allocated."""
 
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def _write_sharded(dst: Path, config: Path, shards: dict[str, dict[str, torch.Te
 def _bad_checkpoint(case: str, src: Path, root: Path) -> Path:
     """The checkpoint directory of one refused case, built from the tensors of the good checkpoint `src`."""
     tensors = load_file(str(src / "model.safetensors"))
-    first, second = dict(list(tensors.items())[:5]), dict(list(tensors.items())[5:])
+    first = {n: t for n, t in tensors.items() if n.startswith("model.layers.0.")}  # a sharding into two files
+    second = {n: t for n, t in tensors.items() if n not in first}
     other = root / "other"  # a complete checkpoint of the same model, outside the directory
     _copy_config(src, other)
     shutil.copy(src / "model.safetensors", other / "model.safetensors")
@@ -165,8 +167,8 @@ def _bad_checkpoint(case: str, src: Path, root: Path) -> Path:
         return _write_sharded(dst, src, {"a.safetensors": first}, {**dict.fromkeys(first, "a.safetensors"),
                                                                    **dict.fromkeys(second, "b.safetensors")})
     assert case == "mis-shaped", case  # a checkpoint of another size than the config says
-    tensors["model.layers.1.mlp.down_proj.weight"] = torch.randn(64, 80)
-    return _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": tensors})
+    second["model.layers.1.mlp.down_proj.weight"] = torch.randn(64, 80)
+    return _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": second})
 
 
 BAD_CHECKPOINTS = {  # case -> what the error says
