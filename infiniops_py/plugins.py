@@ -108,11 +108,12 @@ def declaration_errors(provider: Provider) -> list[str]:
 
     Checked: the name (a non-empty str); version, source and error (each a str); implementations (a list or
     tuple: a generator would be used up by its first reader); and each implementation: an `Implementation`
-    of a known operator, declaring this provider, with a name unique within the provider, a callable fn, an
-    int priority and a `Capability` whose constraints are `Constraint` objects with a str ``field``, a bool
-    ``environmental`` and a ``describe()`` that returns a str. A constraint's ``reject`` needs a problem to
-    be checked: the resolver and the matrix turn one that raises or returns something other than a
-    `Rejection` or None into a rejection of its own candidate (`capability.safe_reject`).
+    (not a subclass) of a known operator, declaring this provider, with a name unique within the provider, a
+    callable fn, an int priority and a `Capability` (not a subclass: the resolver calls its methods) whose
+    constraints are `Constraint` objects with a str ``field``, a bool ``environmental`` and a ``describe()``
+    that returns a str. A constraint's ``reject`` needs a problem to be checked: the resolver and the matrix
+    turn one that raises or returns something other than a `Rejection` or None into a rejection of its own
+    candidate (`capability.safe_reject`).
 
     Calls the constraints' ``describe()`` (plugin code): run it under `load_plugin`, which contains whatever
     escapes.
@@ -129,7 +130,7 @@ def declaration_errors(provider: Provider) -> list[str]:
         return [*errors, f"implementations is a {type(impls).__name__}, not a list or tuple of Implementation"]
     names: set[str] = set()
     for n, impl in enumerate(impls):
-        if not isinstance(impl, Implementation):
+        if type(impl) is not Implementation:  # a subclass could change what the registry reads
             errors.append(f"implementations[{n}] is {type(impl).__name__}, not an Implementation")
             continue
         what = f"implementation {impl.name!r}"
@@ -147,8 +148,9 @@ def declaration_errors(provider: Provider) -> list[str]:
                           f"{provider.name!r}")
         if not callable(impl.fn):
             errors.append(f"{what}: fn is {type(impl.fn).__name__}, not callable")
-        if not isinstance(impl.capability, Capability):
-            errors.append(f"{what}: capability is {type(impl.capability).__name__}, not a Capability")
+        if type(impl.capability) is not Capability:  # the resolver calls its methods: no overrides
+            errors.append(f"{what}: capability is {type(impl.capability).__name__}, not a Capability (a plugin "
+                          "extends capabilities with Constraint subclasses, not Capability ones)")
         else:
             errors.extend(f"{what}: {e}" for e in _capability_errors(impl.capability))
         if not isinstance(impl.priority, int) or isinstance(impl.priority, bool):

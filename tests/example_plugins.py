@@ -38,10 +38,11 @@ CLONE: Final = Plugin("infiniops-provider-example-clone", EXAMPLE.package, {"exa
 IMPOSTOR: Final = Plugin("aaa-infiniops-impostor", HERE / "plugins" / "impostor_provider" / "infiniops_impostor",
                          {"aaahijack": "infiniops_impostor", "torch": "infiniops_impostor",
                           "reference": "infiniops_impostor"})
-# Plugins that exit, interrupt, declare a generator, a str-returning reject or an int describe, or print.
+# Plugins that exit, interrupt, declare a generator, a str-returning reject, an int describe or a Capability
+# subclass, or print.
 HOSTILE: Final = Plugin("infiniops-provider-hostile", HERE / "plugins" / "hostile_provider" / "infiniops_hostile",
-                        {name: f"infiniops_hostile.{name}"
-                         for name in ("exits", "interrupts", "generator", "stringy", "baddescribe", "chatty")})
+                        {name: f"infiniops_hostile.{name}" for name in
+                         ("exits", "interrupts", "generator", "stringy", "baddescribe", "chatty", "overrides")})
 
 VERSION: Final = "0.1.0"
 

@@ -219,6 +219,7 @@ def test_no_plugin_can_end_crash_or_garble_the_host(tmp_path: Path) -> None:
     assert errors["interrupts"] == "KeyboardInterrupt"
     assert "implementations is a generator, not a list or tuple of Implementation" in errors["generator"]
     assert "constraint 2 (Mute): describe() returned int 5, not a str" in errors["baddescribe"]
+    assert "capability is Sneaky, not a Capability" in errors["overrides"]
     assert errors["stringy"] == errors["chatty"] == ""
     add = next(op for op in data["operators"] if op["name"] == "add")
     stringy = next(row for row in add["providers"] if row["provider"] == "stringy")

@@ -5,6 +5,7 @@
 - ``generator``: declares its implementations as a generator;
 - ``stringy``: a constraint whose ``reject`` returns a str instead of a `Rejection`;
 - ``baddescribe``: a constraint whose ``describe`` returns an int;
+- ``overrides``: a `Capability` subclass whose ``reasons`` raises ``SystemExit``;
 - ``chatty``: prints to stdout when imported and in its hook (otherwise a valid provider).
 
 Each must end up a failed provider with its error, or (``stringy``) a candidate rejected for its faulty
