@@ -30,6 +30,7 @@ __all__ = [
     "ContractError",
     "OpSpec",
     "Problem",
+    "byte_extent",
     "check_bool",
     "check_device",
     "check_dtype",
@@ -432,6 +433,20 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _span(t: torch.Tensor) -> int:
     """Elements from `t`'s first to its last element, both included (`t` not empty)."""
     return 1 + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
+
+
+def byte_extent(t: torch.Tensor) -> int:
+    """The bytes from the first byte of `t`'s lowest element to the last byte of its highest: every element
+    lies in ``[t.data_ptr(), t.data_ptr() + byte_extent(t))`` (torch strides are never negative, so
+    ``data_ptr`` is the lowest address). ``t.nbytes`` for a contiguous tensor, 0 for an empty one.
+
+    Two tensors whose ranges are disjoint share no memory, whatever storage objects they belong to (two
+    ``torch.from_numpy`` of views of one array are distinct storages over one buffer); the operators' hot
+    paths compare these ranges and call `overlaps` only when they meet.
+    """
+    if not t.numel():
+        return 0
+    return _span(t) * t.element_size()
 
 
 def _reachable(d: int, steps: list[tuple[int, int, int]], rest: list[tuple[int, int]], k: int,

@@ -13,6 +13,7 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     OpSpec,
+    byte_extent,
     check_device,
     check_dtype,
     check_no_grad,
@@ -44,8 +45,9 @@ def add(
         out: optional output of the broadcast shape, same dtype and device. It may be `input` or `other`
             itself, the very same view (in place; for `input` the broadcast shape equals ``input.shape``).
             It may share a storage with them without sharing elements (``out=a[:, :4]`` with
-            ``other=a[:, 4:]``, as `torch.add` allows) but must not otherwise overlap them, and a zero
-            stride on a dimension of size > 1 is rejected (several elements would share one address).
+            ``other=a[:, 4:]``, as `torch.add` allows) but must not otherwise overlap them in memory (by
+            address, so also through another storage object over the same buffer), and a zero stride on a
+            dimension of size > 1 is rejected (several elements would share one address).
 
     Returns:
         `out`, or a new tensor of the broadcast shape.
@@ -106,13 +108,19 @@ def _check_out(input: torch.Tensor, other: torch.Tensor, out: torch.Tensor, shap
         raise ContractError(_OP, "out", f"expected dtype {input.dtype}, got {out.dtype}")
     if (not out.is_cpu) if on_cpu else out.device != input.device:
         check_device(_OP, "out", out, input.device)
-    if not out.is_contiguous():
+    contiguous = out.is_contiguous()
+    if not contiguous:
         check_writable(_OP, "out", out)
-    storage = out.untyped_storage().data_ptr()  # only a tensor of out's storage can overlap it
-    inplace = False
-    if input.untyped_storage().data_ptr() == storage:
+    # Addresses, not storage objects, decide: two storages may cover one buffer (two `from_numpy` of views
+    # of one array). Only a tensor whose byte range meets out's can share an element with it.
+    low = out.data_ptr()
+    high = low + (out.nbytes if contiguous else byte_extent(out))
+    inplace = input is out
+    start = input.data_ptr()
+    if not inplace and start < high and low < start + (input.nbytes if input.is_contiguous() else byte_extent(input)):
         inplace = _shares("input", input, out)
-    if other.untyped_storage().data_ptr() == storage:
+    start = other.data_ptr()
+    if start < high and low < start + (other.nbytes if other.is_contiguous() else byte_extent(other)):
         inplace = _shares("other", other, out) or inplace
     return inplace
 

@@ -250,7 +250,8 @@ def causal_conv1d_update(
     Args:
         x: [B, D] (one token) or [B, D, L], float16/bfloat16/float32/float64, stride 1 along D or L.
         conv_state: [slots, D, S] in x's dtype, S >= W-1, updated in place; stride 1 along D or S, no
-            expanded (zero-stride) or self-overlapping dims, no memory shared with x. Without indices,
+            expanded (zero-stride) or self-overlapping dims, no memory (by address) shared with x,
+            weight, bias or conv_state_indices. Without indices,
             slots == B (unless B == 0: an empty batch does nothing).
         weight: [D, W], any float dtype (the arithmetic runs in it), 2 <= W <= 16.
         bias: [D] in weight's dtype, or None.
@@ -292,7 +293,9 @@ def causal_conv1d_update(
         raise ContractError(_UPDATE, "conv_state", f"state length S={state_len} < W-1={width - 1}")
     _check_layout(_UPDATE, "conv_state", conv_state)
     check_writable(_UPDATE, "conv_state", conv_state)
-    check_no_overlap(_UPDATE, "x", x, "conv_state", conv_state)
+    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("conv_state_indices", conv_state_indices)):
+        if t is not None:  # every input is read while conv_state is written
+            check_no_overlap(_UPDATE, name, t, "conv_state", conv_state)
     slots = conv_state.shape[0]
     if conv_state_indices is None:
         if slots != batch and batch:

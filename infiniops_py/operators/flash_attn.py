@@ -169,8 +169,9 @@ def flash_attn_with_kvcache(
         q: ``[B, Sq, Hq, D]``, float16/bfloat16/float32/float64, last stride 1.
         k_cache, v_cache: ``[B, S_max, Hkv, D]``, or paged ``[num_blocks, block_size, Hkv, D]`` when
             `block_table` is given; same dtype and device as `q`, last stride 1, ``Hq % Hkv == 0``.
-            Updated in place when `k`/`v` are given: then they must not share memory with each other,
-            with `q` or with the new `k`/`v`, nor have a zero-stride (expanded) or self-overlapping dim
+            Updated in place when `k`/`v` are given: then they must not share memory (by address) with
+            each other, with `q`, the new `k`/`v`, `cache_seqlens` or `block_table`, nor have a
+            zero-stride (expanded) or self-overlapping dim
             (only read otherwise: one tensor may then serve as both).
         cache_seqlens: int32 ``[B]``: tokens already in the cache per sequence (>= 0, checked mode).
         block_table: int32 ``[B, max_blocks]``; sequence b uses its first ``ceil(Sk_b / block_size)``
@@ -222,7 +223,7 @@ def flash_attn_with_kvcache(
         _check_kv(op, q, k, v, ("k", "v"), 4, hq, d, expect_hkv=hkv)
         check_shape(op, "k", k, [b, None, hkv, d], " (B, Sq_new, Hkv, D)")
         new = k.shape[1]
-        _check_cache_writes(op, q, k_cache, v_cache, k, v)
+        _check_cache_writes(op, q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     if block_table is not None:
         _check_block_table(op, block_table, b, q.device)
         block_size = k_cache.shape[1]
@@ -286,14 +287,17 @@ def _check_kv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names:
 
 
 def _check_cache_writes(op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        k: torch.Tensor, v: torch.Tensor) -> None:
-    """The caches receive k/v in place: each must be writable, and no input may share their memory."""
+                        k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor,
+                        block_table: torch.Tensor | None) -> None:
+    """The caches receive k/v in place: each must be writable, and no input (the index tensors included:
+    a reinterpreting ``.view(torch.int32)`` could place them in a cache) may share their memory."""
     check_writable(op, "k_cache", k_cache)
     check_writable(op, "v_cache", v_cache)
     check_no_overlap(op, "v_cache", v_cache, "k_cache", k_cache)
-    for name, t in (("k", k), ("v", v), ("q", q)):
-        check_no_overlap(op, name, t, "k_cache", k_cache)
-        check_no_overlap(op, name, t, "v_cache", v_cache)
+    for name, t in (("k", k), ("v", v), ("q", q), ("cache_seqlens", cache_seqlens), ("block_table", block_table)):
+        if t is not None:
+            check_no_overlap(op, name, t, "k_cache", k_cache)
+            check_no_overlap(op, name, t, "v_cache", v_cache)
 
 
 def _non_negative_int(op: str, name: str, value: object) -> int:

@@ -60,7 +60,8 @@ def gemm(
         trans_a, trans_b: use the transpose of `a` / `b` (bools).
         out: optional contiguous ``[(Bt,) M, N]`` in `a`'s dtype; it may be `c` itself (same shape and
             view: in-place accumulation) but must not otherwise share memory with `a`, `b`, `bias` or `c`
-            (sharing their storage without sharing elements is fine).
+            (`c` even when ``beta == 0``), by address, whatever storage objects they are; sharing their
+            storage without sharing elements is fine.
 
     Returns:
         `out`, or a new contiguous ``[(Bt,) M, N]`` tensor in `a`'s dtype.
@@ -106,6 +107,7 @@ def gemm(
         _check_operand("bias", bias, dt, dev)
         if bias.shape != (n,):
             raise ContractError(_OP, "bias", f"expected shape [{n}] (N), got {list(bias.shape)}")
+    c_full = None
     if c is not None:
         _check_operand("c", c, dt, dev)
         try:
@@ -115,8 +117,8 @@ def gemm(
         c = c_full if beta != 0 else None
     if out is None:
         out = torch.empty(shape, dtype=dt, device=dev)
-    else:
-        _check_out(out, shape, a, b, bias, c)
+    else:  # c is checked even when beta == 0: it is not read then, but out must not write into it
+        _check_out(out, shape, a, b, bias, c_full)
     if out.numel() == 0:
         return out
     key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None)

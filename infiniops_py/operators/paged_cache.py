@@ -58,9 +58,9 @@ def reshape_and_cache_flash(
             block_size`` and no non-negative value may repeat.
 
     The caches are written in place, so neither may have a zero-stride (expanded) or otherwise
-    self-overlapping dim, and no two of `key_cache`, `value_cache` and the new `key`/`value` may share
-    memory (the two halves of one ``[num_blocks, 2, block_size, Hkv, D]`` buffer share none). A rejected
-    call writes nothing.
+    self-overlapping dim, and neither may share memory (by address, whatever storage objects hold them)
+    with the other, the new `key`/`value` or `slot_mapping` (the two halves of one
+    ``[num_blocks, 2, block_size, Hkv, D]`` buffer share none). A rejected call writes nothing.
 
     Raises:
         ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1,
@@ -109,7 +109,8 @@ def reshape_and_cache_flash(
     check_writable(_OP, "key_cache", key_cache)
     check_writable(_OP, "value_cache", value_cache)
     check_no_overlap(_OP, "value_cache", value_cache, "key_cache", key_cache)
-    for name, t in (("key", key[:slot_mapping.shape[0]]), ("value", value[:slot_mapping.shape[0]])):
+    for name, t in (("key", key[:slot_mapping.shape[0]]), ("value", value[:slot_mapping.shape[0]]),
+                    ("slot_mapping", slot_mapping)):
         check_no_overlap(_OP, name, t, "key_cache", key_cache)
         check_no_overlap(_OP, name, t, "value_cache", value_cache)
     check_index_range(_OP, "slot_mapping", slot_mapping, num_blocks * block_size, allow_negative=True)

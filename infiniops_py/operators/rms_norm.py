@@ -7,6 +7,7 @@ Implementation calling conventions:
     x.dtype, then multiplied by weight.
   fused_add_rms_norm: fn(x, residual, weight, eps) -> None, in place on 2-D [T, H] views:
     residual <- x + residual (rounded to dtype), then x <- rms_norm(residual).
+  The public functions return `out` and ``(x, residual)`` whatever the implementation returns.
 Problem fields (both): hidden_size (int).
 """
 
@@ -20,6 +21,7 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     OpSpec,
+    byte_extent,
     check_device,
     check_dtype,
     check_no_grad,
@@ -55,7 +57,8 @@ def rms_norm(
         weight: ``[H]``, same dtype and device, contiguous.
         eps: added to the mean square, a finite number > 0 (keeps a zero row finite).
         out: optional contiguous tensor of `x`'s shape, dtype and device; it may be `x` itself (the same
-            view) but must not otherwise overlap `x` or `weight`.
+            view) but must not otherwise overlap `x`, and must not overlap `weight`, in memory (by address,
+            so also through another storage object over the same buffer).
 
     Returns:
         `out`, or a new contiguous tensor of `x`'s shape.
@@ -85,7 +88,8 @@ def rms_norm(
             h = shape[-1]
         except IndexError:
             raise ContractError(_OP, "x", "expected at least one dim [..., H], got a 0-d tensor") from None
-        if not x.is_contiguous() and h > 1 and x.stride(-1) != 1:
+        x_contiguous = x.is_contiguous()
+        if not x_contiguous and h > 1 and x.stride(-1) != 1:
             raise ContractError(_OP, "x", f"expected last stride 1, got strides {list(x.stride())}")
         on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
         device = None if on_cpu else x.device
@@ -95,13 +99,20 @@ def rms_norm(
             _check_weight(_OP, weight, x, h)
         if out is None:
             out = torch.empty(shape, dtype=dtype, device=x.device)
-        elif (out.shape != shape or out.dtype is not dtype or (not out.is_cpu if on_cpu else out.device != device)
-              or not out.is_contiguous()):
-            _check_out(x, out)
-        elif (x._base is not None or out._base is not None) and out is not x:
-            # Only views share a storage (short of `set_` or two `from_numpy` of one array): a storage
-            # comparison on every call would cost 0.2 us of the 2 us budget.
-            _check_out_overlap(x, weight, out)
+        else:
+            if (out.shape != shape or out.dtype is not dtype or (not out.is_cpu if on_cpu else out.device != device)
+                    or not out.is_contiguous()):
+                _check_out(x, out)
+            # Addresses, not storage objects, decide (two `from_numpy` of views of one array are two storages
+            # over one buffer): `overlaps` runs only when a byte range meets out's [low, high).
+            low = out.data_ptr()
+            high = low + out.nbytes  # out is contiguous, and so is weight (both checked above)
+            start = weight.data_ptr()
+            if start < high and low < start + weight.nbytes:
+                check_no_overlap(_OP, "out", out, "weight", weight)
+            start = x.data_ptr()
+            if out is not x and start < high and low < start + (x.nbytes if x_contiguous else byte_extent(x)):
+                _check_out_overlap(x, out)
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or out.requires_grad):
             check_no_grad(_OP, {"x": x, "weight": weight, "out": out})
     except AttributeError:
@@ -215,11 +226,10 @@ def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
         raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
 
 
-def _check_out_overlap(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-    """`out` shares `x`'s storage: allowed only as `x` itself."""
+def _check_out_overlap(x: torch.Tensor, out: torch.Tensor) -> None:
+    """`out`'s byte range meets `x`'s: allowed only when `out` is `x`'s very view (in place)."""
     if not same_view(x, out) and overlaps(x, out):
         raise ContractError(_OP, "out", "partially overlaps x; out may share memory with x only as x itself")
-    check_no_overlap(_OP, "out", out, "weight", weight)
 
 
 def _viewable(x: torch.Tensor) -> bool:

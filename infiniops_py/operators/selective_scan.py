@@ -354,7 +354,8 @@ def selective_state_update(
     _check_params(_UPDATE, x, heads, head_dim, A, D, dt_bias)
     if z is not None:
         _check_like_x(_UPDATE, "z", z, x, tuple(x.shape), " (same as x)")
-    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias)):
+    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias),
+                    ("state_batch_indices", state_batch_indices)):
         if t is not None:
             check_no_overlap(_UPDATE, name, t, "state", state)
     if state_batch_indices is None:
