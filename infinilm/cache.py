@@ -4,17 +4,24 @@ A sequence owns a list of block ids (its block table); token ``i`` of the sequen
 ``table[i // block_size]`` at offset ``i % block_size``, i.e. slot ``table[i // block_size] * block_size +
 i % block_size``. The allocator never hands out a block twice and rejects a free of a block it does not
 own, before changing anything, so a bug upstream cannot corrupt another sequence's cache.
+
+`check_fits` refuses a cache (or a recurrent state pool) larger than the device's memory before it is
+allocated, with the bytes it would need.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
-__all__ = ["BlockAllocator", "CacheError", "KVCache", "slots_for"]
+from infinilm.config_checks import ConfigError
+
+__all__ = ["BlockAllocator", "CacheError", "KVCache", "check_fits", "device_memory", "slots_for"]
 
 
 class CacheError(RuntimeError):
@@ -108,3 +115,66 @@ class KVCache:
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes one block takes over all layers, keys and values."""
         return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def _cpu_memory() -> tuple[int, int] | None:
+    """``(available, total)`` bytes of host memory on Linux: ``MemAvailable`` of ``/proc/meminfo`` and the
+    physical memory, each capped by a cgroup v2 ``memory.max``; None where these are not readable."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (AttributeError, ValueError, OSError, KeyError, IndexError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        limit = "max"
+    if limit.isdigit():
+        total = min(total, int(limit))
+    return min(available, total), total
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """``(available, total)`` bytes of memory on `device`, or None when unknown.
+
+    CUDA: ``torch.cuda.mem_get_info`` (free, total), None when CUDA is not available or the device index does
+    not exist. CPU: the host memory on Linux (``MemAvailable`` and the physical memory, capped by a cgroup v2
+    limit); None elsewhere.
+    """
+    if device.type == "cuda":
+        index = device.index if device.index is not None else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            return None
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    if device.type == "cpu":
+        return _cpu_memory()
+    return None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def check_fits(what: str, needed: int, device: torch.device, *, now: bool, fix: str) -> None:
+    """Refuse, before allocating it, `what` (e.g. ``"num_blocks=8: the KV cache"``) of `needed` bytes on `device`.
+
+    `now` False compares with the device's total memory (a size that can never fit, checked before any weight
+    is read); True with the memory available at this moment (CUDA: free; CPU: ``MemAvailable``), just before
+    the allocation. Nothing is checked where `device_memory` does not know the memory.
+
+    Raises:
+        ConfigError: `needed` exceeds that memory; the message gives both sizes in bytes and `fix`.
+    """
+    memory = device_memory(device)
+    if memory is None:
+        return
+    limit = memory[0] if now else memory[1]
+    if needed > limit:
+        kind = "available" if now else "total"
+        raise ConfigError(f"{what} needs {needed} bytes ({_size(needed)}), more than the {limit} bytes "
+                          f"({_size(limit)}) of {kind} memory on {device}; {fix}")

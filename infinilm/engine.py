@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from infinilm.cache import KVCache
+from infinilm.cache import KVCache, check_fits
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.gates import GatePlan, overrides, plan
 from infinilm.loader import load_weights, read_checkpoint
@@ -33,7 +34,7 @@ from infinilm.sequence import SamplingParams, Sequence
 from infinilm.state_pool import RecurrentRunner, StatePool
 from infiniops_py import unchecked_indices
 
-__all__ = ["Engine", "StepOutput"]
+__all__ = ["Engine", "StepOutput", "check_options", "check_prompt", "max_positions"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Engine:
         else:
             num_blocks = options.num_blocks or self._auto_blocks(dtype)
             _check_blocks(config, options, num_blocks)
+            _check_cache_memory(config, options, num_blocks, self.device, now=True)
             self.cache = KVCache(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
                                  config.head_dim, dtype, self.device)
             self.runner = ModelRunner(model, self.cache, self.device, options.blocks_per_seq(config))
@@ -96,9 +98,7 @@ class Engine:
         """
         options = options or EngineOptions()
         config = ModelConfig.from_pretrained(path)
-        if options.num_blocks is not None and config.ssm is None:
-            _check_blocks(config, options, options.num_blocks)
-        _check_prefill_graphs(config, options)
+        check_options(config, options)
         gate_plan = plan(config, options)
         # the headers (names, shapes, dtypes) against the model's targets built on the meta device: a
         # checkpoint that does not fit is refused before any weight is allocated or read
@@ -142,12 +142,10 @@ class Engine:
         """Queue a prompt (token ids); returns its `Sequence`, which fills as steps run.
 
         Raises:
-            ValueError: an empty prompt, a token id outside the vocabulary, or a prompt that can never fit.
+            ValueError: an empty prompt, a token id that is not an integer or is outside the vocabulary, or a
+                prompt that can never fit.
         """
-        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"prompt: token id(s) {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
-        seq = Sequence(prompt, params or SamplingParams())
+        seq = Sequence(check_prompt(prompt, self.config.vocab_size), params or SamplingParams())
         self.scheduler.add(seq)
         return seq
 
@@ -198,8 +196,13 @@ class Engine:
         Uses (and frees) KV blocks; call it while no request is running.
 
         Raises:
-            RuntimeError: requests are in flight. CacheError: the prompts need more blocks than are free.
+            ValueError: no prompt, an empty prompt, or a token id that is not an integer or is outside the
+                vocabulary. RuntimeError: requests are in flight. CacheError: the prompts need more blocks than
+                are free.
         """
+        if not prompts:
+            raise ValueError("prompts: needs at least one prompt")
+        prompts = [check_prompt(p, self.config.vocab_size, f"prompts[{i}]") for i, p in enumerate(prompts)]
         if self.has_work():
             raise RuntimeError("prefill_logits needs an idle engine")
         seqs = [Sequence(p, SamplingParams()) for p in prompts]
@@ -213,6 +216,102 @@ class Engine:
             for s in seqs:
                 alloc.free(s.block_table)
         return list(logits.split([len(p) for p in prompts]))
+
+
+def check_prompt(prompt: Iterable[int], vocab_size: int, what: str = "prompt") -> list[int]:
+    """`prompt` as a list of Python ints, each a token id in ``[0, vocab_size)``.
+
+    An id is an ``int`` or an integer scalar with ``__index__`` (a NumPy integer, a 0-d integer tensor); a
+    bool or a float (``1.7``) is refused, never truncated.
+
+    Raises:
+        ValueError: `prompt` is empty, or holds ids that are not integers or lie outside the vocabulary (the
+            first five are named, after `what`).
+    """
+    ids: list[int] = []
+    not_ints: list[object] = []
+    for t in prompt:
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            ids.append(operator.index(t))
+        except TypeError:
+            not_ints.append(t)
+    if not_ints:
+        raise ValueError(f"{what}: token id(s) {not_ints[:5]} are not integers (a token id is an int in "
+                         f"[0, {vocab_size}))")
+    if not ids:
+        raise ValueError(f"{what}: needs at least one token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{what}: token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def max_positions(config: ModelConfig) -> int:
+    """The longest sequence the model's positions serve: the bound of an explicit ``max_model_len``.
+
+    As vLLM derives it: ``max_position_embeddings``, times the RoPE ``factor`` of ``linear`` and ``yarn``
+    scaling (yarn: ``original_max_position_embeddings x factor`` when the config gives the original length);
+    ``default`` and ``llama3`` RoPE configs list their full length. A recurrent (Mamba-2) model has no position
+    table: its bound is `infinilm.models.mamba2.NO_POSITION_LIMIT`.
+    """
+    limit = config.max_position_embeddings
+    hf = config.hf_config
+    rope = (getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}) if hf is not None else {}
+    factor = rope.get("factor")
+    if config.rope_type in ("linear", "yarn") and isinstance(factor, int | float) and factor >= 1:
+        original = rope.get("original_max_position_embeddings")
+        if config.rope_type == "yarn" and isinstance(original, int):
+            limit = original
+        limit = int(limit * factor)
+    return limit
+
+
+def check_options(config: ModelConfig, options: EngineOptions) -> None:
+    """The engine options checked against the model config, before the gates run and any weight is read.
+
+    Raises:
+        ConfigError: ``max_model_len`` beyond `max_positions`; a CUDA device index this machine does not have;
+            ``num_blocks`` that cannot hold one sequence of ``max_model_len``; a KV cache (Mamba-2: a state
+            pool) of ``num_blocks`` larger than the device's total memory, with the bytes it would need;
+            ``prefill_graph_lengths`` for a model that is not recurrent.
+    """
+    limit = max_positions(config)
+    if options.max_model_len is not None and options.max_model_len > limit:
+        scaled = f" x its {config.rope_type} RoPE factor" if limit != config.max_position_embeddings else ""
+        raise ConfigError(f"max_model_len={options.max_model_len} exceeds the {limit} positions this "
+                          f"{config.model_type} model serves (max_position_embeddings="
+                          f"{config.max_position_embeddings} in config.json{scaled}); lower max_model_len")
+    device = torch.device(options.device)
+    count = torch.cuda.device_count() if device.type == "cuda" and torch.cuda.is_available() else 0
+    if count and device.index is not None and device.index >= count:
+        raise ConfigError(f"device={options.device!r}: this machine has {count} CUDA device(s), cuda:0 .. "
+                          f"cuda:{count - 1}")
+    if options.num_blocks is not None:
+        if config.ssm is None:
+            _check_blocks(config, options, options.num_blocks)
+        _check_cache_memory(config, options, options.num_blocks, device, now=False)
+    _check_prefill_graphs(config, options)
+
+
+def _check_cache_memory(config: ModelConfig, options: EngineOptions, num_blocks: int, device: torch.device, *,
+                        now: bool) -> None:
+    """Refuse a KV cache (Mamba-2: a state pool) of `num_blocks` blocks (rows) that does not fit `device`'s
+    total memory (`now` False) or its available memory (`now` True), through `infinilm.cache.check_fits`."""
+    dtype = options.resolved_dtype(config)
+    if config.ssm is not None:
+        from infinilm.state_pool import state_bytes
+
+        per_block, what = sum(state_bytes(config, dtype)), "state pool"
+    else:
+        per_block = KVCache.bytes_per_block(config.num_layers, options.block_size, config.num_kv_heads,
+                                            config.head_dim, dtype)
+        what = "KV cache"
+    given = options.num_blocks is not None
+    check_fits(f"{f'num_blocks={num_blocks}' if given else f'{num_blocks} blocks sized from the memory budget'}: "
+               f"the {what} ({num_blocks} x {per_block} bytes)", num_blocks * per_block, device, now=now,
+               fix="lower num_blocks" if given else "lower kv_cache_memory or gpu_memory_utilization")
 
 
 def _check_blocks(config: ModelConfig, options: EngineOptions, num_blocks: int) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from infinilm.cache import BlockAllocator
+from infinilm.cache import BlockAllocator, check_fits
 from infinilm.config import EngineOptions, ModelConfig
 from infinilm.graph_capture import CapturedSteps
 from infinilm.graphs import capture_sizes
@@ -81,15 +81,23 @@ class StatePool:
     def for_engine(cls, config: ModelConfig, options: EngineOptions, device: torch.device) -> StatePool:
         """Rows: ``options.num_blocks`` when given, else as many as fit the memory budget, at most
         ``max_num_seqs`` (the budget is ``kv_cache_memory``, or on CUDA the free memory above
-        ``1 - gpu_memory_utilization``)."""
+        ``1 - gpu_memory_utilization``).
+
+        Raises:
+            ConfigError: the rows need more memory than `device` has available (checked before allocating).
+        """
         dtype = options.resolved_dtype(config)
+        per_row = sum(state_bytes(config, dtype))
         rows = options.num_blocks
         if rows is None:
             budget = options.kv_cache_memory
             if device.type == "cuda":
                 free, total = torch.cuda.mem_get_info(device)
                 budget = int(free - total * (1.0 - options.gpu_memory_utilization))
-            rows = max(1, min(options.max_num_seqs, budget // sum(state_bytes(config, dtype))))
+            rows = max(1, min(options.max_num_seqs, budget // per_row))
+        given = f"num_blocks={rows}" if options.num_blocks is not None else f"{rows} rows sized from the memory budget"
+        check_fits(f"{given}: the state pool ({rows} x {per_row} bytes)", rows * per_row, device, now=True,
+                   fix="lower num_blocks" if options.num_blocks is not None else "lower kv_cache_memory")
         return cls(config, rows, options.model_len(config), dtype=dtype, device=device)
 
     @property

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from lm_helpers import CheckpointFactory
 
-from infinilm import Engine, EngineOptions, FinishReason, SamplingParams
+from infinilm import ConfigError, Engine, EngineOptions, FinishReason, ModelConfig, SamplingParams
+from infinilm import cache as cache_module
+from infinilm.engine import check_options, max_positions
 from infinilm.sequence import SeqStatus
 
 
@@ -94,6 +101,100 @@ def test_requests_that_can_never_run_are_rejected_up_front(checkpoint: Checkpoin
     with pytest.raises(ValueError, match="max_model_len"):
         engine.add_request([1] * 64)
     assert not engine.has_work()
+
+
+def test_prompts_whose_ids_are_not_vocabulary_integers_raise_value_error(checkpoint: CheckpointFactory) -> None:
+    """prefill_logits used to raise IndexError from the embedding, and add_request took floats."""
+    engine = _engine(checkpoint, num_blocks=8)
+    for bad, message in (([10**6], r"prompts\[0\]: token id\(s\) \[1000000\] outside the vocabulary \[0, 256\)"),
+                         ([-1, 3], r"prompts\[0\]: token id\(s\) \[-1\] outside"),
+                         ([1.7, 2.2], r"prompts\[0\]: token id\(s\) \[1.7, 2.2\] are not integers")):
+        with pytest.raises(ValueError, match=message):
+            engine.prefill_logits([bad])
+    with pytest.raises(ValueError, match=r"prompts\[1\]: needs at least one token"):
+        engine.prefill_logits([[1], []])
+    with pytest.raises(ValueError, match="needs at least one prompt"):
+        engine.prefill_logits([])
+    for bad in ([1.7, 2.2], [True, 3], ["5"]):
+        with pytest.raises(ValueError, match=r"prompt: token id\(s\) .* are not integers"):
+            engine.add_request(bad)
+    assert not engine.has_work() and engine.cache.allocator.num_free == 8
+    seq = engine.add_request([np.int64(5), torch.tensor(9)])  # integer scalars are ids
+    assert seq.tokens == [5, 9] and all(type(t) is int for t in seq.tokens)
+    engine.cancel(seq)
+    assert len(engine.prefill_logits([[np.int32(7), 8]])[0]) == 2
+
+
+def test_engine_options_take_dtype_names_and_refuse_unknown_devices(checkpoint: CheckpointFactory,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dtype string used to pass EngineOptions and fail deep in the model build; a bad device in torch."""
+    options = EngineOptions(dtype="bfloat16")
+    assert options.dtype is torch.bfloat16 and EngineOptions(dtype="fp16").dtype is torch.float16
+    engine = _engine(checkpoint, num_blocks=8, dtype="bf16")
+    assert engine.cache.keys[0].dtype is torch.bfloat16
+    assert {t.dtype for t in engine.model.targets().values()} == {torch.bfloat16}
+    for bad in ("float64", torch.int8, "banana"):
+        with pytest.raises(ConfigError, match=r"dtype .* is not supported; use one of float32, bfloat16, float16"):
+            EngineOptions(dtype=bad)
+    for device in ("banana", "", "cuda:x", "meta", "mps"):
+        with pytest.raises(ConfigError, match=rf"device={device!r} is not a device the engine runs on; use cpu, cuda"):
+            EngineOptions(device=device)
+    assert EngineOptions(device="cuda:1").device == "cuda:1"  # a well-formed name: the index is checked later
+    path, _ = checkpoint("llama")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"device='cuda:2': this machine has 2 CUDA device\(s\), cuda:0 .. cuda:1"):
+        check_options(ModelConfig.from_pretrained(path), EngineOptions(device="cuda:2"))
+
+
+def test_max_model_len_beyond_the_positions_the_model_serves_is_refused(checkpoint: CheckpointFactory,
+                                                                        tmp_path: Path) -> None:
+    """--max-model-len 1000000000 used to allocate the RoPE table of a billion positions and fail in torch."""
+    path, _ = checkpoint("llama")  # max_position_embeddings 256
+    with pytest.raises(ConfigError, match=r"max_model_len=1000000000 exceeds the 256 positions this llama model "
+                                          r"serves \(max_position_embeddings=256 in config.json\); lower"):
+        Engine.from_pretrained(path, EngineOptions(max_model_len=10**9))
+    assert _engine(checkpoint, num_blocks=32, max_model_len=256).scheduler.max_model_len == 256
+    # linear and yarn RoPE scaling stretch the positions by their factor (yarn: of the original length)
+    scaled = tmp_path / "yarn"
+    shutil.copytree(path, scaled)
+    config = json.loads((scaled / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    (scaled / "config.json").write_text(json.dumps(config))
+    yarn = ModelConfig.from_pretrained(scaled)
+    assert max_positions(yarn) == 512
+    check_options(yarn, EngineOptions(max_model_len=512))
+    with pytest.raises(ConfigError, match=r"exceeds the 512 positions .* x its yarn RoPE factor"):
+        check_options(yarn, EngineOptions(max_model_len=513))
+
+
+def test_a_cache_that_cannot_fit_the_memory_is_refused_before_it_is_allocated(
+    checkpoint: CheckpointFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--num-blocks 1000000000 used to load the weights, then fail in torch's allocator."""
+    from test_mamba2 import hf_mamba2
+
+    path, _ = checkpoint("llama")
+    garbage = tmp_path / "garbage"  # weights that cannot be read: the refusal must come before them
+    garbage.mkdir()
+    shutil.copy(path / "config.json", garbage)
+    (garbage / "model.safetensors").write_bytes(b"\xff" * 64)
+    per_block = 2 * 2 * 16 * 2 * 16 * 4  # K and V x layers x block_size x Hkv x head_dim x float32
+    with pytest.raises(ConfigError, match=rf"num_blocks=1000000000: the KV cache \(1000000000 x {per_block} bytes\) "
+                                          rf"needs {10**9 * per_block} bytes \(7.45 TiB\), more than the \d+ bytes "
+                                          r".* of total memory on cpu; lower num_blocks"):
+        Engine.from_pretrained(garbage, EngineOptions(block_size=16, num_blocks=10**9, max_model_len=64))
+    mamba2 = tmp_path / "mamba2"
+    hf_mamba2(seed=3).save_pretrained(str(mamba2))
+    (mamba2 / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ConfigError, match=r"num_blocks=1000000000: the state pool \(1000000000 x \d+ bytes\) needs"):
+        Engine.from_pretrained(mamba2, EngineOptions(num_blocks=10**9))
+    # just before allocating, the bound is the memory available now (here: less than one 8-block cache)
+    monkeypatch.setattr(cache_module, "device_memory", lambda device: (8 * per_block - 1, 2**40))
+    with pytest.raises(ConfigError, match=rf"num_blocks=8: the KV cache .* needs {8 * per_block} bytes .* of "
+                                          "available memory on cpu"):
+        Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=8, max_model_len=64))
+    assert Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=7, max_model_len=64))
 
 
 def test_soak_of_500_short_requests_leaves_every_block_free(checkpoint: CheckpointFactory) -> None:
