@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     _engine_args(demo, model=False)
     demo.add_argument("--prompt", default="InfiniOps")
     _sampling_args(demo, max_new_tokens=256)
+    from infinilm.serve.commands import add_bench_serve_args, add_serve_args
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, metrics)")
+    _engine_args(srv)
+    add_serve_args(srv)
+    add_bench_serve_args(sub.add_parser("bench-serve", help="load an OpenAI-compatible server: throughput, TTFT, ITL"))
     return parser
 
 
@@ -96,8 +102,11 @@ def _finite_float(text: str) -> float:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from infinilm.engine import check_options
+
     config = ModelConfig.from_pretrained(args.model)
     options = _options(args)
+    check_options(config, options)
     gate_plan = plan(config, options)
     if config.ssm is not None:
         from infinilm.state_pool import describe_state
@@ -112,10 +121,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False) -> int:
-    from infinilm.engine import Engine
+    from infinilm.engine import Engine, check_prompt
     from infinilm.sequence import SamplingParams
     from infinilm.tokenizer import StreamDecoder, load_tokenizer
 
+    config = ModelConfig.from_pretrained(model)  # a missing or bad checkpoint is named before its tokenizer
     tokenizer = load_tokenizer(model)
     if tokenizer is not None:
         prompt = tokenizer.encode(args.prompt).ids
@@ -125,6 +135,7 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
         except ValueError:
             raise ConfigError(
                 f"{model} has no tokenizer.json: --prompt must be token ids, got {args.prompt!r}") from None
+    prompt = check_prompt(prompt, config.vocab_size, "--prompt")
     options = _options(args, max_num_seqs=1)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)  # checked before loading
@@ -151,9 +162,10 @@ def _rate(tokens: int, seconds: float) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from infinilm.bench import run_bench
+    from infinilm.bench import check_bench_args, run_bench
     from infinilm.engine import Engine
 
+    check_bench_args(args.batch, args.input_len, args.output_len, args.seed)  # before the model loads
     options = _options(args, max_num_seqs=args.batch,
                        max_num_batched_tokens=max(8192, args.batch * args.input_len))
     engine = Engine.from_pretrained(args.model, options)
@@ -184,6 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _generate(args, args.model)
         if args.command == "bench":
             return _bench(args)
+        if args.command in ("serve", "bench-serve"):
+            from infinilm.serve import commands
+
+            if args.command == "bench-serve":
+                return commands.run_bench_serve(args)
+            return commands.run_serve(args, _options(args, max_num_seqs=args.max_num_seqs,
+                                                     max_num_batched_tokens=args.max_num_batched_tokens))
         return _demo(args)
     except GateError as err:
         print(gate_report(err), file=sys.stderr)

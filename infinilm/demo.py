@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from infinilm.config_checks import ConfigError
+
 __all__ = ["DEMO_CONFIG", "PROMPT", "TEXT", "build_byte_tokenizer", "cache_dir", "demo_checkpoint"]
 
 DEMO_NAME = "qwen3-demo-v2"
@@ -34,6 +36,7 @@ DEMO_CONFIG = {
 
 
 def cache_dir() -> Path:
+    """``$INFINILM_CACHE``, else ``$XDG_CACHE_HOME/infinilm``, else ``~/.cache/infinilm`` (not created here)."""
     if os.environ.get("INFINILM_CACHE"):
         return Path(os.environ["INFINILM_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -81,16 +84,25 @@ def _teach(model: torch.nn.Module, ids: list[int]) -> None:
 
 
 def demo_checkpoint(root: Path | None = None) -> Path:
-    """The demo checkpoint directory, built on first use."""
+    """The demo checkpoint directory under `root` (default: `cache_dir`), built on first use.
+
+    Raises:
+        ConfigError: the cache directory cannot be created or written (a file in its place, no permission, a
+            full disk); the message names the directory and how it was chosen.
+    """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    final = (root or cache_dir()) / DEMO_NAME
+    base = root or cache_dir()
+    final = base / DEMO_NAME
     if (final / "tokenizer.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():  # an incomplete directory (no tokenizer.json): never reuse it
-        shutil.rmtree(final)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # an incomplete directory (no tokenizer.json): never reuse it
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    except OSError as err:
+        raise _cache_error(base, root, err) from None
     try:
         tokenizer = build_byte_tokenizer()
         torch.manual_seed(0)
@@ -99,9 +111,26 @@ def demo_checkpoint(root: Path | None = None) -> Path:
         model.save_pretrained(str(tmp))
         tokenizer.save(str(tmp / "tokenizer.json"))  # written last: marks a complete build
         tmp.rename(final)
-    except OSError:
+    except OSError as err:
         if not (final / "tokenizer.json").is_file():  # not a concurrent build that won the rename
-            raise
+            raise _cache_error(base, root, err) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _cache_error(base: Path, root: Path | None, err: OSError) -> ConfigError:
+    """The error of a demo cache directory that cannot be written, naming it and where its path came from."""
+    if root is not None:
+        origin = "the root given"
+    elif os.environ.get("INFINILM_CACHE"):
+        origin = "$INFINILM_CACHE"
+    else:
+        origin = "$XDG_CACHE_HOME/infinilm" if os.environ.get("XDG_CACHE_HOME") else "~/.cache/infinilm"
+    if isinstance(err, FileExistsError | NotADirectoryError):
+        reason = "a file, not a directory, is in its path"
+    else:
+        reason = err.strerror or str(err)
+    where = f" ({err.filename})" if err.filename and str(err.filename) != str(base) else ""
+    return ConfigError(f"{base} ({origin}): cannot hold the demo checkpoint: {reason}{where}; point INFINILM_CACHE "
+                       "at a writable directory")

@@ -107,6 +107,74 @@ def test_bad_arguments_exit_2(checkpoint: CheckpointFactory, capsys: pytest.Capt
     assert "prefill graphs serve recurrent (Mamba-2) models only, not llama" in capsys.readouterr().err
 
 
+def _exit_2(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The stderr of a CLI run that must exit 2 with one error line (no traceback)."""
+    status = main(list(argv))
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.startswith(f"infinilm {argv[0]}: error: ") and "Traceback" not in err
+    return err
+
+
+def test_bad_options_exit_2_naming_the_option_before_any_weight_is_read(
+    checkpoint: CheckpointFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each of these used to end in a traceback (exit 1, the status of a gate rejection), or in a wrong message."""
+    path, _ = checkpoint("llama")
+    bad = _corrupt_copy(path, tmp_path / "bad")  # unreadable weights: every refusal below must come first
+    gen = ["generate", "--model", str(bad), "--prompt", "1 2"]
+    for device in ("banana", ""):
+        for argv in ([*gen, *SMALL], ["check", "--model", str(bad), *SMALL]):
+            err = _exit_2(capsys, *argv, "--device", device)
+            assert f"device={device!r} is not a device the engine runs on; use cpu, cuda or cuda:N" in err
+    for command in (gen, ["check", "--model", str(bad)]):
+        err = _exit_2(capsys, *command, "--num-blocks", "1000000000")
+        assert "num_blocks=1000000000: the KV cache (1000000000 x 8192 bytes) needs 8192000000000 bytes" in err
+    err = _exit_2(capsys, *gen, "--max-model-len", "1000000000")
+    assert "max_model_len=1000000000 exceeds the 256 positions this llama model serves" in err
+    err = _exit_2(capsys, *gen, "--temperature", "1", "--seed", str(2**64), *SMALL)
+    assert "seed=18446744073709551616 must be in [0, 2**64)" in err
+    err = _exit_2(capsys, "bench", "--model", str(bad), "--seed", str(2**64), *SMALL)
+    assert "seed=18446744073709551616 must be in [0, 2**64)" in err
+    err = _exit_2(capsys, "generate", "--model", str(bad), "--prompt", "1 999999", *SMALL)
+    assert "--prompt: token id(s) [999999] outside the vocabulary [0, 256)" in err
+    err = _exit_2(capsys, "generate", "--model", str(tmp_path / "nonexistent"), "--prompt", "hello")
+    assert f"{tmp_path / 'nonexistent'} does not exist" in err and "tokenizer" not in err
+
+
+def test_a_checkpoint_index_without_a_weight_map_or_a_vast_vocab_exits_2_naming_the_file(
+    checkpoint: CheckpointFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loader's KeyError/TypeError on such an index, and torch's allocation of a 2**40-row embedding,
+    used to end in tracebacks: the CLI reports the loader's and the config's errors with exit 2."""
+    path, _ = checkpoint("llama")
+    for name, index in (("no-weight-map", {"metadata": {}}), ("list", [1, 2])):
+        bad = tmp_path / name
+        bad.mkdir()
+        shutil.copy(path / "config.json", bad)
+        (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+        err = _exit_2(capsys, "generate", "--model", str(bad), "--prompt", "1 2", *SMALL)
+        assert f"{bad / 'model.safetensors.index.json'}: " in err and "weight_map" in err
+    vast = tmp_path / "vast"
+    shutil.copytree(path, vast)
+    (vast / "config.json").write_text(json.dumps({**json.loads((path / "config.json").read_text()),
+                                                  "vocab_size": 2**40}))
+    err = _exit_2(capsys, "generate", "--model", str(vast), "--prompt", "1 2", *SMALL)
+    assert str(vast) in err and str(2**40) in err
+
+
+def test_a_demo_cache_dir_that_cannot_hold_the_checkpoint_exits_2_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """INFINILM_CACHE pointing at a file used to end in FileExistsError."""
+    for cache in (tmp_path / "a-file", tmp_path / "a-file" / "below"):
+        (tmp_path / "a-file").write_text("not a directory")
+        monkeypatch.setenv("INFINILM_CACHE", str(cache))
+        err = _exit_2(capsys, "demo", "--max-new-tokens", "2")
+        assert (f"{cache} ($INFINILM_CACHE): cannot hold the demo checkpoint: a file, not a directory, is in its "
+                "path; point INFINILM_CACHE at a writable directory") in err
+
+
 def test_demo_builds_once_and_generates_the_sentence_it_was_taught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
