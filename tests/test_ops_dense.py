@@ -11,12 +11,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from fakes import cpu_capability, registered
 
 import infiniops_py as io
 from infiniops_py import ContractError, unchecked_indices
 from infiniops_py.testing.compare import compare
+from infiniops_py.testing.conformance import cpu_copies
 from infiniops_py.testing.tolerances import tolerance
 
 PROVIDERS = ("reference", "torch")
@@ -223,6 +226,171 @@ def test_empty_inputs_do_nothing(provider: str) -> None:
         io.reshape_and_cache_flash(torch.randn(3, 1, 8), torch.randn(3, 1, 8), cache, cache.clone(),
                                    torch.empty(0, dtype=torch.int64))
         assert torch.equal(cache, old)
+
+
+# --- results and aliasing, every operator -----------------------------------------------------------------
+
+def _liar(spec: Any) -> Callable[..., Any]:
+    """An implementation that runs `spec`'s reference, then returns a one-element tensor of zeros."""
+    def fn(*args: Any) -> torch.Tensor:
+        spec.reference(*args)
+        return torch.zeros(1)
+    return fn
+
+
+RESULT_CALLS: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]] = {
+    # op -> a builder of (public function, args, kwargs); `out` given where the function takes one
+    "add": lambda: (io.add, (_randn(3, 4, seed=1), _randn(4, seed=2)), {"out": torch.empty(3, 4)}),
+    "add-no-out": lambda: (io.add, (_randn(3, 4, seed=1), _randn(4, seed=2)), {}),
+    "rms_norm": lambda: (io.rms_norm, (_randn(3, 8, seed=1), _randn(8, seed=2)), {"out": torch.empty(3, 8)}),
+    "gemm": lambda: (io.gemm, (_randn(3, 5, seed=1), _randn(5, 4, seed=2)), {"out": torch.empty(3, 4)}),
+    "flash_attn_varlen": lambda: (io.flash_attn_varlen, (
+        _randn(5, 2, 8, seed=1), _randn(5, 2, 8, seed=2), _randn(5, 2, 8, seed=3),
+        torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 2, 5], dtype=torch.int32), 3, 3), {}),
+    "flash_attn_with_kvcache": lambda: (io.flash_attn_with_kvcache, (
+        _randn(2, 1, 2, 8, seed=1), _randn(2, 4, 2, 8, seed=2), _randn(2, 4, 2, 8, seed=3)),
+        {"cache_seqlens": torch.tensor([1, 3], dtype=torch.int32)}),
+    "causal_conv1d": lambda: (io.causal_conv1d, (_randn(2, 4, 6, seed=1), _randn(4, 3, seed=2)),
+                              {"return_final_states": True}),
+    "causal_conv1d_update": lambda: (io.causal_conv1d_update, (
+        _randn(2, 4, seed=1), _randn(2, 4, 3, seed=2), _randn(4, 3, seed=3)), {}),
+    "selective_scan": lambda: (io.selective_scan, (
+        _randn(1, 4, 2, 4, seed=1), _randn(1, 4, 2, seed=2).abs(), -_randn(2, seed=3).abs(),
+        _randn(1, 4, 1, 8, seed=4), _randn(1, 4, 1, 8, seed=5)), {"return_final_states": True}),
+    "selective_state_update": lambda: (io.selective_state_update, (
+        _randn(2, 2, 4, 8, seed=1), _randn(2, 2, 4, seed=2), _randn(2, 2, seed=3).abs(), -_randn(2, seed=4).abs(),
+        _randn(2, 1, 8, seed=5), _randn(2, 1, 8, seed=6)), {}),
+}
+
+
+@pytest.mark.parametrize("name", RESULT_CALLS)
+def test_results_are_the_contract_objects_whatever_the_implementation_returns(name: str) -> None:
+    op = name.removesuffix("-no-out")
+    spec = io.operators.OPERATORS[op]
+    fn, args, kwargs = RESULT_CALLS[name]()
+    args_ref, kwargs_ref = cpu_copies((args, kwargs), None)
+    with io.use("reference"):
+        expected = fn(*args_ref, **kwargs_ref)
+    with registered(("liar", [(op, cpu_capability(), 1, _liar(spec))])), io.use("liar"):
+        got = fn(*args, **kwargs)
+    if "out" in kwargs:
+        assert got is kwargs["out"]
+    pairs = zip(got, expected, strict=True) if isinstance(expected, tuple) else [(got, expected)]
+    for g, e in pairs:
+        assert isinstance(g, torch.Tensor) and g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def _buffer(n: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(n).astype(np.float32)
+
+
+def _over(buf: np.ndarray, start: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of `shape` over ``buf[start:]``: a storage object of its own (``torch.from_numpy``), no view of
+    another tensor, over memory other tensors of `buf` share."""
+    return torch.from_numpy(buf[start:start + math.prod(shape)].reshape(shape))
+
+
+def _ints(buf: np.ndarray, start: int, values: list[int], dtype: Any) -> torch.Tensor:
+    """An index tensor written over the bytes of ``buf[start:]``, a storage object of its own."""
+    ints = buf[start:].view(dtype)[:len(values)]
+    ints[:] = values
+    return torch.from_numpy(ints)
+
+
+def _aliased_add() -> tuple[np.ndarray, Callable[[], Any]]:  # the issue's own case (errors of 12 before)
+    buf = _buffer(16)
+    t1 = _over(buf, 0, (8,))
+    return buf, lambda: io.add(t1, t1, out=_over(buf, 2, (8,)))
+
+
+def _aliased_rms_weight() -> tuple[np.ndarray, Callable[[], Any]]:  # weight is out's row 1
+    buf = _buffer(32)
+    return buf, lambda: io.rms_norm(_randn(4, 8), _over(buf, 8, (8,)), out=_over(buf, 0, (4, 8)))
+
+
+def _aliased_rms_x() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(40)
+    return buf, lambda: io.rms_norm(_over(buf, 0, (4, 8)), _randn(8), out=_over(buf, 8, (4, 8)))
+
+
+def _aliased_gemm_c() -> tuple[np.ndarray, Callable[[], Any]]:  # c is not read when beta == 0, nor written
+    buf = _buffer(24)
+    return buf, lambda: io.gemm(_randn(4, 3), _randn(3, 4), c=_over(buf, 0, (4, 4)), beta=0.0,
+                                out=_over(buf, 8, (4, 4)))
+
+
+def _aliased_gemm_a() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(24)
+    return buf, lambda: io.gemm(_over(buf, 0, (4, 4)), _randn(4, 4), out=_over(buf, 4, (4, 4)))
+
+
+def _aliased_fused_residual() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(40)
+    return buf, lambda: io.fused_add_rms_norm(_over(buf, 0, (4, 8)), _over(buf, 8, (4, 8)), _randn(8))
+
+
+def _aliased_qk_weight() -> tuple[np.ndarray, Callable[[], Any]]:  # q_weight is row 1's first K head
+    buf = _buffer(3 * 32)
+    return buf, lambda: io.fused_qk_norm(_over(buf, 0, (3, 32)), _over(buf, 48, (4,)), _randn(4), num_q_heads=4,
+                                         num_kv_heads=2, head_dim=4)
+
+
+def _aliased_slot_mapping() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(2 * 4 * 8)
+    slots = _ints(buf, 8, [0, 1], np.int64)  # in key_cache's first block
+    return buf, lambda: io.reshape_and_cache_flash(_randn(2, 1, 8), _randn(2, 1, 8), _over(buf, 0, (2, 4, 1, 8)),
+                                                   _randn(2, 4, 1, 8), slots)
+
+
+def _aliased_conv_weight() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(2 * 4 * 3)
+    return buf, lambda: io.causal_conv1d_update(_randn(2, 4), _over(buf, 0, (2, 4, 3)), _over(buf, 12, (4, 3)))
+
+
+def _aliased_state_indices() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(2 * 2 * 4 * 8)
+    indices = _ints(buf, 40, [1, 0], np.int32)
+    return buf, lambda: io.selective_state_update(
+        _over(buf, 0, (2, 2, 4, 8)), _randn(2, 2, 4), _randn(2, 2), -_randn(2).abs(), _randn(2, 1, 8),
+        _randn(2, 1, 8), state_batch_indices=indices)
+
+
+def _aliased_kv_k() -> tuple[np.ndarray, Callable[[], Any]]:  # the new k is the cache's second sequence
+    buf = _buffer(2 * 4 * 8)
+    return buf, lambda: io.flash_attn_with_kvcache(
+        _randn(2, 1, 1, 8), _over(buf, 0, (2, 4, 1, 8)), _randn(2, 4, 1, 8),
+        cache_seqlens=torch.tensor([0, 1], dtype=torch.int32), k=_over(buf, 32, (2, 1, 1, 8)), v=_randn(2, 1, 1, 8))
+
+
+def _aliased_kv_seqlens() -> tuple[np.ndarray, Callable[[], Any]]:
+    buf = _buffer(2 * 4 * 8)
+    seqlens = _ints(buf, 60, [0, 1], np.int32)  # the last elements of v_cache
+    return buf, lambda: io.flash_attn_with_kvcache(
+        _randn(2, 1, 1, 8), _randn(2, 4, 1, 8), _over(buf, 0, (2, 4, 1, 8)), cache_seqlens=seqlens,
+        k=_randn(2, 1, 1, 8), v=_randn(2, 1, 1, 8))
+
+
+ALIASED: list[tuple[str, Callable[[], tuple[np.ndarray, Callable[[], Any]]]]] = [
+    # (argument named, builder of (the shared buffer, the call))
+    ("out", _aliased_add), ("out", _aliased_rms_weight), ("out", _aliased_rms_x), ("out", _aliased_gemm_c),
+    ("out", _aliased_gemm_a), ("residual", _aliased_fused_residual), ("q_weight", _aliased_qk_weight),
+    ("slot_mapping", _aliased_slot_mapping), ("weight", _aliased_conv_weight),
+    ("state_batch_indices", _aliased_state_indices), ("k", _aliased_kv_k), ("cache_seqlens", _aliased_kv_seqlens),
+]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(("argument", "build"), ALIASED, ids=[b.__name__.removeprefix("_aliased_") for _, b in ALIASED])
+def test_overlap_through_another_storage_is_a_contract_error_before_any_kernel(
+        provider: str, argument: str, build: Callable[[], tuple[np.ndarray, Callable[[], Any]]]) -> None:
+    buf, call = build()
+    before = buf.copy()
+    with io.use(provider), pytest.raises(ContractError) as info:
+        call()
+    assert info.value.argument == argument, str(info.value)
+    assert "overlaps" in str(info.value) or "shares memory" in str(info.value), str(info.value)
+    assert before.tobytes() == buf.tobytes()  # nothing ran
 
 
 # --- contract errors: one per kind and entry point, naming the argument -----------------------------------
