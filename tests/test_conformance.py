@@ -65,8 +65,47 @@ def test_ignoring_out_fails() -> None:
         return torch.add(input, other, alpha=alpha)
 
     report = run_conformance_many("fresh", fresh)
-    assert report.ops[0].failed > 0
-    assert any("out=" in f.message or "mutated 0" in f.message for f in report.ops[0].failures)
+    assert report.ops[0].failed == report.ops[0].examples
+    assert "returned another tensor" in report.ops[0].failures[0].message
+
+
+def test_returning_another_object_than_out_fails() -> None:
+    def copied(input, other, alpha, out):  # type: ignore[no-untyped-def]
+        return torch.add(input, other, alpha=alpha, out=out).clone()  # out is right; the result is not out
+
+    report = run_conformance_many("copied", copied)
+    [row] = report.ops
+    assert not report.ok and row.failed == row.examples
+    assert ("copied's add implementation returned another tensor (shape" in row.failures[0].message
+            and "returns the tensor it was handed as argument 3 (out) itself" in row.failures[0].message)
+
+
+def test_mutating_an_input_fails() -> None:
+    def zeroes_other(input, other, alpha, out):  # type: ignore[no-untyped-def]
+        torch.add(input, other, alpha=alpha, out=out)
+        if out is not other:
+            other.zero_()  # after the sum: the result itself is right
+        return out
+
+    report = run_conformance_many("zeroes", zeroes_other)
+    [row] = report.ops
+    assert not report.ok and row.failed == row.examples
+    assert "argument 'other' changed although the contract leaves it untouched" in row.failures[0].message
+
+
+def test_writing_outside_the_outputs_fails() -> None:
+    def overruns(input, other, alpha, out):  # type: ignore[no-untyped-def]
+        torch.add(input, other, alpha=alpha, out=out)
+        storage, end = out.untyped_storage(), (out.storage_offset() + out.numel()) * out.element_size()
+        if out.is_contiguous() and storage.nbytes() >= end + out.element_size():  # room past the end of out
+            storage[end] = 0  # one byte past the last element, as a kernel with an off-by-one bound writes
+        return out
+
+    report = run_conformance_many("overruns", overruns)
+    [row] = report.ops
+    assert not report.ok and row.failed > 0
+    assert any("wrote outside its outputs" in f.message and "past the last element of" in f.message
+               for f in row.failures), report.render()
 
 
 def run_conformance_many(name: str, fn):  # type: ignore[no-untyped-def]

@@ -33,9 +33,12 @@ class Case:
     Attributes:
         args, kwargs: the public function's arguments (tensors on the device under test).
         mutated: positions (int) or names (str) of arguments updated in place; compared after the call.
+            With ``out=`` they are the call's outputs, the only memory it may write: every other argument,
+            and every byte around and between the arguments' elements, must come back bit for bit.
         exact: positions in the compared outputs (see `outputs`) that must match bit for bit.
-        untouched: positions or names of arguments that must not change at all, bit for bit; an entry
-            ``(position or name, index)`` checks only ``argument[index]`` (e.g. the V columns of a packed qkv).
+        untouched: parts of outputs that must not change at all, bit for bit: an entry ``(position or name,
+            index)`` checks ``argument[index]`` (e.g. the V columns of a packed qkv); a bare position or
+            name checks the whole argument.
         note: a short description for failure messages (shapes, flags).
         k: the reduction length K of tolerances with ``atol_per_k`` (Gemm: ``atol + atol_per_k * K``);
             None when the operator has no such tolerance.

@@ -7,9 +7,16 @@ float16, bfloat16 and float32 on the device, hypothesis draws cases (`STRATEGIES
    *reference device* (index tensors keep their dtype; views keep their aliasing), giving the expected
    outputs; for `LowPrecisionRule` entries also on copies in the input's own dtype, on the same device;
 2. the same function under ``use(provider)`` (forced: it never falls back), with uninitialized memory
-   NaN-filled (torch's deterministic fill mode) and, now and then, a NaN-filled ``out=``;
-3. the comparison of the result and the mutated arguments with the tolerance table, `Case.exact` outputs
-   bit for bit, `Case.untouched` arguments unchanged.
+   NaN-filled (torch's deterministic fill mode), now and then a NaN-filled ``out=``, and every argument's
+   storage moved into a buffer with poison bands on both sides (`effects.guarded`);
+3. the checks of what the call returned and touched (`effects`): the result is the contract's objects
+   (the ``out=`` tensor, the argument updated in place, or a new tensor, as in the reference run); each
+   implementation call returned what the reference implementation's did (its ``out`` argument itself, or
+   None); and no byte of the arguments' memory changed outside the outputs (`Case.mutated` and ``out=``):
+   an input the contract leaves untouched is bit for bit as before, and so are the bytes around and
+   between the arguments' elements;
+4. the comparison of the result and the mutated arguments with the tolerance table, `Case.exact` outputs
+   bit for bit, `Case.untouched` parts unchanged.
 
 The reference device is the CPU, except on cuda, where it defaults to the device under test: at the sizes
 the suite draws there (`CaseContext.large`: 8192-token attention, 4096-step scans) float64 on the CPU
@@ -49,6 +56,7 @@ from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import use
 from infiniops_py.testing.case import Case, CaseContext, Draw
 from infiniops_py.testing.compare import bits_equal, compare
+from infiniops_py.testing.effects import Snapshot, check_result, check_returns, convention_of, guarded, recorded_calls
 from infiniops_py.testing.gates import GateFailure, GateReport, check_gates
 from infiniops_py.testing.tolerances import EXACT, Allclose, LowPrecisionRule, tolerance
 
@@ -377,11 +385,18 @@ def copies(tree: Any, float_dtype: torch.dtype | None, device: torch.device) -> 
     """Copy every tensor in `tree` (tuples, lists, dicts) to `device`, floats cast to `float_dtype`.
 
     Tensors that share storage stay views of one copied storage (same strides and offsets), so in-place
-    arguments and views of a packed tensor keep their aliasing. Index tensors keep their dtype.
+    arguments and views of a packed tensor keep their aliasing, and a tensor named twice (``add(a, b,
+    out=a)``) is one copy named twice. Index tensors keep their dtype.
     """
     bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    made: dict[int, torch.Tensor] = {}
 
     def copy(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            made[id(t)] = _copy(t)
+        return made[id(t)]
+
+    def _copy(t: torch.Tensor) -> torch.Tensor:
         target = float_dtype if (float_dtype is not None and t.is_floating_point()) else t.dtype
         key = (t.untyped_storage().data_ptr(), t.dtype)
         base = bases.get(key)
@@ -430,13 +445,26 @@ def _takes_out(spec: OpSpec) -> bool:
     return "out" in inspect.signature(spec.function).parameters
 
 
+def _named(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name (those given, not the defaults)."""
+    return dict(inspect.signature(spec.function).bind_partial(*args, **kwargs).arguments)
+
+
+def _output_names(spec: OpSpec, case: Case, named: dict[str, Any]) -> list[str]:
+    """The parameters the call may write: `Case.mutated` and ``out``."""
+    params = list(inspect.signature(spec.function).parameters)
+    names = [params[m] if isinstance(m, int) else m for m in case.mutated]
+    return [*names, "out"] if "out" in named else names
+
+
 def _check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch.device, dtype: torch.dtype,
                 draw: Draw, ref_device: torch.device) -> tuple[float, float] | str:
     """Run one case; when it passes the worst error and its share of the allowed error (`allowed_share`),
     else ``"gated"`` or the failure message."""
     args64, kwargs64 = copies((case.args, dict(case.kwargs)), torch.float64, ref_device)
-    with use("reference"):
+    with use("reference"), recorded_calls() as reference_calls:
         expected_result = spec.function(*args64, **kwargs64)
+    rules = [convention_of(c) for c in reference_calls]
     expected = _outputs(spec, case, expected_result, args64, kwargs64)
     low: list[tuple[str, torch.Tensor]] | None = None
     if isinstance(tol, LowPrecisionRule):
@@ -449,17 +477,27 @@ def _check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch
     poisoned_out = None
     if (_takes_out(spec) and "out" not in kwargs and isinstance(expected_result, torch.Tensor)
             and draw(st.booleans())):
-        poisoned_out = kwargs["out"] = torch.full(expected_result.shape, math.nan, dtype=dtype, device=device)
+        kwargs["out"] = torch.full(expected_result.shape, math.nan, dtype=dtype, device=device)
+    args, kwargs = guarded((args, kwargs))  # a write past either end of an argument lands on poison
+    if "out" in kwargs and "out" not in case.kwargs:
+        poisoned_out = kwargs["out"]
+    named = _named(spec, args, kwargs)
+    snapshot = Snapshot({n: t for n, t in named.items() if isinstance(t, torch.Tensor)})
     before = [(u, _untouched_view(spec, args, kwargs, u).clone()) for u in case.untouched]
 
     try:
-        with poisoned(), use(provider):
+        with poisoned(), use(provider), recorded_calls() as calls:
             result = spec.function(*args, **kwargs)
     except GateError as err:
         return _gated(provider, err)
     except Exception as err:
         return f"{provider} raised {type(err).__name__}: {_first_line(err)}"
 
+    message = (check_result(expected_result, _named(spec, args64, kwargs64), result, named, poisoned_out)
+               or check_returns(provider, spec.name, rules, calls)
+               or snapshot.stray_writes(_output_names(spec, case, named)))
+    if message is not None:
+        return message
     got = _outputs(spec, case, result, args, kwargs)
     exact = set(case.exact)
     if poisoned_out is not None:  # the out= the function was handed holds the result too

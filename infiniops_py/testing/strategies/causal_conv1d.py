@@ -87,7 +87,7 @@ def causal_conv1d_case(ctx: CaseContext) -> Case:
     if final:
         kwargs["return_final_states"] = True
         note += " final_states"
-    return Case((x, weight, bias), kwargs, exact=(1,) if final else (), untouched=(0,), note=note)
+    return Case((x, weight, bias), kwargs, exact=(1,) if final else (), note=note)
 
 
 def causal_conv1d_update_case(ctx: CaseContext) -> Case:
@@ -118,7 +118,7 @@ def causal_conv1d_update_case(ctx: CaseContext) -> Case:
         index = padded_indices(gen, batch, slots, ctx.draw(st.sampled_from((0.0, 0.25, 0.5))))
         kwargs["conv_state_indices"] = index.to(torch.int32).to(ctx.device)
         note += f" padding={int((index < 0).sum())}"
-    return Case((x, conv_state, weight, bias), kwargs, mutated=(1,), exact=(1,), untouched=(0,), note=note)
+    return Case((x, conv_state, weight, bias), kwargs, mutated=(1,), exact=(1,), note=note)
 
 
 STRATEGIES = {"causal_conv1d": causal_conv1d_case, "causal_conv1d_update": causal_conv1d_update_case}

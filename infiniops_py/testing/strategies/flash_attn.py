@@ -169,7 +169,7 @@ def flash_attn_varlen_case(ctx: CaseContext) -> Case:
               "block_table": table}
     note = (f"len_q={len_q} len_k={len_k} Hq={hq} Hkv={hkv} D={d} causal={causal} window={window} "
             f"softcap={softcap} block_size={block_size} scale={scale}")
-    return Case((q, k, v, cu_q, cu_k, max_q, max_k), kwargs, untouched=(0, 1, 2), note=note)
+    return Case((q, k, v, cu_q, cu_k, max_q, max_k), kwargs, note=note)
 
 
 def _cached_lengths(ctx: CaseContext, long: bool, new: int, row: int) -> list[int]:
@@ -220,9 +220,8 @@ def flash_attn_with_kvcache_case(ctx: CaseContext) -> Case:
     note = (f"B={batch} Sq={sq} cached={cached} append={append} Hq={hq} Hkv={hkv} D={d} causal={causal} "
             f"window={window} softcap={softcap} block_size={block_size} capacity={capacity}")
     if append:
-        return Case((q, k_cache, v_cache), kwargs, mutated=(1, 2), exact=(1, 2), untouched=(0, "k", "v"),
-                    note=note)
-    return Case((q, k_cache, v_cache), kwargs, untouched=(0, 1, 2), note=note)
+        return Case((q, k_cache, v_cache), kwargs, mutated=(1, 2), exact=(1, 2), note=note)
+    return Case((q, k_cache, v_cache), kwargs, note=note)
 
 
 STRATEGIES = {

@@ -68,8 +68,7 @@ def reshape_and_cache_flash_case(ctx: CaseContext) -> Case:
     slots = slots.masked_fill(padding, -1).to(ctx.device)
     note = (f"T={t} N={n} Hkv={hkv} D={d} block_size={bs} blocks={nb} {'HND' if hnd else 'NHD'}"
             f"{' packed' if packed is not None else ''} padding={int(padding.sum())}")
-    return Case((key, value, key_cache, value_cache, slots), mutated=(2, 3), exact=(0, 1), untouched=(0, 1),
-                note=note)
+    return Case((key, value, key_cache, value_cache, slots), mutated=(2, 3), exact=(0, 1), note=note)
 
 
 STRATEGIES = {"reshape_and_cache_flash": reshape_and_cache_flash_case}

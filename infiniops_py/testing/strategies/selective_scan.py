@@ -128,7 +128,7 @@ def selective_scan_case(ctx: CaseContext) -> Case:
     if final:
         kwargs["return_final_states"] = True
         note += " final_states"
-    return Case((x, dt, A, B, C), kwargs, untouched=(0, 1, 3, 4), note=note)
+    return Case((x, dt, A, B, C), kwargs, note=note)
 
 
 def selective_state_update_case(ctx: CaseContext) -> Case:
@@ -157,7 +157,7 @@ def selective_state_update_case(ctx: CaseContext) -> Case:
         dtype = ctx.draw(st.sampled_from((torch.int32, torch.int64)))
         kwargs["state_batch_indices"] = index.to(dtype).to(ctx.device)
         note += f" padding={int((index < 0).sum())}"
-    return Case((state, x, dt, A, B, C), kwargs, mutated=(0,), untouched=(1, 2, 4, 5), note=note)
+    return Case((state, x, dt, A, B, C), kwargs, mutated=(0,), note=note)
 
 
 STRATEGIES = {"selective_scan": selective_scan_case, "selective_state_update": selective_state_update_case}
