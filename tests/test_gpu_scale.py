@@ -8,6 +8,7 @@ provider that runs nothing (a float64 reference of 8192-token attention would ta
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -198,3 +199,78 @@ def test_a_killed_job_counts_the_examples_of_every_dtype_it_ran(tmp_path: Path) 
     log.write_text("".join(f"add {d} #{i} 0.01s ok | shape\n" for d in ("float16", "float32") for i in (1, 2, 3))
                    + "add float32 #4 0.02s result: 1/8 elements break | shape\nconformance of torch\n")
     assert gc._examples_logged(log) == 7
+
+
+def _host_cost_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_host_cost", ROOT / "benchmarks" / "gpu_host_cost.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_host_cost"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# The host-cost cases whose peer computes our output from the same tensors (the others mutate state, or
+# attend over a dense cache of other values).
+_SAME_RESULT = ("rms_norm", "add", "gemm", "flash_attn_varlen", "causal_conv1d")
+
+
+def test_host_cost_benchmark_measures_every_entry_point_and_its_peer_on_the_cpu() -> None:
+    hc = _host_cost_module()
+    rows = hc.run("cpu", small=True, calls=2, rounds=1, keep_calls=True)
+    assert {r.case.op for r in rows} == set(OPERATORS) == set(hc.BUILDERS)
+    assert [r.case.op for r in rows].count("gemm") == 3  # M 1, 32 and the large M
+    for r in rows:
+        assert r.ours.errors == [], (r.case.name, r.ours.errors)
+        assert r.ours.host > 0 and r.ours.b2b > 0 and math.isnan(r.ours.graph), r.case.name  # no graph on the CPU
+        assert r.provider == "torch", r.case.name
+        assert math.isfinite(r.checked) == r.case.indexed, r.case.name
+        if r.case.op in ("selective_scan", "selective_state_update") and r.case.peer is None:
+            assert r.case.peer_error.startswith("peer not importable: "), r.case.peer_error
+        else:
+            assert r.peer is not None and r.peer.errors == [] and r.peer.host > 0, (r.case.name, r.peer)
+    assert {r.case.op for r in rows if r.case.indexed} == {"reshape_and_cache_flash", "flash_attn_varlen",
+                                                           "flash_attn_with_kvcache", "causal_conv1d_update",
+                                                           "selective_state_update"}
+    table = hc.format_table(rows).splitlines()
+    assert len(table) == 2 + len(rows) and {line.count("|") for line in table} == {len(hc.COLUMNS) + 1}
+    with torch.no_grad():  # the peers compute what we compute, on the very same tensors
+        for r in rows:
+            if r.case.op in _SAME_RESULT:
+                got, want = r.case.ours(), r.case.peer()
+                if r.case.op == "flash_attn_varlen":  # SDPA's [B, H, L, D] back to the packed [B * L, H, D]
+                    want = want.transpose(1, 2).reshape(got.shape)
+                torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_host_cost_benchmark_without_cuda_exits_2_and_rejects_unknown_entry_points(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    hc = _host_cost_module()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert hc.main(["--only", "gemm,add", "--calls", "3"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        hc.main(["--only", "gemm,bogus"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown entry point(s) bogus" in err and "selective_state_update" in err
+    with pytest.raises(KeyError, match="bogus"):
+        hc.run("cpu", small=True, only=["bogus"])
+
+
+def test_host_cost_targets_allow_10_us_over_a_one_op_peer_and_5_percent_over_graph_replay() -> None:
+    hc = _host_cost_module()
+    assert [hc.host_target(ours, 5.0, True) for ours in (15.0, 15.5)] == ["PASS", "MISS"]
+    assert [hc.host_target(ours, 5.0, False) for ours in (5.0, 5.5)] == ["PASS", "MISS"]
+    assert hc.host_target(5.0, math.nan, True) == "-"  # no peer
+    assert [hc.b2b_target(b2b, 100.0) for b2b in (105.0, 106.0)] == ["PASS", "MISS"]
+    assert hc.b2b_target(500.0, 49.0) == "-"  # a launch-bound call: the target does not apply
+    case = hc.Case("c", "add", lambda: None, lambda: None, "torch.add", True)
+    passing = hc.Row(case, hc.Timing(host=12.0, b2b=104.0, graph=100.0, sync_free="yes"), hc.Timing(host=3.0))
+    assert hc.ok([passing])
+    slow = hc.Row(case, hc.Timing(host=14.0, b2b=104.0, graph=100.0, sync_free="yes"), hc.Timing(host=3.0))
+    syncs = hc.Row(case, hc.Timing(host=12.0, sync_free="syncs"), hc.Timing(host=3.0))
+    assert not hc.ok([passing, slow]) and not hc.ok([syncs])
+    assert hc.cells(slow)[hc.COLUMNS.index("host target")] == "MISS"
