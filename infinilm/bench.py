@@ -80,13 +80,19 @@ def run_bench(engine: Engine, batch: int, input_len: int, output_len: int, *, se
     """Prefill `batch` random prompts of `input_len` tokens together, then decode to `output_len` tokens each.
 
     Raises:
-        ValueError: `check_bench_args` fails; more than the engine can schedule in one step; or
-            ``input_len + output_len`` beyond the engine's ``max_model_len`` (checked before any prompt is made).
+        ValueError: `check_bench_args` fails; more than the engine can schedule in one step; ``input_len +
+            output_len`` beyond the engine's ``max_model_len``; or a batch whose requests, at full length, need
+            more KV blocks (Mamba-2: state rows) than the cache holds (all checked before any prompt is made).
     """
     check_bench_args(batch, input_len, output_len, seed)
     if input_len + output_len > engine.scheduler.max_model_len:
         raise ValueError(f"input_len={input_len} + output_len={output_len} exceeds max_model_len="
                          f"{engine.scheduler.max_model_len}; lower them or raise max_model_len")
+    alloc = engine.cache.allocator
+    if batch * alloc.blocks_needed(input_len + output_len) > alloc.num_blocks:
+        raise ValueError(f"batch={batch} requests of {input_len} + {output_len} tokens need "
+                         f"{batch * alloc.blocks_needed(input_len + output_len)} cache blocks of {alloc.block_size} "
+                         f"tokens, the cache holds {alloc.num_blocks}; lower batch or give more blocks (num_blocks)")
     if batch > engine.scheduler.max_num_seqs or batch * input_len > engine.scheduler.max_num_batched_tokens:
         raise ValueError(f"batch={batch} x input_len={input_len} does not fit one step (max_num_seqs="
                          f"{engine.scheduler.max_num_seqs}, max_num_batched_tokens="

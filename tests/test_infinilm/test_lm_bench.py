@@ -61,7 +61,8 @@ def test_mismatched_inputs_raise() -> None:
 def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: CheckpointFactory,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A seed of 2**64 used to fail in torch's manual_seed, and input_len + output_len past max_model_len
-    to draw every prompt (a billion-token input_len: gigabytes) before add_request refused the first."""
+    to draw every prompt (a billion-token input_len: gigabytes) before add_request refused the first; a batch
+    the KV cache cannot hold drew them too (a billion rows), then preempted."""
     with pytest.raises(ValueError, match=r"seed=18446744073709551616 must be in \[0, 2\*\*64\)"):
         check_bench_args(1, 8, 4, 2**64)
     with pytest.raises(ValueError, match=r"batch=0, output_len=-1: batch, input_len and output_len must be >= 1"):
@@ -70,8 +71,10 @@ def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: Check
     engine = Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=16, max_model_len=64))
     drawn: list[object] = []
     monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: drawn.append(args))
-    for seed, lengths, message in ((2**64, (8, 4), "seed="), (0, (60, 5), r"input_len=60 \+ output_len=5 exceeds "
-                                                                         "max_model_len=64")):
+    for seed, sizes, message in ((2**64, (1, 8, 4), "seed="),
+                                 (0, (1, 60, 5), r"input_len=60 \+ output_len=5 exceeds max_model_len=64"),
+                                 (0, (6, 40, 8), r"batch=6 requests of 40 \+ 8 tokens need 18 cache blocks of 16 "
+                                                 "tokens, the cache holds 16")):
         with pytest.raises(ValueError, match=message):
-            run_bench(engine, 1, *lengths, seed=seed)
+            run_bench(engine, *sizes, seed=seed)
     assert drawn == [] and not engine.has_work()
