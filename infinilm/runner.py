@@ -91,10 +91,11 @@ class ModelRunner:
         return self.model.logits(self.model.forward(ids, positions, ctx, self.cache))
 
     def capture_graphs(self, max_batch: int, implementations: Iterable[Implementation] = ()) -> str:
-        """Capture decode CUDA graphs for batch sizes up to `max_batch`; returns a one-line status.
+        """Capture decode CUDA graphs for batch sizes up to `max_batch`, at most the cache's blocks (each running
+        sequence holds one at least); returns a one-line status.
 
         `implementations` (the gate plan's choices) name the one that synchronizes, when one does."""
         graphs = DecodeGraphs(self.model, self.cache, self.device, self.max_blocks, implementations)
-        status = graphs.capture(max_batch)
+        status = graphs.capture(min(max_batch, self.cache.allocator.num_blocks))
         self.graphs = graphs if graphs.sizes else None
         return status

@@ -52,6 +52,17 @@ def test_padded_graph_replays_give_the_eager_tokens(checkpoint: CheckpointFactor
         assert torch.equal(mine[~written], old[~written])
 
 
+def test_decode_graphs_stop_at_the_batch_the_cache_can_hold(checkpoint: CheckpointFactory,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every running sequence holds a block, so no decode step exceeds the cache's blocks: the capture used to
+    follow max_num_seqs alone (``--batch 1000000`` on CUDA: static buffers and graphs for a million rows)."""
+    path, _ = checkpoint("qwen3")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=4, max_model_len=64))
+    replay_on_cpu(monkeypatch, DecodeGraphs)
+    assert engine.runner.capture_graphs(40) == "cuda graphs: on (decode batch sizes 1..4, 3 graphs)"
+    assert engine.runner.graphs is not None and engine.runner.graphs.rows.shape == (4, 4)
+
+
 def test_a_failed_capture_leaves_the_engine_eager(checkpoint: CheckpointFactory,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     path, _ = checkpoint("qwen3")
