@@ -14,8 +14,12 @@ def load_tokenizer(path: str | Path) -> Any | None:
     """The `tokenizers.Tokenizer` of ``<path>/tokenizer.json``, or None when the checkpoint has none.
 
     Raises:
-        ConfigError: the file is not a tokenizer `tokenizers` can read (the message names the file).
+        ConfigError: `path` is not a directory (so it is not a checkpoint without a tokenizer), or the file is
+            not a tokenizer `tokenizers` can read (the message names the file).
     """
+    if not Path(path).is_dir():
+        what = "is a file" if Path(path).exists() else "does not exist"
+        raise ConfigError(f"{path} {what} (expected a Hugging Face checkpoint directory)")
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         return None

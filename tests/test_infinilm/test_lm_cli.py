@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from lm_helpers import CheckpointFactory
 
-from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
 from infinilm.demo import PROMPT, TEXT
+from infinilm.tokenizer import load_tokenizer
 
 SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
 
@@ -140,6 +141,8 @@ def test_bad_options_exit_2_naming_the_option_before_any_weight_is_read(
     assert "--prompt: token id(s) [999999] outside the vocabulary [0, 256)" in err
     err = _exit_2(capsys, "generate", "--model", str(tmp_path / "nonexistent"), "--prompt", "hello")
     assert f"{tmp_path / 'nonexistent'} does not exist" in err and "tokenizer" not in err
+    with pytest.raises(ConfigError, match="does not exist"):  # not a checkpoint that has no tokenizer.json
+        load_tokenizer(tmp_path / "nonexistent")
 
 
 def test_a_checkpoint_index_without_a_weight_map_or_a_vast_vocab_exits_2_naming_the_file(
