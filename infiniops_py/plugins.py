@@ -71,7 +71,8 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
     ``sys.stdout`` sent to stderr.
 
     Returns a new `Provider` built from the plugin's (so that the plugin cannot change it afterwards, and its
-    implementations are a tuple), or a failed one (no implementations, ``error`` set) named `name` when the
+    implementations are a tuple), with `source` as its source (a plugin cannot pass for another
+    distribution), or a failed one (no implementations, ``error`` set) named `name` when the
     hook is missing or raises anything (``SystemExit`` and ``KeyboardInterrupt`` included), when the provider
     names itself otherwise, or when `declaration_errors` finds the declarations unusable. Never raises.
     """
@@ -93,7 +94,8 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
                 own = found.name if _is_name(found.name) and not check_name else name
                 return Provider(name=own, version=version, source=source,
                                 error="invalid declarations: " + "; ".join(errors))
-            return Provider(name=found.name, version=found.version or version, source=found.source or source,
+            # the source is where discovery found the plugin, never what the plugin says of itself
+            return Provider(name=found.name, version=found.version or version, source=source or found.source,
                             implementations=tuple(found.implementations), error=found.error)
     except BaseException as exc:  # a plugin must not end the host, nor break the other plugins
         return Provider(name=name, version=version, source=source, error=_summary(exc))

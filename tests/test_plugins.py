@@ -157,7 +157,7 @@ def test_a_second_entry_point_under_a_taken_name_is_shown_as_a_clash(
 
 
 class _CallsItself:
-    """A plugin object whose provider is named `name` (whatever it is registered as)."""
+    """A plugin object whose provider is named `name` (whatever it is registered as) and claims torch's source."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -165,7 +165,7 @@ class _CallsItself:
     @hookimpl
     def infiniops_provider(self) -> Provider:
         impl = Implementation("add", self.name, f"{self.name}.add", cpu_capability(), 10_000, correct_add)
-        return Provider(name=self.name, implementations=[impl])
+        return Provider(name=self.name, source="infiniops-provider-torch 0.1.0", implementations=[impl])
 
 
 def test_no_plugin_can_take_another_providers_name(
@@ -195,6 +195,9 @@ def test_no_plugin_can_take_another_providers_name(
         renamed = io.register_provider(_CallsItself("other"), name="mine")
         assert renamed.name == "mine" and not renamed.loaded
         assert "the provider is named 'other', but it is registered as 'mine'" in renamed.error
+        own = io.register_provider(_CallsItself("honest"), name="honest")
+        assert own.loaded and own.source == "manual"  # where it came from, not what it claims
+        io.unregister_provider("honest")
         taken = io.register_provider(_CallsItself("torch"), name="torch")
         assert taken.name == "torch [manual]" and not taken.loaded
         assert io.resolve("add", device_type="cpu", dtype="float32").provider == "torch"
