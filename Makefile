@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e ".[llm,test]" $(PROVIDERS)
+	$(BIN)/python -m pip install -q -e ".[llm,serve,test]" $(PROVIDERS)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,16 @@
+"""``infinilm serve``: an OpenAI-compatible HTTP server over the engine, and ``infinilm bench-serve``, its load client.
+
+The framework is aiohttp, for the server and for the load client: it is asyncio-native (the engine thread
+hands its events to the event loop, `infinilm.serve.engine_loop`), its streaming responses write each
+server-sent event as it is produced, it cancels a handler whose client disconnected
+(``handler_cancellation``), it is well kept (aio-libs, releases every few months), and it is the one
+asyncio HTTP framework installed on the project's GPU machine, where the H200 benchmark runs (starlette,
+fastapi and uvicorn are not). Metrics go through `prometheus_client`.
+
+Modules, one idea each: `schemas` (request validation), `chat_template`, `text` (detokenization and stop
+strings), `engine_loop` (the one engine thread), `metrics`, `routes` (the HTTP surface), `server` (the app,
+its socket and graceful shutdown), `bench_client`, and `commands` (the two subcommands' arguments). Nothing
+here imports aiohttp until a command runs.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,130 @@
+"""The ``serve`` and ``bench-serve`` subcommands: their arguments and entry points.
+
+This module imports only argparse at import time; aiohttp (and prometheus-client, for ``serve``) are
+imported when a command runs, and a missing one is reported as a `ConfigError` naming the ``serve`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+from typing import Final
+
+from infinilm.config import ConfigError, EngineOptions
+
+__all__ = ["add_bench_serve_args", "add_serve_args", "run_bench_serve", "run_serve"]
+
+_SERVE_EXTRA: Final = ("aiohttp", "prometheus_client")  # the `serve` extra of pyproject.toml
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0, 65535] (0: any free port)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or inf)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 (inf: a closed loop)")
+    return value
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The options of ``infinilm serve`` besides the engine's (``--model``, ``--device``, ...)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0: a free one, printed)")
+    p.add_argument("--served-model-name", default=None, help="the name clients send as `model` (default: --model)")
+    p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="most requests per step (default: 64)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                   help="most tokens per step (default: 8192)")
+    p.add_argument("--max-waiting", type=_positive_int, default=256,
+                   help="most requests waiting for their first token; more get 429 (default: 256)")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
+                   help="seconds running requests get to finish after SIGTERM (default: 30)")
+
+
+def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
+    """The options of ``infinilm bench-serve``."""
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (default: http://127.0.0.1:8000)")
+    p.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
+    p.add_argument("--num-prompts", type=_positive_int, default=256)
+    p.add_argument("--concurrency", type=_positive_int, default=64, help="most requests in flight (default: 64)")
+    p.add_argument("--request-rate", type=_rate, default=math.inf,
+                   help="requests per second, Poisson arrivals (default: inf, a closed loop)")
+    p.add_argument("--input-len", type=_positive_int, default=128)
+    p.add_argument("--output-len", type=_positive_int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds for the whole run (default: 600)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+
+
+def _missing(err: ModuleNotFoundError) -> ConfigError:
+    if err.name not in _SERVE_EXTRA:
+        raise err
+    return ConfigError(f"{err.name} is not installed (fix: pip install 'infiniops-py[serve]')")
+
+
+def run_serve(args: argparse.Namespace, options: EngineOptions) -> int:
+    """``infinilm serve``: serve until SIGTERM; returns 0.
+
+    Raises:
+        ConfigError: a package of the ``serve`` extra is missing, or the address cannot be listened on; and
+            whatever loading the engine raises (ConfigError, GateError, LoadError).
+    """
+    try:
+        from infinilm.serve.server import serve
+    except ModuleNotFoundError as err:
+        raise _missing(err) from None
+    return serve(args, options)
+
+
+def run_bench_serve(args: argparse.Namespace) -> int:
+    """``infinilm bench-serve``: prints the table (or JSON); returns 0 when every request completed, else 1.
+
+    Raises:
+        ConfigError: aiohttp is missing, the server does not answer, or the sizes do not fit it.
+    """
+    try:
+        import aiohttp
+
+        from infinilm.serve.bench_client import run_bench_serve as bench
+    except ModuleNotFoundError as err:
+        raise _missing(err) from None
+    try:
+        result = asyncio.run(bench(args.base_url, num_prompts=args.num_prompts, concurrency=args.concurrency,
+                                   input_len=args.input_len, output_len=args.output_len,
+                                   request_rate=args.request_rate, model=args.model, seed=args.seed,
+                                   timeout=args.timeout))
+    except (aiohttp.ClientError, ValueError) as err:
+        raise ConfigError(f"--base-url {args.base_url}: {err}") from None
+    print(result.to_json() if args.json else result.table())
+    return 0 if result.failed == 0 else 1

@@ -1,0 +1,332 @@
+"""Validation of ``/v1/completions`` and ``/v1/chat/completions`` bodies into one `GenerationRequest`.
+
+Every field is checked before the engine sees the request, and every refusal is a 400 whose ``param`` names
+the field (`infinilm.serve.errors`). The accepted fields are the OpenAI API's (their types and ranges are
+OpenAI's, the sampling ranges are `infinilm.sequence.SamplingParams`'), plus vLLM's sampling extensions
+``top_k``, ``ignore_eos``, ``stop_token_ids`` and ``return_token_ids``. Decisions written down here:
+
+- An unknown field is refused (a misspelt ``max_token`` would otherwise be ignored without a word). Fields
+  of the API that the engine does not implement (``n``, ``logprobs``, ``echo``, penalties, ...) are
+  accepted at their neutral value only (``n: 1``, ``presence_penalty: 0``) and refused otherwise.
+- ``prompt`` is one text or one list of token ids; a batch of prompts is refused (send concurrent requests).
+  A text prompt needs the checkpoint's ``tokenizer.json`` and is encoded as ``infinilm generate`` encodes it.
+- ``max_tokens`` (chat: ``max_completion_tokens`` too) must be in ``[1, max_model_len - prompt tokens]``,
+  as vLLM checks it; its default is 16 for completions (OpenAI's) and the rest of the context for chat.
+- ``top_k``: 0 or -1 disable it (vLLM's -1, the engine's 0). ``seed``: torch's range, [-2**63, 2**64).
+- ``stop``: one string or a list of at most 4 non-empty strings (OpenAI's limit); it needs a tokenizer.
+- JSON's non-standard ``NaN``/``Infinity`` literals are refused as invalid JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from infinilm.sequence import SamplingParams
+from infinilm.serve.errors import APIError, bad_request
+
+__all__ = ["GenerationRequest", "ModelInfo", "parse_body", "parse_chat", "parse_completion"]
+
+_SEED_RANGE: Final = (-(2**63), 2**64 - 1)  # torch.Generator.manual_seed's
+_MAX_STOP: Final = 4
+_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
+# fields of the API the engine does not implement: accepted at these values only
+_NEUTRAL: Final[dict[str, tuple[object, ...]]] = {
+    "n": (1,), "best_of": (1, None), "echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": (None, {}), "suffix": (None,),
+    "parallel_tool_calls": (None,), "tools": (None, []), "tool_choice": (None, "none"),
+}
+_COMMON: Final = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                            "stop_token_ids", "ignore_eos", "stream", "stream_options", "return_token_ids",
+                            "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user"})
+_COMPLETION_FIELDS: Final = _COMMON | {"prompt", "best_of", "echo", "suffix"}
+_CHAT_FIELDS: Final = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls",
+                                 "tools", "tool_choice", "add_generation_prompt"}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What validation needs to know of the served model.
+
+    Attributes:
+        name: the model name clients send in ``model`` (``--served-model-name``, default the ``--model`` path).
+        vocab_size: token ids must be in ``[0, vocab_size)``.
+        max_model_len: longest prompt + output.
+        cache_block_size / cache_blocks: the KV cache's block size and block count (for a recurrent model,
+            the state pool's: one row holds a whole sequence), to refuse a prompt the cache can never hold.
+        tokenizer: the `tokenizers.Tokenizer` of ``tokenizer.json``, or None (token-id prompts only).
+        render_chat: renders validated messages to the prompt text (the checkpoint's chat template), or None
+            when the checkpoint has no template. Raises `APIError` for messages the template refuses.
+    """
+
+    name: str
+    vocab_size: int
+    max_model_len: int
+    cache_block_size: int
+    cache_blocks: int
+    tokenizer: Any | None = None
+    render_chat: Callable[[list[dict[str, str]]], str] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated request.
+
+    Attributes:
+        prompt: the prompt's token ids.
+        params: the engine's sampling parameters (``max_new_tokens`` is the request's ``max_tokens``).
+        stop: stop strings: the output ends before the first one that appears (not included).
+        stream: answer with server-sent events, one chunk per token.
+        include_usage: streaming only: a last chunk carries ``usage`` (``stream_options.include_usage``).
+        return_token_ids: each choice carries ``token_ids`` (and the response ``prompt_token_ids``).
+    """
+
+    prompt: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object.
+
+    Raises:
+        APIError: 400 (param ``body``): not UTF-8, not JSON (NaN and Infinity literals included), not an object.
+    """
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise bad_request("body", "is not UTF-8 text") from None
+    except (ValueError, RecursionError) as err:
+        raise bad_request("body", f"is not valid JSON ({str(err)[:120]})") from None
+    if not isinstance(body, dict):
+        raise bad_request("body", f"must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_completion(body: dict[str, Any], info: ModelInfo) -> GenerationRequest:
+    """Validate a ``/v1/completions`` body.
+
+    Raises:
+        APIError: 404 (``model``) for another model's name, 400 naming the field for anything else.
+    """
+    _check_fields(body, _COMPLETION_FIELDS)
+    _check_model(body, info)
+    prompt = _prompt(body, info)
+    return _request(body, info, prompt, default_max_tokens=16)
+
+
+def parse_chat(body: dict[str, Any], info: ModelInfo) -> GenerationRequest:
+    """Validate a ``/v1/chat/completions`` body and render its messages with the chat template.
+
+    Raises:
+        APIError: 404 (``model``) for another model's name, 400 naming the field for anything else (``messages``
+            when the checkpoint has no chat template or no tokenizer).
+    """
+    _check_fields(body, _CHAT_FIELDS)
+    _check_model(body, info)
+    messages = _messages(body)
+    if info.render_chat is None or info.tokenizer is None:
+        raise bad_request("messages", f"model {info.name!r} has no chat template (no chat_template in its "
+                          "tokenizer_config.json, or no tokenizer.json); use /v1/completions")
+    add_generation_prompt = _bool(body, "add_generation_prompt", True)
+    if not add_generation_prompt:
+        raise bad_request("add_generation_prompt", "only true is supported")
+    text = info.render_chat(messages)
+    prompt = info.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes the special tokens
+    _check_prompt_fits(prompt, info, "messages")
+    if "max_completion_tokens" in body and "max_tokens" in body:
+        raise bad_request("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    return _request(body, info, prompt, default_max_tokens=info.max_model_len - len(prompt), max_tokens_name=name)
+
+
+def _check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
+    for name, value in body.items():
+        if name not in allowed:
+            raise bad_request(name, f"unknown field (accepted: {', '.join(sorted(allowed))})")
+        neutral = _NEUTRAL.get(name)
+        if name == "user" and not isinstance(value, str):
+            raise bad_request(name, f"must be a string, got {_show(value)}")
+        if neutral is not None and not any(type(value) is type(v) and value == v for v in neutral):
+            raise bad_request(name, f"{_show(value)} is not supported; only {' or '.join(map(_show, neutral))}")
+
+
+def _check_model(body: dict[str, Any], info: ModelInfo) -> None:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("model", f"must be the served model's name (a string), got {_show(model)}")
+    if model != info.name:
+        raise APIError(404, f"model: {_show(model)} is not served here; this server serves {info.name!r}", "model",
+                       code="model_not_found")
+
+
+def _prompt(body: dict[str, Any], info: ModelInfo) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt", "is empty")
+        if info.tokenizer is None:
+            raise bad_request("prompt", f"model {info.name!r} has no tokenizer.json: send token ids (a list of "
+                              "integers)")
+        ids = info.tokenizer.encode(prompt).ids
+    elif isinstance(prompt, list):
+        if prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise bad_request("prompt", f"a batch of {len(prompt)} prompts; send one prompt per request")
+        ids = _token_ids(prompt, "prompt", info.vocab_size)
+    else:
+        raise bad_request("prompt", f"must be a string or a list of token ids, got {_show(prompt)}")
+    if not ids:
+        raise bad_request("prompt", "has no tokens")
+    _check_prompt_fits(ids, info, "prompt")
+    return ids
+
+
+def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
+    for i, t in enumerate(value):
+        if type(t) is not int:
+            raise bad_request(name, f"item {i} is {_show(t)}; token ids are integers")
+        if not 0 <= t < vocab_size:
+            raise bad_request(name, f"token id {t} (item {i}) is outside the vocabulary [0, {vocab_size})")
+    return value
+
+
+def _check_prompt_fits(ids: list[int], info: ModelInfo, name: str) -> None:
+    if len(ids) >= info.max_model_len:
+        raise bad_request(name, f"{len(ids)} prompt tokens leave no room to generate (max_model_len="
+                          f"{info.max_model_len})")
+    if -(-(len(ids) + 1) // info.cache_block_size) > info.cache_blocks:
+        raise bad_request(name, f"{len(ids)} prompt tokens need more cache blocks than the server has "
+                          f"({info.cache_blocks} of {info.cache_block_size} tokens)")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", f"must be a non-empty list of messages, got {_show(messages)}")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(where, f"must be an object with role and content, got {_show(m)}")
+        for key in m:
+            if key not in ("role", "content", "name"):
+                raise bad_request(f"{where}.{key}", "unknown field (accepted: role, content, name)")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"{where}.role", f"{_show(role)} is not one of {', '.join(_ROLES)}")
+        msg = {"role": role, "content": _content(m.get("content"), f"{where}.content", role)}
+        if "name" in m:
+            if not isinstance(m["name"], str):
+                raise bad_request(f"{where}.name", f"must be a string, got {_show(m['name'])}")
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def _content(content: Any, where: str, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if isinstance(content, list) and content:
+        parts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                    and set(part) == {"type", "text"}):
+                raise bad_request(f"{where}[{j}]", f"only text parts {{'type': 'text', 'text': str}} are supported, "
+                                  f"got {_show(part)}")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(where, f"must be a string or a list of text parts, got {_show(content)}")
+
+
+def _request(body: dict[str, Any], info: ModelInfo, prompt: list[int], *, default_max_tokens: int,
+             max_tokens_name: str = "max_tokens") -> GenerationRequest:
+    room = info.max_model_len - len(prompt)
+    max_tokens = _int(body, max_tokens_name, min(default_max_tokens, room), 1, room,
+                      why=f"the prompt has {len(prompt)} tokens and max_model_len is {info.max_model_len}")
+    temperature = _float(body, "temperature", 1.0, 0.0, math.inf)
+    top_p = _float(body, "top_p", 1.0, 0.0, 1.0, open_low=True)
+    top_k = _int(body, "top_k", 0, -1, None)
+    seed = body.get("seed")
+    if seed is not None:
+        seed = _int(body, "seed", 0, *_SEED_RANGE)
+    stream = _bool(body, "stream", False)
+    include_usage = False
+    if body.get("stream_options") is not None:
+        options = body["stream_options"]
+        if not stream:
+            raise bad_request("stream_options", "is only allowed with stream: true")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise bad_request("stream_options", f"must be {{'include_usage': bool}}, got {_show(options)}")
+        include_usage = _bool(options, "include_usage", False, prefix="stream_options.")
+    stop = _stop(body.get("stop"), info)
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not isinstance(stop_ids, list):
+        raise bad_request("stop_token_ids", f"must be a list of token ids, got {_show(stop_ids)}")
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
+                            seed=seed, ignore_eos=_bool(body, "ignore_eos", False),
+                            stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", info.vocab_size)))
+    return GenerationRequest(prompt, params, stop, stream, include_usage, _bool(body, "return_token_ids", False))
+
+
+def _stop(stop: Any, info: ModelInfo) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise bad_request("stop", f"must be a non-empty string or a list of them, got {_show(stop)}")
+    if len(items) > _MAX_STOP:
+        raise bad_request("stop", f"{len(items)} stop strings; at most {_MAX_STOP}")
+    if items and info.tokenizer is None:
+        raise bad_request("stop", f"model {info.name!r} has no tokenizer.json to match text; use stop_token_ids")
+    return tuple(items)
+
+
+def _int(body: dict[str, Any], name: str, default: int, low: int, high: int | None, *, why: str = "") -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if type(value) is not int:
+        raise bad_request(name, f"{_show(value)} is not an integer")
+    if value < low or (high is not None and value > high):
+        span = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise bad_request(name, f"{value} is out of range; need {span}" + (f" ({why})" if why else ""))
+    return value
+
+
+def _float(body: dict[str, Any], name: str, default: float, low: float, high: float, *,
+           open_low: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise bad_request(name, f"{_show(value)} is not a finite number")
+    if value < low or (open_low and value == low) or value > high:
+        span = f"{'(' if open_low else '['}{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+        raise bad_request(name, f"{value} is out of range; need {span}")
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str, default: bool, *, prefix: str = "") -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if type(value) is not bool:
+        raise bad_request(prefix + name, f"{_show(value)} is not a boolean (true or false)")
+    return value
+
+
+def _show(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
