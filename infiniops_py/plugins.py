@@ -47,6 +47,7 @@ log = logging.getLogger("infiniops")
 OWNERS: Final = {"torch": "infiniops-provider-torch", "triton": "infiniops-provider-triton",
                  "cupy": "infiniops-provider-cupy"}
 _BUILT_IN: Final = "reference"
+_BUILT_INS: Final = (_BUILT_IN, "meta")  # the providers built into infiniops-py: names no plugin may take
 
 
 def _plugin_manager() -> pluggy.PluginManager:
@@ -247,7 +248,7 @@ def discover() -> list[Provider]:
         return []
     allow = set(allow_list())
     providers: list[Provider] = []
-    first: dict[str, str] = {_BUILT_IN: "the built-in provider of infiniops-py"}  # name -> the source holding it
+    first = dict.fromkeys(_BUILT_INS, "the built-in provider of infiniops-py")  # name -> the source holding it
     entry_points = sorted(importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=_load_order)
     for ep in entry_points:
         if allow and ep.name not in allow:
@@ -271,7 +272,7 @@ def discover() -> list[Provider]:
             continue
         providers.append(load_plugin(module, name=ep.name, source=source, version=version))
     installed = sorted({ep.name for ep in entry_points})
-    for name in sorted(allow - set(installed) - {_BUILT_IN}):
+    for name in sorted(allow - set(installed) - set(_BUILT_INS)):
         providers.append(Provider(name=name, source="INFINIOPS_PROVIDERS", error=(
             f"INFINIOPS_PROVIDERS names {name!r}, but no installed distribution has an entry point of that name "
             f"in group {hookspecs.ENTRY_POINT_GROUP} (installed: {', '.join(installed) or 'none'}; names are "

@@ -36,10 +36,11 @@ _manual: list[Provider] = []
 
 
 def _build() -> Resolver:
-    from infiniops_py import reference_provider
+    from infiniops_py import meta_provider, reference_provider
 
     settings = Settings.from_env()  # first: a bad switch stops before any plugin loads
-    found = plugins.deduplicate([reference_provider.provider(), *plugins.discover(), *_manual])
+    found = plugins.deduplicate([reference_provider.provider(), meta_provider.provider(), *plugins.discover(),
+                                  *_manual])
     return Resolver(found, settings, OPERATORS)
 
 

@@ -1,6 +1,6 @@
 """Every entry point as a PyTorch custom operator: ``torch.ops.infiniops.<name>``.
 
-Under ``torch.compile``, ``torch.export`` (strict and non-strict), and for meta or FakeTensor inputs, each
+Under ``torch.compile``, ``torch.export`` (strict and non-strict), and for FakeTensor inputs, each
 public function lowers to its operator here (`lowered`), so a traced graph holds one opaque node per call:
 dynamo never traces the argument checks or the resolver. At run time the node's kernel is the eager public
 function itself: the contract checks run and the resolver picks the provider then, so ``use(...)`` scopes
@@ -34,6 +34,8 @@ from typing import Any, Final
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from infiniops_py.operators._base import check_no_grad
+
 __all__ = ["NAMESPACE", "SCHEMAS", "lowered", "register"]
 
 NAMESPACE: Final = "infiniops"
@@ -41,8 +43,9 @@ NAMESPACE: Final = "infiniops"
 
 def lowered(t: object) -> bool:
     """Whether a public call whose first tensor argument is `t` goes through its custom operator: while
-    ``torch.compile``/``torch.export`` trace, or for a meta or FakeTensor input (no values to run on)."""
-    return torch.compiler.is_compiling() or (isinstance(t, torch.Tensor) and (t.is_meta or isinstance(t, FakeTensor)))
+    ``torch.compile``/``torch.export`` trace, or for a FakeTensor input (it has no memory to check). A meta
+    call runs the contract's checks instead, then the built-in ``meta`` provider (nothing left to compute)."""
+    return torch.compiler.is_compiling() or isinstance(t, FakeTensor)
 
 
 # Schemas, by operator and overload. The argument names are the public functions' own.
@@ -219,8 +222,25 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
 _LIBRARY: list[torch.library.Library] = []  # kept alive: dropping a Library deregisters its operators
 
 
+def _no_backward(name: str) -> Callable[..., Any]:
+    """The Autograd kernel of operator `name`: no operator has a backward, so a tensor argument that
+    requires grad (grad mode on) is the eager contract's `ContractError` (meta, FakeTensor and traced calls
+    included, where it would otherwise give silently wrong gradients); else the operator below autograd."""
+    base, _, overload = name.partition(".")
+    op = getattr(getattr(getattr(torch.ops, NAMESPACE), base), overload or "default")
+    names = [a.name for a in op._schema.arguments]
+
+    def kernel(*args: Any) -> Any:
+        check_no_grad(base, {n: a for n, a in zip(names, args) if isinstance(a, torch.Tensor)})
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    return kernel
+
+
 def register() -> None:
-    """Define every operator of `SCHEMAS` under ``torch.ops.infiniops``, with its kernel and fake kernel.
+    """Define every operator of `SCHEMAS` under ``torch.ops.infiniops``, with its kernel, fake kernel and
+    an Autograd kernel that refuses inputs requiring grad (`_no_backward`).
 
     Idempotent: a second call does nothing.
     """
@@ -232,5 +252,6 @@ def register() -> None:
         lib.define(schema)
         lib.impl(name, kernels[name], "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
+        lib.impl(name, _no_backward(name), "Autograd")
     _LIBRARY.append(lib)
 

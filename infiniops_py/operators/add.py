@@ -56,7 +56,7 @@ def add(
         ContractError: a non-tensor, non-broadcastable shapes, a dtype or device mismatch, a bad `alpha`
             or `out`, or a tensor that requires grad while grad mode is on (there is no backward).
     """
-    if lowered(input):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(input):  # torch.compile / torch.export / FakeTensor: the custom operator
         if out is None:
             return torch.ops.infiniops.add(input, other, alpha)
         torch.ops.infiniops.add.out(input, other, alpha, out)

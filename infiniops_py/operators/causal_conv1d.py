@@ -133,7 +133,7 @@ def causal_conv1d(
         ContractError: a non-tensor, a non-bool flag, a shape, dtype, device, layout or width that breaks
             the contract, or a tensor that requires grad while grad mode is on, named by argument.
     """
-    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
         conv = torch.ops.infiniops.causal_conv1d
         if return_final_states is True:
             return conv.with_final_states(x, weight, bias, activation, seq_idx, initial_states)
@@ -267,7 +267,7 @@ def causal_conv1d_update(
             written in place, a tensor that requires grad while grad mode is on; in checked mode an index
             >= slots or a repeated index.
     """
-    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
         return torch.ops.infiniops.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices)
     check_tensor(_UPDATE, "x", x)
     check_tensor(_UPDATE, "conv_state", conv_state)

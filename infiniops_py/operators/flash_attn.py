@@ -108,7 +108,7 @@ def flash_attn_varlen(
         ContractError: a non-tensor, a shape, dtype, device, stride, index or scalar argument that breaks
             the contract, or a tensor that requires grad while grad mode is on.
     """
-    if lowered(q):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(q):  # torch.compile / torch.export / FakeTensor: the custom operator
         return torch.ops.infiniops.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                      softmax_scale, causal, list(window_size), softcap, block_table)
     op = _VARLEN
@@ -196,7 +196,7 @@ def flash_attn_with_kvcache(
             the contract, caches written in place that overlap, a tensor that requires grad while grad mode
             is on, or (checked mode) two new k/v rows landing in one paged-cache slot.
     """
-    if lowered(q):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(q):  # torch.compile / torch.export / FakeTensor: the custom operator
         return torch.ops.infiniops.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v,
                                                            softmax_scale, causal, list(window_size), softcap)
     op = _KVCACHE

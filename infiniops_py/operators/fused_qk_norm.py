@@ -65,7 +65,7 @@ def fused_qk_norm(
             `eps`, an expanded `qkv`, a weight sharing its memory, or a tensor that requires grad while
             grad mode is on.
     """
-    if lowered(qkv):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(qkv):  # torch.compile / torch.export / FakeTensor: the custom operator
         torch.ops.infiniops.fused_qk_norm(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
         return qkv
     check_tensor(_OP, "qkv", qkv)

@@ -71,7 +71,7 @@ def gemm(
             above, or a tensor that requires grad while grad mode is on (there is no backward), naming the
             argument.
     """
-    if lowered(a):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(a):  # torch.compile / torch.export / FakeTensor: the custom operator
         if out is None:
             return torch.ops.infiniops.gemm(a, b, c, bias, alpha, beta, trans_a, trans_b)
         torch.ops.infiniops.gemm.out(a, b, c, bias, alpha, beta, trans_a, trans_b, out)

@@ -67,7 +67,7 @@ def reshape_and_cache_flash(
             ``N > T``, an expanded or overlapping cache, a tensor that requires grad while grad mode is
             on, or (in checked mode) a slot ``>= num_blocks * block_size`` or a repeated slot.
     """
-    if lowered(key):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(key):  # torch.compile / torch.export / FakeTensor: the custom operator
         torch.ops.infiniops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping)
         return None
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),

@@ -68,7 +68,7 @@ def rms_norm(
             1, a bad `eps` or `out`, or a tensor that requires grad while grad mode is on (there is no
             backward).
     """
-    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
         if out is None:
             return torch.ops.infiniops.rms_norm(x, weight, eps)
         torch.ops.infiniops.rms_norm.out(x, weight, eps, out)
@@ -154,7 +154,7 @@ def fused_add_rms_norm(
             `eps`, an expanded `x` or `residual`, any two of the tensors sharing memory, or a tensor that
             requires grad while grad mode is on.
     """
-    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
         torch.ops.infiniops.fused_add_rms_norm(x, residual, weight, eps)
         return x, residual
     check_tensor(_FUSED, "x", x)

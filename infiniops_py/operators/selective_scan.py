@@ -158,7 +158,7 @@ def selective_scan(
         ContractError: a non-tensor, a bad flag or limit, a shape, dtype, device or stride that breaks the
             contract, or a tensor that requires grad while grad mode is on, named by argument.
     """
-    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
         scan = torch.ops.infiniops.selective_scan
         args = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, list(dt_limit), initial_states, seq_idx, chunk_size)
         return scan.with_final_states(*args) if return_final_states is True else scan.default(*args)
@@ -319,7 +319,7 @@ def selective_state_update(
             written in place, a tensor that requires grad while grad mode is on; in checked mode an index
             >= slots or a repeated index.
     """
-    if lowered(x):  # torch.compile / torch.export / meta / FakeTensor: the custom operator
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
         return torch.ops.infiniops.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                                                           state_batch_indices)
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
