@@ -54,12 +54,14 @@ class Server:
                 stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         watchdog = threading.Timer(START_TIMEOUT, self.proc.kill)  # a server that never starts fails the test
         watchdog.start()
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        found = None
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            if found := re.search(r"^infinilm serve: .* on (http://127\.0\.0\.1:\d+)", line):
+                break
         watchdog.cancel()
-        found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
         if not found:
             self.proc.kill()
-            raise RuntimeError(f"the server did not start: {line!r}\n{log.read_text()}")
+            raise RuntimeError(f"the server did not start:\n{log.read_text()}")
         self.url = found.group(1)
 
     def client(self) -> object:
