@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import infiniops_py as ip
 from infiniops_py import ContractError, OpSpec, flash_attn_varlen, flash_attn_with_kvcache
@@ -384,7 +385,8 @@ def test_meta_inputs_give_the_output_shape_without_reading_values(entry: str) ->
 def test_inputs_that_require_grad_are_rejected_before_any_kernel(entry: str) -> None:
     """No backward exists (the torch provider gave NaN gradients with softcap and rows that see no key):
     a tensor argument that requires grad (grad mode on) is a ContractError naming it, before the caches
-    are written; under ``torch.no_grad()`` the same call runs."""
+    are written, also through the custom operator of FakeTensor and traced calls; under
+    ``torch.no_grad()`` the same call runs."""
     op, make = entry.removesuffix("-paged"), _ENTRY_POINTS[entry]
     names = [k for k, v in make().items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     assert len(names) >= 3
@@ -398,6 +400,8 @@ def test_inputs_that_require_grad_are_rejected_before_any_kernel(entry: str) -> 
         assert all(torch.equal(args[k].detach(), v) for k, v in before.items())  # type: ignore[union-attr]
         with torch.no_grad():
             _call(op, dict(args))
+        with FakeTensorMode() as mode, pytest.raises(ContractError, match=f": {name}: requires_grad"):
+            _call(op, {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()})
 
 
 def test_index_checks_default_per_device_and_a_scope_belongs_to_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import cpu_capability, registered
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import infiniops_py as io
 from infiniops_py import ContractError, unchecked_indices
@@ -540,7 +541,8 @@ def test_meta_inputs_give_the_output_shapes_without_reading_values(op: str) -> N
 def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> None:
     """No operator has a backward (the torch provider raised torch's "out= arguments don't support
     automatic differentiation"): a tensor argument that requires grad, grad mode on, is a ContractError
-    naming it, before anything is written; under ``torch.no_grad()`` the same call runs."""
+    naming it, before anything is written, also through the custom operator of FakeTensor and traced
+    calls; under ``torch.no_grad()`` the same call runs."""
     make, call = _DENSE[op]
     names = [k for k, v in make().items() if v.is_floating_point()]
     for name in names:
@@ -553,3 +555,5 @@ def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> Non
         assert all(torch.equal(args[k].detach(), v) for k, v in before.items())
         with torch.no_grad():
             call(**args)
+        with FakeTensorMode() as mode, pytest.raises(ContractError, match=f": {name}: requires_grad"):
+            call(**{k: mode.from_tensor(v) for k, v in args.items()})

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import infiniops_py as io
 from infiniops_py import ContractError, unchecked_indices
@@ -432,8 +433,9 @@ def test_meta_inputs_give_the_output_shapes_without_reading_values(op: str) -> N
 @pytest.mark.parametrize("op", list(_ENTRY_POINTS))
 def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> None:
     """No operator has a backward: a tensor argument that requires grad (grad mode on) is a ContractError
-    naming it, before any state is written (the torch provider failed inside ``out=`` instead); under
-    ``torch.no_grad()`` the same call runs."""
+    naming it, before any state is written (the torch provider failed inside ``out=`` instead), and so
+    does the custom operator that FakeTensor and traced calls lower to (autograd warned there and gave no
+    gradient); under ``torch.no_grad()`` the same call runs."""
     make, call = _ENTRY_POINTS[op]
     names = [k for k, v in make().items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     assert len(names) >= 4
@@ -447,3 +449,5 @@ def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> Non
         assert all(torch.equal(args[k].detach(), v) for k, v in before.items())
         with torch.no_grad():
             call(**args)
+        with FakeTensorMode() as mode, pytest.raises(ContractError, match=f": {name}: requires_grad"):
+            call(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()})
