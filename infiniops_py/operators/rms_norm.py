@@ -110,9 +110,10 @@ def rms_norm(
             start = weight.data_ptr()
             if start < high and low < start + weight.nbytes:
                 check_no_overlap(_OP, "out", out, "weight", weight)
-            start = x.data_ptr()
-            if out is not x and start < high and low < start + (x.nbytes if x_contiguous else byte_extent(x)):
-                _check_out_overlap(x, out)
+            if out is not x:
+                start = x.data_ptr()
+                if start < high and low < start + (x.nbytes if x_contiguous else byte_extent(x)):
+                    _check_out_overlap(x, out)
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or out.requires_grad):
             check_no_grad(_OP, {"x": x, "weight": weight, "out": out})
     except AttributeError:
