@@ -12,7 +12,6 @@ allocated, with the bytes it would need.
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -117,30 +116,29 @@ class KVCache:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def _cpu_memory() -> tuple[int, int] | None:
-    """``(available, total)`` bytes of host memory on Linux: ``MemAvailable`` of ``/proc/meminfo`` and the
-    physical memory, each capped by a cgroup v2 ``memory.max``; None where these are not readable."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (AttributeError, ValueError, OSError, KeyError, IndexError):
-        return None
+def _cpu_memory() -> int | None:
+    """Bytes of host memory a process can ever hold on Linux: the cgroup v2 ``memory.max`` when one is set,
+    else ``MemTotal + SwapTotal`` of ``/proc/meminfo``; None where neither is readable."""
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
     except OSError:
         limit = "max"
     if limit.isdigit():
-        total = min(total, int(limit))
-    return min(available, total), total
+        return int(limit)
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return (int(fields["MemTotal"].split()[0]) + int(fields.get("SwapTotal", "0 kB").split()[0])) * 1024
+    except (ValueError, OSError, KeyError, IndexError):
+        return None
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
     """``(available, total)`` bytes of memory on `device`, or None when unknown.
 
     CUDA: ``torch.cuda.mem_get_info`` (free, total), None when CUDA is not available or the device index does
-    not exist. CPU: the host memory on Linux (``MemAvailable`` and the physical memory, capped by a cgroup v2
-    limit); None elsewhere.
+    not exist. CPU (Linux): the memory a process can ever hold (`_cpu_memory`) for both: ``MemAvailable``
+    under-reports where the kernel reclaims caches on demand and on VMs whose memory grows as it is used, so
+    on CPU only a size that can never fit is refused. None elsewhere.
     """
     if device.type == "cuda":
         index = device.index if device.index is not None else 0
@@ -149,7 +147,8 @@ def device_memory(device: torch.device) -> tuple[int, int] | None:
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
     if device.type == "cpu":
-        return _cpu_memory()
+        total = _cpu_memory()
+        return None if total is None else (total, total)
     return None
 
 
@@ -164,8 +163,8 @@ def check_fits(what: str, needed: int, device: torch.device, *, now: bool, fix: 
     """Refuse, before allocating it, `what` (e.g. ``"num_blocks=8: the KV cache"``) of `needed` bytes on `device`.
 
     `now` False compares with the device's total memory (a size that can never fit, checked before any weight
-    is read); True with the memory available at this moment (CUDA: free; CPU: ``MemAvailable``), just before
-    the allocation. Nothing is checked where `device_memory` does not know the memory.
+    is read); True with the memory available at this moment (CUDA: free; CPU: the total, see `device_memory`),
+    just before the allocation. Nothing is checked where `device_memory` does not know the memory.
 
     Raises:
         ConfigError: `needed` exceeds that memory; the message gives both sizes in bytes and `fix`.
