@@ -41,17 +41,14 @@ __all__ = ["NAMESPACE", "SCHEMAS", "lowered", "register"]
 NAMESPACE: Final = "infiniops"
 
 
-# `torch.compiler.is_compiling()` returns this flag after a `torch.jit.is_scripting()` call; read directly it
-# costs 0.14 us per eager call against 0.24 us (2-core x86, torch 2.13); dynamo and export both set it.
-_FLAG: Final = hasattr(torch.compiler, "_is_compiling_flag")
-
-
 def lowered(t: object) -> bool:
     """Whether a public call whose first tensor argument is `t` goes through its custom operator: while
     ``torch.compile``/``torch.export`` trace, or for a FakeTensor input (it has no memory to check). A meta
-    call runs the contract's checks instead, then the built-in ``meta`` provider (nothing left to compute)."""
-    if _FLAG:
-        return torch.compiler._is_compiling_flag or isinstance(t, FakeTensor)
+    call runs the contract's checks instead, then the built-in ``meta`` provider (nothing left to compute).
+
+    ``torch.compiler.is_compiling()`` is the one test dynamo folds to True in every torch version; reading
+    ``torch.compiler._is_compiling_flag`` directly is cheaper but is not set while torch 2.11's dynamo
+    traces (H200 machine, 2026-12-01: the trace reached the resolver)."""
     return torch.compiler.is_compiling() or isinstance(t, FakeTensor)
 
 
