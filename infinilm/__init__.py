@@ -3,7 +3,7 @@ and Mamba-2 with a recurrent state pool.
 
 Every Gemm, Add, RmsNorm, FusedQkNorm, paged-cache write and attention (for Mamba-2: causal conv and
 selective scan) of the model runs through the capability resolver; the operators a configuration needs
-are gated (`infinilm.gates`) before any weight is read. Entry points: `Engine.from_pretrained`,
+are gated (`infinilm.engine.gates`) before any weight is read. Entry points: `Engine.from_pretrained`,
 `SamplingParams`, and the ``infinilm`` console script.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.engine import Engine, StepOutput
-from infinilm.loader import LoadError
-from infinilm.sequence import FinishReason, SamplingParams, Sequence
+from infinilm.engine.loader import LoadError
+from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
 
 __all__ = [
     "ConfigError",

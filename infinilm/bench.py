@@ -18,7 +18,7 @@ from typing import Final
 import torch
 
 from infinilm.engine import Engine
-from infinilm.sequence import SamplingParams
+from infinilm.engine.sequence import SamplingParams
 
 __all__ = ["BenchResult", "LogitsCheck", "check_bench_args", "compare_logits", "run_bench"]
 

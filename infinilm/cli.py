@@ -13,10 +13,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from infinilm.cache import CacheError
 from infinilm.config import ConfigError, EngineOptions, ModelConfig, parse_dtype
-from infinilm.gates import gate_report, parse_provider_overrides, plan
-from infinilm.loader import LoadError
+from infinilm.engine.gates import gate_report, parse_provider_overrides, plan
+from infinilm.engine.kv_cache import CacheError
+from infinilm.engine.loader import LoadError
 from infiniops_py import GateError
 
 __all__ = ["main"]
@@ -109,7 +109,7 @@ def _check(args: argparse.Namespace) -> int:
     check_options(config, options)
     gate_plan = plan(config, options)
     if config.ssm is not None:
-        from infinilm.state_pool import describe_state
+        from infinilm.engine.state_pool import describe_state
 
         print(f"{args.model}: {describe_state(config, options.resolved_dtype(config))}; every operator problem "
               "is served:")
@@ -122,7 +122,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False) -> int:
     from infinilm.engine import Engine, check_prompt
-    from infinilm.sequence import SamplingParams
+    from infinilm.engine.sequence import SamplingParams
     from infinilm.tokenizer import StreamDecoder, load_tokenizer
 
     config = ModelConfig.from_pretrained(model)  # a missing or bad checkpoint is named before its tokenizer

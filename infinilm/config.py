@@ -274,7 +274,7 @@ class EngineOptions:
         block_size: tokens per KV-cache block.
         num_blocks: KV-cache blocks per layer; None sizes the cache from `kv_cache_memory` (or, on CUDA, from
             `gpu_memory_utilization` of the free memory after the weights load). For a recurrent model
-            (Mamba-2): state rows, one per running request (`infinilm.state_pool`); None sizes them the same
+            (Mamba-2): state rows, one per running request (`infinilm.engine.state_pool`); None sizes them the same
             way, at most `max_num_seqs`.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: most tokens (prefill + decode) in one step.
@@ -285,7 +285,7 @@ class EngineOptions:
         prefill_graph_lengths: Mamba-2 only, CUDA only, with `cuda_graphs`: bucket lengths at which the prefill
             of a lone prompt (no other request in the step) is captured as a CUDA graph; a prompt is padded on
             the left to the smallest bucket that holds it; longer prompts and packed steps run eagerly
-            (`infinilm.prefill_graphs`). Each bucket must fit `max_num_batched_tokens`.
+            (`infinilm.engine.graphs.prefill`). Each bucket must fit `max_num_batched_tokens`.
         kv_cache_memory: bytes for the KV cache when `num_blocks` is None and not on CUDA.
         gpu_memory_utilization: fraction of the device memory the engine may fill (weights + cache).
         progress: show a progress bar while loading; None: only for checkpoints over 1 GiB.

@@ -1,5 +1,5 @@
 """Model families: Llama, Qwen2 and Qwen3 share one implementation (`LlamaModel`), differing as data;
-Mamba-2 (`Mamba2Model`) is recurrent, with its state in `infinilm.state_pool`."""
+Mamba-2 (`Mamba2Model`) is recurrent, with its state in `infinilm.engine.state_pool`."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from infinilm.cache import KVCache
 from infinilm.config import ModelConfig
-from infinilm.gates import GatePlan
+from infinilm.engine.gates import GatePlan
+from infinilm.engine.kv_cache import KVCache
 from infinilm.layers.activation import silu_and_mul
 from infinilm.layers.attention import Attention, AttnContext
 from infinilm.layers.embedding import Embedding, LMHead

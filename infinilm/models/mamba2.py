@@ -52,8 +52,8 @@ from infiniops_py import add, causal_conv1d, causal_conv1d_update, rms_norm, sel
 from infiniops_py.operators.selective_scan import process_dt
 
 if TYPE_CHECKING:
-    from infinilm.gates import GatePlan
-    from infinilm.state_pool import SsmContext, StatePool
+    from infinilm.engine.gates import GatePlan
+    from infinilm.engine.state_pool import SsmContext, StatePool
 
 __all__ = ["NO_POSITION_LIMIT", "Mamba2Dims", "Mamba2Mixer", "Mamba2Model", "gate_problems", "mamba2_config"]
 
@@ -157,7 +157,7 @@ def _time_step_limit(value: object) -> tuple[float, float]:
 
 
 def gate_problems(c: ModelConfig, base: dict[str, Any], fused_bias: bool) -> list[tuple[str, dict[str, Any]]]:
-    """Every ``(operator, problem fields)`` a Mamba-2 model calls, for `infinilm.gates.plan`.
+    """Every ``(operator, problem fields)`` a Mamba-2 model calls, for `infinilm.engine.gates.plan`.
 
     `base` holds ``device_type`` and the model ``dtype`` name. Prefill calls the conv and the scan with and
     without ``seq_idx`` (several prompts or one) and the conv channel-last or not (a one-token prompt).

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from infinilm.engine import Engine
-from infinilm.sequence import FinishReason, SamplingParams, Sequence
+from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
 from infinilm.serve.errors import APIError
 from infinilm.serve.metrics import ServerMetrics
 

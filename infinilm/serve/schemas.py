@@ -2,7 +2,7 @@
 
 Every field is checked before the engine sees the request, and every refusal is a 400 whose ``param`` names
 the field (`infinilm.serve.errors`). The accepted fields are the OpenAI API's (their types and ranges are
-OpenAI's, the sampling ranges are `infinilm.sequence.SamplingParams`'), plus vLLM's sampling extensions
+OpenAI's, the sampling ranges are `infinilm.engine.sequence.SamplingParams`'), plus vLLM's sampling extensions
 ``top_k``, ``ignore_eos``, ``stop_token_ids`` and ``return_token_ids``. Decisions written down here:
 
 - An unknown field is refused (a misspelt ``max_token`` would otherwise be ignored without a word). Fields
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from infinilm.sequence import SamplingParams
+from infinilm.engine.sequence import SamplingParams
 from infinilm.serve.errors import APIError, bad_request
 
 __all__ = ["GenerationRequest", "ModelInfo", "parse_body", "parse_chat", "parse_completion"]

@@ -22,12 +22,12 @@ from aiohttp import web
 
 from infinilm.config import ConfigError, EngineOptions
 from infinilm.engine import Engine
+from infinilm.engine.state_pool import StatePool
 from infinilm.serve.chat_template import load_chat_template
 from infinilm.serve.engine_loop import EngineLoop
 from infinilm.serve.metrics import ServerMetrics
 from infinilm.serve.routes import Routes
 from infinilm.serve.schemas import ModelInfo
-from infinilm.state_pool import StatePool
 from infinilm.tokenizer import load_tokenizer
 
 __all__ = ["create_app", "model_info", "serve"]

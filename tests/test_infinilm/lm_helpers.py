@@ -77,7 +77,7 @@ class Replayer:
 
 
 def replay_on_cpu(monkeypatch: pytest.MonkeyPatch, captured_steps: type) -> None:
-    """Make `captured_steps` (a `infinilm.graph_capture.CapturedSteps` subclass) "capture" `Replayer`s, so its
+    """Make `captured_steps` (a `infinilm.engine.graphs.capture.CapturedSteps` subclass) "capture" `Replayer`s, so its
     bucketing, padding and replay run on CPU."""
     def capture(self: object, size: int, pool: object) -> tuple[Replayer, torch.Tensor]:
         replayer = Replayer(self, size)

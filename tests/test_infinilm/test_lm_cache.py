@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infinilm.cache import BlockAllocator, CacheError, KVCache, slots_for
+from infinilm.engine.kv_cache import BlockAllocator, CacheError, KVCache, slots_for
 
 
 def test_allocate_append_free_round_trip() -> None:

@@ -13,9 +13,9 @@ import torch
 from lm_helpers import CheckpointFactory
 
 from infinilm import ConfigError, Engine, EngineOptions, FinishReason, ModelConfig, SamplingParams
-from infinilm import cache as cache_module
 from infinilm.engine import check_options, max_positions
-from infinilm.sequence import SeqStatus
+from infinilm.engine import kv_cache as cache_module
+from infinilm.engine.sequence import SeqStatus
 
 
 def _engine(checkpoint: CheckpointFactory, **options: object) -> Engine:

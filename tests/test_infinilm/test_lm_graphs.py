@@ -15,8 +15,9 @@ from fakes import cpu_capability, registered
 from infiniops_torch.flash_attn import flash_attn_with_kvcache as torch_flash_attn_with_kvcache
 from lm_helpers import CheckpointFactory, replay_on_cpu
 
-from infinilm import Engine, EngineOptions, SamplingParams, host_sync
-from infinilm.graphs import DecodeGraphs, capture_sizes
+from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm.engine.graphs import host_sync
+from infinilm.engine.graphs.decode import DecodeGraphs, capture_sizes
 
 
 def test_capture_sizes() -> None:

@@ -14,7 +14,7 @@ from lm_helpers import CheckpointFactory
 from safetensors.torch import load_file, save_file
 
 from infinilm import Engine, EngineOptions, LoadError
-from infinilm.loader import checkpoint_files
+from infinilm.engine.loader import checkpoint_files
 
 PROMPT = [5, 80, 13, 200, 7, 7, 31]
 

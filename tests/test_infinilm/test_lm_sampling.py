@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinilm.sampling import filter_logits, sample, scale_logits
-from infinilm.sequence import SamplingParams, Sequence
+from infinilm.engine.sampling import filter_logits, sample, scale_logits
+from infinilm.engine.sequence import SamplingParams, Sequence
 
 
 def _seqs(*params: SamplingParams) -> list[Sequence]:

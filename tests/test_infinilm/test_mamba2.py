@@ -20,7 +20,7 @@ from lm_helpers import MAMBA2_BASE
 
 from infinilm import ConfigError, Engine, EngineOptions, ModelConfig, SamplingParams
 from infinilm.cli import main
-from infinilm.gates import plan
+from infinilm.engine.gates import plan
 from infiniops_py import GateError, OneOf
 from infiniops_py.operators.rms_norm import reference as rms_norm_reference
 

@@ -15,7 +15,7 @@ from test_mamba2 import hf_mamba2, prompts
 
 from infinilm import Engine, EngineOptions, FinishReason, SamplingParams
 from infinilm.config import ModelConfig
-from infinilm.state_pool import StatePool, _DecodeGraphs, prefill_layout, state_bytes
+from infinilm.engine.state_pool import StatePool, _DecodeGraphs, prefill_layout, state_bytes
 
 
 @pytest.fixture(scope="module")

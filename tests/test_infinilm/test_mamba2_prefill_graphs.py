@@ -1,4 +1,4 @@
-"""Single-prompt prefill graphs of a Mamba-2 engine (`infinilm.prefill_graphs`), on CPU.
+"""Single-prompt prefill graphs of a Mamba-2 engine (`infinilm.engine.graphs.prefill`), on CPU.
 
 The capture seam is replaced by a stand-in whose replay reruns the same forward over the same static
 buffers, as a replayed graph does, so the bucket choice, the left padding with ``seq_idx`` -1 and the row
@@ -15,7 +15,7 @@ from lm_helpers import replay_on_cpu
 from test_mamba2 import hf_mamba2, prompts
 
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
-from infinilm.prefill_graphs import PrefillGraphs
+from infinilm.engine.graphs.prefill import PrefillGraphs
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,8 @@ def test_the_final_states_are_the_prompts_own(path: Path, monkeypatch: pytest.Mo
 
 
 def _one_prefill(engine: Engine, prompt: list[int], row: int) -> object:
-    from infinilm.scheduler import Batch
-    from infinilm.sequence import Sequence
+    from infinilm.engine.scheduler import Batch
+    from infinilm.engine.sequence import Sequence
 
     seq = Sequence(prompt, SamplingParams())
     seq.block_table = [row]

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from infinilm.graph_capture import CapturedSteps
+from infinilm.engine.graphs.capture import CapturedSteps
 from infiniops_py import Implementation
 
 if TYPE_CHECKING:
+    from infinilm.engine.state_pool import StatePool
     from infinilm.models.mamba2 import Mamba2Model
-    from infinilm.state_pool import StatePool
 
 __all__ = ["PrefillGraphs"]
 
@@ -54,7 +54,7 @@ class PrefillGraphs(CapturedSteps):
                                 torch.zeros(1, dtype=torch.int64, device=self.device))
 
     def _forward(self, length: int) -> torch.Tensor:
-        from infinilm.state_pool import SsmContext
+        from infinilm.engine.state_pool import SsmContext
 
         ids, seq_idx, row = self.buffers[length]
         ctx = SsmContext(num_decode=0, prefill_rows=row, seq_idx=seq_idx)

@@ -5,7 +5,7 @@ largest size first, so the smaller graphs reuse its memory pool; each size warme
 resolves every operator, compiles and tunes kernels and settles allocations), then captured over static
 buffers that the subclass owns. A capture that fails (an implementation that synchronizes with the host,
 or allocates or launches in a way graphs forbid) clears every graph and returns a status naming the
-synchronizing implementation when there is one (`infinilm.host_sync`).
+synchronizing implementation when there is one (`infinilm.engine.graphs.host_sync`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from infinilm.host_sync import capture_failed_status
+from infinilm.engine.graphs.host_sync import capture_failed_status
 from infiniops_py import Implementation
 
 __all__ = ["CapturedSteps"]

@@ -6,7 +6,7 @@ once over static input buffers and replayed with the step's values copied in. Pa
 contracts are off during capture by design (they would synchronize), so the inputs are built only by the
 runner from the allocator's own block tables. A capture that fails (an implementation that synchronizes
 with the host, or allocates or launches in a way graphs forbid) leaves the engine in eager mode, with a
-status that names the synchronizing implementation when there is one (`infinilm.host_sync`).
+status that names the synchronizing implementation when there is one (`infinilm.engine.graphs.host_sync`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import torch
 
-from infinilm.cache import KVCache
-from infinilm.graph_capture import CapturedSteps
+from infinilm.engine.graphs.capture import CapturedSteps
+from infinilm.engine.kv_cache import KVCache
 from infinilm.layers.attention import AttnContext
 from infinilm.models.llama import LlamaModel
 from infiniops_py import Implementation

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from infinilm.cache import BlockAllocator
-from infinilm.sequence import FinishReason, SeqStatus, Sequence
+from infinilm.engine.kv_cache import BlockAllocator
+from infinilm.engine.sequence import FinishReason, SeqStatus, Sequence
 
 __all__ = ["Batch", "Scheduler"]
 

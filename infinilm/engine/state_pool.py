@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from infinilm.cache import BlockAllocator, check_fits
 from infinilm.config import EngineOptions, ModelConfig
-from infinilm.graph_capture import CapturedSteps
-from infinilm.graphs import capture_sizes
-from infinilm.prefill_graphs import PrefillGraphs
-from infinilm.scheduler import Batch
-from infinilm.sequence import Sequence
+from infinilm.engine.graphs.capture import CapturedSteps
+from infinilm.engine.graphs.decode import capture_sizes
+from infinilm.engine.graphs.prefill import PrefillGraphs
+from infinilm.engine.kv_cache import BlockAllocator, check_fits
+from infinilm.engine.scheduler import Batch
+from infinilm.engine.sequence import Sequence
 from infiniops_py import Implementation
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class RecurrentRunner:
 
 
     def capture_prefill_graphs(self, lengths: Iterable[int], implementations: Iterable[Implementation] = ()) -> str:
-        """Capture single-prompt prefill CUDA graphs at bucket `lengths` (`infinilm.prefill_graphs`); call it
+        """Capture single-prompt prefill CUDA graphs at bucket `lengths` (`infinilm.engine.graphs.prefill`); call it
         before any request runs (capture writes pool row 0). Returns a one-line status."""
         graphs = PrefillGraphs(self.model, self.pool, self.device, implementations)
         status = graphs.capture(lengths)

@@ -2,7 +2,7 @@
 
 Token layout of a step: the decode tokens (one per decode sequence) first, then every prefill sequence's
 tokens, packed. Metadata is built with plain Python lists and moved to the device in one copy per tensor.
-Decode-only steps on CUDA replay a captured CUDA graph (`infinilm.graphs`) when one is available for the
+Decode-only steps on CUDA replay a captured CUDA graph (`infinilm.engine.graphs.decode`) when one is available for the
 batch size, which removes the per-operator Python cost from the decode loop.
 """
 
@@ -12,12 +12,12 @@ from collections.abc import Iterable
 
 import torch
 
-from infinilm.cache import KVCache, slots_for
-from infinilm.graphs import DecodeGraphs
+from infinilm.engine.graphs.decode import DecodeGraphs
+from infinilm.engine.kv_cache import KVCache, slots_for
+from infinilm.engine.scheduler import Batch
+from infinilm.engine.sequence import Sequence
 from infinilm.layers.attention import AttnContext
 from infinilm.models.llama import LlamaModel
-from infinilm.scheduler import Batch
-from infinilm.sequence import Sequence
 from infiniops_py import Implementation
 
 __all__ = ["ModelRunner"]

@@ -19,7 +19,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from infinilm.sequence import SamplingParams, Sequence
+from infinilm.engine.sequence import SamplingParams, Sequence
 
 __all__ = ["filter_logits", "sample", "scale_logits"]
 

@@ -1,9 +1,9 @@
 """The engine: gates, load, then one straight data path per step.
 
-``Engine.from_pretrained`` reads the config, runs the gates (`infinilm.gates.plan`, which raises
+``Engine.from_pretrained`` reads the config, runs the gates (`infinilm.engine.gates.plan`, which raises
 `GateError` before any weight is read), checks the checkpoint's safetensors headers against the model's
-tensors (`infinilm.loader`, before anything is allocated), allocates the model and loads the weights, then
-sizes the paged KV cache (for a recurrent Mamba-2 model: the state pool of `infinilm.state_pool`, one row per
+tensors (`infinilm.engine.loader`, before anything is allocated), allocates the model and loads the weights, then
+sizes the paged KV cache (for a recurrent Mamba-2 model: the state pool of `infinilm.engine.state_pool`, one row per
 running request, and its `RecurrentRunner`). Each `step` is: schedule -> prepare inputs -> run model -> sample ->
 postprocess. Requests can be added and cancelled between steps; new prefills join the running decodes in the
 next step.
@@ -21,17 +21,17 @@ from pathlib import Path
 
 import torch
 
-from infinilm.cache import KVCache, check_fits
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
-from infinilm.gates import GatePlan, overrides, plan
-from infinilm.loader import load_weights, read_checkpoint
+from infinilm.engine.gates import GatePlan, overrides, plan
+from infinilm.engine.kv_cache import KVCache, check_fits
+from infinilm.engine.loader import load_weights, read_checkpoint
+from infinilm.engine.runner import ModelRunner
+from infinilm.engine.sampling import sample
+from infinilm.engine.scheduler import Batch, Scheduler
+from infinilm.engine.sequence import SamplingParams, Sequence
+from infinilm.engine.state_pool import RecurrentRunner, StatePool
 from infinilm.models.llama import LlamaModel
 from infinilm.models.mamba2 import Mamba2Model
-from infinilm.runner import ModelRunner
-from infinilm.sampling import sample
-from infinilm.scheduler import Batch, Scheduler
-from infinilm.sequence import SamplingParams, Sequence
-from infinilm.state_pool import RecurrentRunner, StatePool
 from infiniops_py import unchecked_indices
 
 __all__ = ["Engine", "StepOutput", "check_options", "check_prompt", "max_positions"]
@@ -298,10 +298,10 @@ def check_options(config: ModelConfig, options: EngineOptions) -> None:
 def _check_cache_memory(config: ModelConfig, options: EngineOptions, num_blocks: int, device: torch.device, *,
                         now: bool) -> None:
     """Refuse a KV cache (Mamba-2: a state pool) of `num_blocks` blocks (rows) that does not fit `device`'s
-    total memory (`now` False) or its available memory (`now` True), through `infinilm.cache.check_fits`."""
+    total memory (`now` False) or its available memory (`now` True), through `infinilm.engine.kv_cache.check_fits`."""
     dtype = options.resolved_dtype(config)
     if config.ssm is not None:
-        from infinilm.state_pool import state_bytes
+        from infinilm.engine.state_pool import state_bytes
 
         per_block, what = sum(state_bytes(config, dtype)), "state pool"
     else:
