@@ -1,0 +1,156 @@
+"""`infiniops_py.integrations.transformers.kernelize` on tiny random transformers models (nothing downloaded):
+logits and greedy generation equal the unpatched model's, the swapped calls go through the operators, the
+gates run before anything is swapped, and `restore` undoes the swaps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from infiniops_py import GateError, runtime
+from infiniops_py.integrations.transformers import ATTENTION, Kernelized, kernelize
+from infiniops_py.testing.tolerances import Allclose, tolerance
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mamba2")
+# the operators each family's kernelized forward must call
+CALLED = {
+    "llama": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen"},
+    "qwen2": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen"},
+    "qwen3": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen"},
+    "mamba2": {"rms_norm"},
+}
+
+
+def _model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
+    """A 2-layer model from transformers' config classes, random weights (norm weights around 1, so that a norm
+    applied with the wrong weight changes the logits), eval mode."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Mamba2Config, Qwen2Config, Qwen3Config
+
+    common = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+              "eos_token_id": 255, "bos_token_id": 0, "pad_token_id": 0}
+    config = {
+        "llama": lambda: LlamaConfig(**common, attention_bias=True),
+        "qwen2": lambda: Qwen2Config(**common),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=32),
+        "mamba2": lambda: Mamba2Config(vocab_size=160, hidden_size=32, num_hidden_layers=2, state_size=16, expand=2,
+                                       head_dim=16, num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8,
+                                       eos_token_id=159, pad_token_id=0, bos_token_id=0),
+    }[family]()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def _pair(family: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.Module, Kernelized]:
+    model = _model(family, dtype)
+    patched = copy.deepcopy(model)
+    return model, patched, kernelize(patched)
+
+
+def _ids() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts of 7 tokens, the first left-padded by 3 (transformers' padding for generation)."""
+    torch.manual_seed(1)
+    ids = torch.randint(1, 150, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize(("family", "dtype"), [*((f, torch.float32) for f in FAMILIES),
+                                                ("mamba2", torch.bfloat16)])
+def test_kernelize_logits_equal_the_unpatched_models(family: str, dtype: torch.dtype) -> None:
+    # bfloat16 Mamba-2 keeps its residual stream in float32: norm_f gets float32 input, a bfloat16 weight
+    model, patched, report = _pair(family, dtype)
+    ids, mask = _ids()
+    tol = tolerance("rms_norm", str(dtype).removeprefix("torch."))
+    assert isinstance(tol, Allclose)
+    runtime.get_resolver().cache.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+        real = mask.bool()  # padding positions have no meaningful logits in either model
+        torch.testing.assert_close(patched(ids, attention_mask=mask).logits[real],
+                                   model(ids, attention_mask=mask).logits[real], rtol=tol.rtol, atol=tol.atol)
+    called = {key[0] for key in runtime.get_resolver().cache}
+    assert CALLED[family] <= called, f"the kernelized forward called {sorted(called)}"
+    assert report.swapped["rms_norm"], report.render()
+    if family == "qwen3":
+        assert len(report.swapped["qk_norm"]) == 4  # q_norm and k_norm of both layers
+    if family != "mamba2":
+        assert patched.config._attn_implementation == ATTENTION
+        assert len(report.swapped["fused_add_rms_norm"]) == 2
+        assert any("silu_and_mul" in why for why in report.left)
+    else:
+        assert any("MambaRMSNormGated" in why for why in report.left)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernelize_generate_gives_the_unpatched_models_tokens(family: str) -> None:
+    model, patched, _ = _pair(family)
+    ids, mask = _ids()
+    runtime.get_resolver().cache.clear()
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}):  # prefill + kvcache decode; padded varlen prefill and decode
+            expected = model.generate(ids, max_new_tokens=6, do_sample=False, **kwargs)
+            got = patched.generate(ids, max_new_tokens=6, do_sample=False, **kwargs)
+            assert torch.equal(got, expected), kwargs
+    if family != "mamba2":
+        assert "flash_attn_with_kvcache" in {key[0] for key in runtime.get_resolver().cache}
+
+
+def test_kernelize_attention_keeps_packed_sequences_apart() -> None:
+    # one row holding two sequences (position_ids restart at 0): each attends only to itself, as
+    # transformers' flash-attention path does (its sdpa path attends across the boundary)
+    model = _model("qwen3")
+    kernelize(model)
+    torch.manual_seed(2)
+    ids = torch.randint(1, 150, (1, 7))
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])
+    with torch.no_grad():
+        packed = model(ids, position_ids=positions).logits
+        first, second = model(ids[:, :4]).logits, model(ids[:, 4:]).logits
+    torch.testing.assert_close(packed, torch.cat([first, second], dim=1), rtol=1e-5, atol=1e-5)
+
+
+def test_kernelize_gates_every_problem_before_swapping_anything() -> None:
+    model = _model("qwen3")
+    with pytest.raises(GateError) as caught:
+        kernelize(model, device="tpu")  # no provider serves tpu
+    err = caught.value
+    assert {p.op for p, _ in err.gaps} == {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen",
+                                           "flash_attn_with_kvcache"}
+    assert sorted(p.get("hidden_size") for p, _ in err.gaps if p.op == "rms_norm") == [32, 64]  # q/k and hidden
+    assert "nothing was swapped" in str(err)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert model.config._attn_implementation != ATTENTION
+    assert not hasattr(model, "infiniops_kernelized")
+
+
+def test_kernelize_restore_puts_back_transformers_forwards() -> None:
+    model = _model("llama")
+    before = model.config._attn_implementation
+    first = kernelize(model)
+    second = kernelize(model)  # again: the first swaps are undone first, nothing wraps twice
+    assert not first.swapped and second.swapped
+    assert sum("forward" in m.__dict__ for m in model.modules()) == 5 + 2  # 5 norms, 2 fused layers
+    second.restore()
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert model.config._attn_implementation == before
+
+
+def test_kernelize_refuses_training_mode_and_unknown_families() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(ValueError, match="mode='inference'"):
+        kernelize(_model("llama"), mode="training")
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+    with pytest.raises(ValueError, match=r"model_type 'gpt2'.*supported: llama, qwen2, qwen3, mamba2"):
+        kernelize(gpt2)
+    with pytest.raises(TypeError, match="device"):
+        kernelize(_model("llama"), device=3)  # type: ignore[arg-type]
