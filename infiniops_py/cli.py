@@ -213,14 +213,10 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"infiniops explain: {err}", file=sys.stderr)
         return 2
     ex = runtime.explain(problem)
-    print(ex.render())
+    print(ex.render())  # with the most likely fix when nothing serves the problem
     if ex.chosen is not None:
         print(f"  -> {ex.chosen.provider} serves it ({ex.chosen.name})")
         return 0
-    fixable = [c for c in ex.candidates if c.rejections and all(r.fix for r in c.rejections)]
-    if fixable:
-        best = min(fixable, key=lambda c: (len(c.rejections), -c.priority))
-        print(f"  most likely fix: {'; '.join(r.fix for r in best.rejections)} (to use {best.provider})")
     return 1
 
 

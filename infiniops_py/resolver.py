@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from infiniops_py._env import env_flag, split_names
-from infiniops_py.errors import CandidateReport, GateError
+from infiniops_py.errors import CandidateReport, GateError, likely_fix
 from infiniops_py.operators import OPERATORS
 from infiniops_py.operators._base import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
@@ -220,6 +220,9 @@ class Explanation:
     problems: tuple[str, ...] = ()
 
     def render(self) -> str:
+        """The ranking as ``infiniops explain`` prints it: the problem, the notes, each candidate (chosen,
+        accepts or rejects, with its reasons), then the fallback, or, when nothing serves the problem, the
+        most likely fix (`errors.likely_fix`)."""
         lines = [f"{self.problem.op} {self.problem.describe()}"]
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -233,6 +236,9 @@ class Explanation:
             lines.extend(f"       - {r}" for r in c.rejections)
         if self.chosen is None:
             lines.append("  no provider can serve this problem")
+            fix = likely_fix(self.candidates)
+            if fix is not None:
+                lines.append(f"  most likely fix: {fix[0]} (to use {fix[1]})")
         elif self.fallback is not None:
             lines.append(f"  fallback: {self.fallback}")
         return "\n".join(lines)

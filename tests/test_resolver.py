@@ -302,3 +302,25 @@ def test_boolean_switches_parse_one_way_and_refuse_other_values(
             "'TORCH', but no installed distribution has an entry point of that name in group infiniops.providers "
             "(installed: ") in caplog.text
     assert not {p.name: p for p in io.providers()}["TORCH"].loaded
+
+
+def test_gate_report_of_several_problems_says_each_shared_reason_once() -> None:
+    problems = [("rms_norm", {"device_type": "xpu", "hidden_size": 64}), ("add", {"device_type": "xpu"}),
+                ("gemm", {"device_type": "xpu"}), ("add", {"device_type": "cpu", "dtype": "int8"})]
+    with pytest.raises(GateError) as info:
+        io.resolve_closure(problems)
+    text = str(info.value)
+    reason = "device_type=xpu not in {cpu, cuda}"
+    assert text.count(reason) == 1, text  # once, numbered, not once per candidate and problem
+    shared = next(line for line in text.splitlines() if reason in line)
+    number = shared.split()[0]  # [n]
+    assert shared.endswith("rejects torch, reference in 3 problems (rms_norm, add, gemm) (fix: use device_type in "
+                           "{cpu, cuda})"), shared
+    grouped = [line for line in text.splitlines() if f"torch, reference: {number}" in line]
+    assert len(grouped) == 3, text  # each xpu problem: its candidates on one line, by reason number
+    assert "dtype=int8 not in" in text  # what else is missing stays with its own problem
+
+
+def test_explanation_render_says_the_most_likely_fix(two_fakes: None) -> None:
+    text = io.explain("add", device_type="xpu", dtype="float16").render()
+    assert text.splitlines()[-1] == "  most likely fix: use device_type=cpu (to use low)"
