@@ -1,10 +1,10 @@
-"""infinilm: Llama, Qwen2 and Qwen3 Hugging Face checkpoints through `infiniops_py`, with a paged KV cache,
-and Mamba-2 with a recurrent state pool.
+"""infinilm: Hugging Face checkpoints of the families in `infinilm.models.registry` (Llama, Qwen2, Qwen3 and
+Mamba-2) through `infiniops_py`, with a paged KV cache, or a recurrent state pool for Mamba-2.
 
 Every Gemm, Add, RmsNorm, FusedQkNorm, paged-cache write and attention (for Mamba-2: causal conv and
-selective scan) of the model runs through the capability resolver; the operators a configuration needs
-are gated (`infinilm.engine.gates`) before any weight is read. Entry points: `Engine.from_pretrained`,
-`SamplingParams`, and the ``infinilm`` console script.
+selective scan) of a model runs through the capability resolver; the operators a configuration needs are
+gated (`infinilm.engine.gates`) before any weight is read. Entry points: `Engine.from_pretrained`,
+`read_config`, `SamplingParams`, and the ``infinilm`` console script.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.engine import Engine, StepOutput
 from infinilm.engine.loader import LoadError
 from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
+from infinilm.models.registry import read_config
 
 __all__ = [
     "ConfigError",
@@ -24,4 +25,5 @@ __all__ = [
     "SamplingParams",
     "Sequence",
     "StepOutput",
+    "read_config",
 ]

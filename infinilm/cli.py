@@ -13,10 +13,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from infinilm.config import ConfigError, EngineOptions, ModelConfig, parse_dtype
+from infinilm.config import ConfigError, EngineOptions, parse_dtype
 from infinilm.engine.gates import gate_report, parse_provider_overrides, plan
 from infinilm.engine.kv_cache import CacheError
 from infinilm.engine.loader import LoadError
+from infinilm.models.registry import read_config
 from infiniops_py import GateError
 
 __all__ = ["main"]
@@ -102,20 +103,13 @@ def _finite_float(text: str) -> float:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from infinilm.engine import check_options
+    from infinilm.engine.checks import check_options, describe
 
-    config = ModelConfig.from_pretrained(args.model)
+    config = read_config(args.model)
     options = _options(args)
     check_options(config, options)
     gate_plan = plan(config, options)
-    if config.ssm is not None:
-        from infinilm.engine.state_pool import describe_state
-
-        print(f"{args.model}: {describe_state(config, options.resolved_dtype(config))}; every operator problem "
-              "is served:")
-    else:
-        print(f"{args.model}: {config.model_type}, {config.num_layers} layers, head_dim {config.head_dim}, "
-              f"{config.num_heads}/{config.num_kv_heads} heads; every operator problem is served:")
+    print(f"{args.model}: {describe(config, options)}; every operator problem is served:")
     print(gate_plan.render())
     return 0
 
@@ -125,7 +119,7 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
     from infinilm.engine.sequence import SamplingParams
     from infinilm.tokenizer import StreamDecoder, load_tokenizer
 
-    config = ModelConfig.from_pretrained(model)  # a missing or bad checkpoint is named before its tokenizer
+    config = read_config(model)  # a missing or bad checkpoint is named before its tokenizer
     tokenizer = load_tokenizer(model)
     if tokenizer is not None:
         prompt = tokenizer.encode(args.prompt).ids

@@ -1,44 +1,29 @@
-"""Model and engine configuration: what the model layer reads from ``config.json`` and the engine options.
+"""Model and engine configuration: the numbers the model layer keeps from ``config.json``, and the engine options.
 
-`ModelConfig.from_pretrained` reads ``config.json`` through transformers' `AutoConfig` (LlamaConfig,
-Qwen2Config, Qwen3Config) and keeps the few numbers the model needs; the differences between the three
-families are data here (`qkv_bias`, `o_bias`, `mlp_bias`, `qk_norm`), not code paths. Reading a config
-never touches the weights.
+`ModelConfig` is what every family translates its transformers config into (`infinilm.models.registry.read_config`
+reads a checkpoint's); the differences between the Llama-like families are data here (`qkv_bias`, `o_bias`,
+`mlp_bias`, `qk_norm`), a recurrent family's numbers are a `Mamba2Dims`. This module imports no model.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from types import MappingProxyType
+from typing import Any, Final
 
 import torch
 
-from infinilm.config_checks import (
-    BOOLS,
-    ConfigError,
-    field_problems,
-    hf_error_reason,
-    raise_problems,
-    read_config_json,
-    resolved_problems,
-    rope_problems,
-)
+from infinilm.config_checks import ConfigError
 
-if TYPE_CHECKING:
-    from infinilm.models.mamba2 import Mamba2Dims
+__all__ = ["ConfigError", "EngineOptions", "Mamba2Dims", "ModelConfig", "parse_dtype", "token_ids"]
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "ConfigError", "EngineOptions", "ModelConfig", "parse_dtype"]
-
-SUPPORTED_MODEL_TYPES: Final = ("llama", "qwen2", "qwen3", "mamba2")
-_STATIC_ROPE_TYPES: Final = ("default", "linear", "llama3", "yarn")
-_DTYPES: Final[dict[str, torch.dtype]] = {
+_DTYPES: Final[Mapping[str, torch.dtype]] = MappingProxyType({
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
+})
 
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
@@ -53,18 +38,67 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+def token_ids(value: int | Sequence[int] | None) -> tuple[int, ...]:
+    """A config's ``eos_token_id`` (None, one id or a list of ids) as a tuple of ints."""
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+
+
 @dataclass(frozen=True)
-class ModelConfig:
-    """The shape of a decoder-only Llama-family model, as the model layer needs it.
+class Mamba2Dims:
+    """The numbers of a Mamba-2 (selective state space) layer, from transformers' ``Mamba2Config``.
 
     Attributes:
-        model_type: ``llama``, ``qwen2`` or ``qwen3``.
+        num_heads / head_dim / state_size / n_groups: H, P, N and G of the scans (H % G == 0).
+        conv_kernel: W, the causal conv width; the conv state keeps W - 1 columns.
+        chunk_size: the scan's chunk length.
+        intermediate_size: d_inner = H * P = expand * hidden_size.
+        use_bias / use_conv_bias: whether the projections / the conv carry a bias.
+        residual_in_fp32: the residual stream is float32 whatever the model dtype.
+        time_step_limit: ``(low, high)`` clamp of the processed dt.
+    """
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    intermediate_size: int
+    use_bias: bool
+    use_conv_bias: bool
+    residual_in_fp32: bool
+    time_step_limit: tuple[float, float]
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C, ``d_inner + 2 * G * N``."""
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+    @property
+    def group_size(self) -> int:
+        """Channels per group of the gated norm, ``d_inner / G``."""
+        return self.intermediate_size // self.n_groups
+
+    @property
+    def proj_size(self) -> int:
+        """Output width of ``in_proj``: gate, xBC and dt."""
+        return self.intermediate_size + self.conv_dim + self.num_heads
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a causal LM, as the model layer needs it (a family may extend it with its own fields).
+
+    Attributes:
+        model_type: the ``model_type`` of ``config.json`` (the family's, `infinilm.models.registry`).
         qkv_bias / o_bias / mlp_bias: which projections carry a bias (Qwen2: q, k, v only).
         qk_norm: Qwen3's per-head RMSNorm of q and k over ``head_dim``, before RoPE.
         dtype: the checkpoint's dtype from the config (``torch_dtype``/``dtype``), float32 when absent.
+        eos_token_ids: the ids that end a request.
         hf_config: the transformers config object (for RoPE variants computed by transformers).
-        ssm: the Mamba-2 numbers of a recurrent model (``model_type="mamba2"``, built by
-            `infinilm.models.mamba2.mamba2_config`; its attention fields are neutral), else None.
+        ssm: the Mamba-2 numbers of a recurrent model (its attention fields are then neutral), else None.
     """
 
     model_type: str
@@ -89,97 +123,6 @@ class ModelConfig:
     hf_config: Any = field(repr=False, compare=False, default=None)
     ssm: Mamba2Dims | None = None
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Read ``<path>/config.json`` (nothing else); every error names the file.
-
-        The raw JSON is checked first (`infinilm.config_checks`), then read through transformers, then the
-        resolved numbers (defaults filled in) are checked again by `from_hf`.
-
-        Raises:
-            ConfigError: no config.json; a file that is not a JSON object; a missing or unsupported
-                ``model_type``; non-positive sizes or head counts, heads that do not divide (all listed in
-                one error); a value transformers rejects; an unsupported RoPE type or sliding window.
-        """
-        from huggingface_hub.errors import StrictDataclassError
-        from transformers import AutoConfig
-
-        path = Path(path)
-        file = path / "config.json"
-        if not path.is_dir():
-            what = "is a file" if path.exists() else "does not exist"
-            raise ConfigError(f"{path} {what} (expected a Hugging Face checkpoint directory holding config.json)")
-        if not file.is_file():
-            raise ConfigError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
-        raw = read_config_json(file)
-        mt = raw.get("model_type")
-        if mt not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"{file}: {_unsupported(mt)}")
-        raise_problems(mt, field_problems(mt, raw), file)
-        try:
-            hf = AutoConfig.from_pretrained(str(path))
-        except (StrictDataclassError, ValueError, TypeError, KeyError, ArithmeticError) as err:
-            raise ConfigError(f"{file}: transformers rejects it: {hf_error_reason(err)}") from None
-        try:
-            return cls.from_hf(hf)
-        except ConfigError as err:
-            raise ConfigError(f"{file}: {err}") from None
-
-    @classmethod
-    def from_hf(cls, hf: Any) -> ModelConfig:
-        """Build from a transformers config object (LlamaConfig, Qwen2Config or Qwen3Config).
-
-        Raises:
-            ConfigError: an unsupported model type, RoPE type or sliding window; non-positive sizes, head
-                counts, epsilon or RoPE theta, a head layout that does not divide, an odd head_dim, an
-                activation other than SiLU, a flag that is not a boolean, an EOS id outside the vocabulary
-                (all listed in one error); RoPE parameters out of their limits or from which the frequencies
-                cannot be computed (`infinilm.config_checks.rope_problems`).
-        """
-        mt = getattr(hf, "model_type", "?")
-        if mt not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(_unsupported(mt))
-        if mt == "mamba2":
-            from infinilm.models.mamba2 import mamba2_config
-
-            return mamba2_config(hf)
-        rope = _rope_parameters(hf)
-        theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-        heads, kv_heads, head_dim = _head_layout(mt, hf, theta)
-        if getattr(hf, "use_sliding_window", False):
-            raise ConfigError(f"{mt}: use_sliding_window=True is not supported (fix: set it to false)")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in _STATIC_ROPE_TYPES:
-            raise ConfigError(f"{mt}: rope_type={rope_type!r} is not supported; supported: {_STATIC_ROPE_TYPES}")
-        partial = getattr(hf, "partial_rotary_factor", None)
-        raise_problems(mt, rope_problems(mt, rope_type, {"partial_rotary_factor": partial, **rope}))
-        attention_bias = bool(getattr(hf, "attention_bias", False))
-        dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
-        config = cls(
-            model_type=mt,
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size,
-            num_layers=hf.num_hidden_layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(hf.rms_norm_eps),
-            rope_type=rope_type,
-            rope_theta=float(theta),
-            max_position_embeddings=hf.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=True if mt == "qwen2" else attention_bias,
-            o_bias=False if mt == "qwen2" else attention_bias,
-            mlp_bias=mt == "llama" and bool(getattr(hf, "mlp_bias", False)),
-            qk_norm=mt == "qwen3",
-            dtype=parse_dtype(dtype) if dtype is not None else torch.float32,
-            eos_token_ids=_ids(getattr(hf, "eos_token_id", None)),
-            hf_config=hf,
-        )
-        _check_frequencies(config, rope)
-        return config
-
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
@@ -188,79 +131,15 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def ssm_dims(self) -> Mamba2Dims:
+        """The recurrent numbers (`ssm`).
 
-def _unsupported(model_type: object) -> str:
-    if model_type is None:
-        return f"no model_type (fix: set it to one of {', '.join(SUPPORTED_MODEL_TYPES)})"
-    return f"model_type={model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-
-
-def _head_layout(mt: str, hf: Any, rope_theta: object) -> tuple[int, int, int]:
-    """``(num_heads, num_kv_heads, head_dim)`` of an attention config, after checking every size it reads.
-
-    A config without ``head_dim`` (Qwen2) takes ``hidden_size / num_attention_heads``, which must then divide
-    and be even. The activation, the flags and the EOS ids are checked here too, so that one error lists
-    every problem.
-
-    Raises:
-        ConfigError: every problem at once (see `infinilm.config_checks.field_problems` and
-            `infinilm.config_checks.resolved_problems`).
-    """
-    heads = hf.num_attention_heads
-    kv_heads = getattr(hf, "num_key_value_heads", None)
-    kv_heads = heads if kv_heads is None else kv_heads
-    head_dim = getattr(hf, "head_dim", None)
-    values = {k: getattr(hf, k, None) for k in ("vocab_size", "hidden_size", "intermediate_size",
-                                                "num_hidden_layers", "max_position_embeddings", "rms_norm_eps")}
-    values |= {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-               "rope_theta": rope_theta}
-    problems = [f"{k} is missing" for k, v in values.items() if v is None and k != "head_dim"]
-    others = {k: getattr(hf, k, None) for k in ("hidden_act", "eos_token_id", *BOOLS[mt])}
-    problems += field_problems(mt, values | others) + resolved_problems(mt, values | others)
-    if head_dim is None and not problems and values["hidden_size"] % heads:
-        problems.append(f"hidden_size={values['hidden_size']} must be a multiple of num_attention_heads={heads} "
-                        f"(without head_dim, {mt} takes head_dim = hidden_size / num_attention_heads)")
-    elif head_dim is None and not problems and (values["hidden_size"] // heads) % 2:
-        problems.append(f"head_dim = hidden_size / num_attention_heads = {values['hidden_size'] // heads} must be "
-                        "even (rotate-half RoPE pairs dim i with dim i + head_dim/2)")
-    raise_problems(mt, problems)
-    return heads, kv_heads, head_dim if head_dim is not None else values["hidden_size"] // heads
-
-
-def _check_frequencies(config: ModelConfig, rope: dict[str, Any]) -> None:
-    """Compute the RoPE frequencies now (what the model will build), so that they cannot fail after the gates.
-
-    Raises:
-        ConfigError: transformers cannot compute them from `rope`, or they are not ``head_dim / 2`` finite
-            numbers with a finite positive attention scaling.
-    """
-    from infinilm.layers.rotary import inverse_frequencies
-
-    what = f"{config.model_type}: the {config.rope_type} RoPE parameters {rope}"
-    try:
-        inv, scaling = inverse_frequencies(config)
-    except (ArithmeticError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{what}: the frequencies cannot be computed ({type(err).__name__}: "
-                          f"{hf_error_reason(err)})") from None
-    if tuple(inv.shape) != (config.head_dim // 2,) or not bool(inv.isfinite().all()):
-        raise ConfigError(f"{what} give {list(inv.shape)} frequencies ({inv.isfinite().sum()} finite); need "
-                          f"head_dim/2 = {config.head_dim // 2} finite ones")
-    if not (math.isfinite(scaling) and scaling > 0):
-        raise ConfigError(f"{what} give an attention scaling of {scaling}; need a positive finite number")
-
-
-def _rope_parameters(hf: Any) -> dict[str, Any]:
-    # transformers 5 normalizes RoPE settings into `rope_parameters`; 4.x keeps rope_theta + rope_scaling.
-    params = getattr(hf, "rope_parameters", None)
-    if params:
-        return dict(params)
-    return {"rope_theta": getattr(hf, "rope_theta", 10000.0), **(getattr(hf, "rope_scaling", None) or {})}
-
-
-def _ids(value: int | Sequence[int] | None) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+        Raises:
+            ConfigError: the config has none (not a recurrent, Mamba-2 config).
+        """
+        if self.ssm is None:
+            raise ConfigError(f"{self.model_type}: has no recurrent state (not a Mamba-2 config)")
+        return self.ssm
 
 
 @dataclass(frozen=True)

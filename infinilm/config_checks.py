@@ -1,13 +1,13 @@
 """Reading and checking ``config.json`` before transformers sees it, so a bad file gives one clear error.
 
-`read_config_json` reads the file as a JSON object; `field_problems` checks the fields the model layer
-uses against the limits each family declares here as data (sizes and head counts positive integers, epsilons
-and RoPE theta positive and finite, the query heads a multiple of the KV heads, the ranges the operator
-contracts set, the activations the models implement, an even RoPE head dim), naming each field by its
-``config.json`` key, so that every problem goes into one `ConfigError` (`raise_problems`) before any gate
-runs or any tensor is allocated. `resolved_problems` checks what only the resolved config (transformers'
-defaults filled in) can tell: flags that must be booleans and EOS ids inside the vocabulary;
-`rope_problems` the parameters of each RoPE type (transformers only logs a warning for most of them).
+`read_config_json` reads the file as a JSON object; `field_problems` checks the fields a family reads against
+the `ConfigLimits` the family declares as data (sizes and head counts positive integers, epsilons and RoPE
+theta positive and finite, the query heads a multiple of the KV heads, the ranges the operator contracts set,
+the activations the models implement, an even RoPE head dim), naming each field by its ``config.json`` key,
+so that every problem goes into one `ConfigError` (`raise_problems`) before any gate runs or any tensor is
+allocated. `resolved_problems` checks what only the resolved config (transformers' defaults filled in) can
+tell: flags that must be booleans and EOS ids inside the vocabulary; `rope_problems` the parameters of each
+RoPE type (transformers only logs a warning for most of them).
 """
 
 from __future__ import annotations
@@ -15,55 +15,44 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final
 
-from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
+__all__ = ["ROPE_NUMBERS", "ConfigError", "ConfigLimits", "field_problems", "hf_error_reason", "raise_problems",
+           "read_config_json", "resolved_problems", "rope_problems"]
 
-__all__ = ["BOOLS", "CHOICES", "EVEN", "POSITIVE_FLOATS", "POSITIVE_INTS", "RANGES", "ROPE_NUMBERS", "ConfigError",
-           "field_problems", "hf_error_reason", "raise_problems", "read_config_json", "resolved_problems",
-           "rope_problems"]
 
-_ATTENTION_INTS: Final = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                          "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
-_MAMBA2_INTS: Final = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim", "state_size",
-                       "n_groups", "conv_kernel", "chunk_size", "expand")
-POSITIVE_INTS: Final[dict[str, tuple[str, ...]]] = {
-    "llama": _ATTENTION_INTS, "qwen2": _ATTENTION_INTS, "qwen3": _ATTENTION_INTS, "mamba2": _MAMBA2_INTS,
-}
-POSITIVE_FLOATS: Final[dict[str, tuple[str, ...]]] = {
-    "llama": ("rms_norm_eps", "rope_theta"), "qwen2": ("rms_norm_eps", "rope_theta"),
-    "qwen3": ("rms_norm_eps", "rope_theta"), "mamba2": ("layer_norm_epsilon",),
-}
-# (a, b): a must be a multiple of b
-_MULTIPLES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    "llama": (("num_attention_heads", "num_key_value_heads"),),
-    "qwen2": (("num_attention_heads", "num_key_value_heads"),),
-    "qwen3": (("num_attention_heads", "num_key_value_heads"),),
-    "mamba2": (),  # n_groups | num_heads: `infinilm.models.mamba2.mamba2_config` checks it with the fix
-}
-_ATTENTION_EVEN: Final = ("head_dim",)  # rotate-half RoPE pairs dim i with dim i + head_dim / 2
-# fields that must be even (of those that are positive integers)
-EVEN: Final[dict[str, tuple[str, ...]]] = {
-    "llama": _ATTENTION_EVEN, "qwen2": _ATTENTION_EVEN, "qwen3": _ATTENTION_EVEN, "mamba2": (),
-}
-# field -> (low, high, where the limit comes from), inclusive, for fields that are positive integers
-RANGES: Final[dict[str, dict[str, tuple[int, int, str]]]] = {
-    "llama": {}, "qwen2": {}, "qwen3": {},
-    "mamba2": {"conv_kernel": (MIN_WIDTH, MAX_WIDTH, "the widths of the causal_conv1d contract")},
-}
-# field -> the values the model implements (the MLP and the Mamba-2 gate are SiLU, written in the models)
-_SILU: Final[dict[str, tuple[object, ...]]] = {"hidden_act": ("silu",)}
-CHOICES: Final[dict[str, dict[str, tuple[object, ...]]]] = {
-    "llama": _SILU, "qwen2": _SILU, "qwen3": _SILU, "mamba2": _SILU,
-}
-# flags the models read, which must be booleans (``bool("false")`` is True)
-BOOLS: Final[dict[str, tuple[str, ...]]] = {
-    "llama": ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"),
-    "qwen2": ("tie_word_embeddings", "use_sliding_window"),
-    "qwen3": ("tie_word_embeddings", "attention_bias", "use_sliding_window"),
-    "mamba2": ("tie_word_embeddings", "use_bias", "use_conv_bias", "residual_in_fp32"),
-}
+@dataclass(frozen=True)
+class ConfigLimits:
+    """The limits a family puts on the ``config.json`` fields it reads, each field named by its key.
+
+    Attributes:
+        positive_ints: fields that must be positive integers.
+        positive_floats: fields that must be positive finite numbers.
+        multiples: ``(a, b)`` pairs: field a must be a multiple of field b.
+        even: fields that must be even (of those that are positive integers).
+        ranges: ``(field, low, high, where the limit comes from)``, inclusive, for positive integer fields.
+        choices: ``(field, allowed values)``: the values the model implements (an activation, say).
+        bools: flags the model reads, which must be booleans (``bool("false")`` is True).
+    """
+
+    positive_ints: tuple[str, ...] = ()
+    positive_floats: tuple[str, ...] = ()
+    multiples: tuple[tuple[str, str], ...] = ()
+    even: tuple[str, ...] = ()
+    ranges: tuple[tuple[str, int, int, str], ...] = ()
+    choices: tuple[tuple[str, tuple[object, ...]], ...] = ()
+    bools: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every field these limits read, once each, in declaration order."""
+        pairs = (k for pair in self.multiples for k in pair)
+        fields = (*self.positive_ints, *self.positive_floats, *pairs, *self.even, *(r[0] for r in self.ranges),
+                  *(c[0] for c in self.choices), *self.bools)
+        return tuple(dict.fromkeys(fields))
 
 
 class ConfigError(ValueError):
@@ -98,39 +87,37 @@ def _positive_float(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def field_problems(model_type: str, values: Mapping[str, Any]) -> list[str]:
-    """Every problem among the fields of `values` (``config.json`` keys) that `model_type` reads.
+def field_problems(limits: ConfigLimits, values: Mapping[str, Any]) -> list[str]:
+    """Every problem among the fields of `values` (``config.json`` keys) against a family's `limits`.
 
     A key absent from `values`, or None, is not checked (transformers fills in its default). Returns one
     line per problem naming the key, the value found and what is allowed; empty when all is well.
     """
-    problems = [f"{k}={values[k]!r} must be a positive integer" for k in POSITIVE_INTS.get(model_type, ())
+    problems = [f"{k}={values[k]!r} must be a positive integer" for k in limits.positive_ints
                 if values.get(k) is not None and not _positive_int(values[k])]
-    problems += [f"{k}={values[k]!r} must be a positive finite number" for k in POSITIVE_FLOATS.get(model_type, ())
+    problems += [f"{k}={values[k]!r} must be a positive finite number" for k in limits.positive_floats
                  if values.get(k) is not None and not _positive_float(values[k])]
-    for a, b in _MULTIPLES.get(model_type, ()):
+    for a, b in limits.multiples:
         if _positive_int(values.get(a)) and _positive_int(values.get(b)) and values[a] % values[b]:
             problems.append(f"{a}={values[a]} must be a multiple of {b}={values[b]}")
     problems += [f"{k}={values[k]} must be even (rotate-half RoPE pairs dim i with dim i + {k}/2)"
-                 for k in EVEN.get(model_type, ()) if _positive_int(values.get(k)) and values[k] % 2]
+                 for k in limits.even if _positive_int(values.get(k)) and values[k] % 2]
     problems += [f"{k}={values[k]} is out of range: need {lo} <= {k} <= {hi} ({why})"
-                 for k, (lo, hi, why) in RANGES.get(model_type, {}).items()
-                 if _positive_int(values.get(k)) and not lo <= values[k] <= hi]
+                 for k, lo, hi, why in limits.ranges if _positive_int(values.get(k)) and not lo <= values[k] <= hi]
     problems += [f"{k}={values[k]!r} is not supported; allowed: {', '.join(map(repr, allowed))}"
-                 for k, allowed in CHOICES.get(model_type, {}).items()
-                 if values.get(k) is not None and values[k] not in allowed]
+                 for k, allowed in limits.choices if values.get(k) is not None and values[k] not in allowed]
     return problems
 
 
-def resolved_problems(model_type: str, values: Mapping[str, Any]) -> list[str]:
+def resolved_problems(limits: ConfigLimits, values: Mapping[str, Any]) -> list[str]:
     """Every problem among the resolved flags and token ids of `values` (transformers' defaults filled in).
 
-    The `BOOLS` of `model_type` must be booleans (None: absent, not checked); ``eos_token_id`` must be None,
+    The `ConfigLimits.bools` of `limits` must be booleans (None: absent, not checked); ``eos_token_id`` must be None,
     an integer or a list of integers, each in ``[0, vocab_size)`` (an id outside can never be sampled, so
     generation would never stop on it). Returns one line per problem naming the key, the value and what is
     allowed.
     """
-    problems = [f"{k}={values[k]!r} must be true or false" for k in BOOLS.get(model_type, ())
+    problems = [f"{k}={values[k]!r} must be true or false" for k in limits.bools
                 if values.get(k) is not None and not isinstance(values[k], bool)]
     eos, vocab = values.get("eos_token_id"), values.get("vocab_size")
     ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list | tuple) else None
@@ -142,13 +129,13 @@ def resolved_problems(model_type: str, values: Mapping[str, Any]) -> list[str]:
 
 
 # rope_type -> (required, optional) numeric parameters, as transformers' ROPE_INIT_FUNCTIONS read them
-ROPE_NUMBERS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+ROPE_NUMBERS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = MappingProxyType({
     "default": ((), ()),
     "linear": (("factor",), ()),
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
     "yarn": ((), ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                   "mscale", "mscale_all_dim")),
-}
+})
 
 
 def _number(value: object) -> bool:
@@ -166,10 +153,12 @@ def _rope_limit(key: str, value: object) -> str | None:
     return None if _positive_float(value) else "a positive finite number"
 
 
-def rope_problems(model_type: str, rope_type: str, rope: Mapping[str, Any]) -> list[str]:
+def rope_problems(model_type: str, rope_type: str, rope: Mapping[str, Any], *,
+                  partial_rotary: bool = False) -> list[str]:
     """Every problem among the RoPE parameters `rope` (``rope_scaling``/``rope_parameters``) of `rope_type`.
 
-    The models rotate the whole head (``partial_rotary_factor`` must be 1 or absent); each parameter of
+    A model rotates the whole head unless `partial_rotary` (``partial_rotary_factor`` must then be 1 or
+    absent; with `partial_rotary` a number in ``(0, 1]``); each parameter of
     `ROPE_NUMBERS` is checked when present, the required ones must be present; llama3 needs
     ``high_freq_factor > low_freq_factor`` (its smoothing divides by the difference), yarn
     ``beta_fast >= beta_slow`` (defaults 32 and 1) and a boolean ``truncate``. Returns one line per problem
@@ -177,7 +166,10 @@ def rope_problems(model_type: str, rope_type: str, rope: Mapping[str, Any]) -> l
     """
     problems = []
     partial = rope.get("partial_rotary_factor")
-    if partial is not None and partial != 1:
+    if partial_rotary and partial is not None and not (_positive_float(partial) and partial <= 1):
+        problems.append(f"partial_rotary_factor={partial!r} must be a number in (0, 1] (the rotated share of "
+                        "head_dim)")
+    elif not partial_rotary and partial is not None and partial != 1:
         problems.append(f"partial_rotary_factor={partial!r} is not supported: {model_type} rotates the whole "
                         "head_dim (allowed: 1.0, or leave it out)")
     required, optional = ROPE_NUMBERS.get(rope_type, ((), ()))

@@ -1,19 +1,20 @@
 """The engine: gates, load, then one straight data path per step.
 
-``Engine.from_pretrained`` reads the config, runs the gates (`infinilm.engine.gates.plan`, which raises
-`GateError` before any weight is read), checks the checkpoint's safetensors headers against the model's
-tensors (`infinilm.engine.loader`, before anything is allocated), allocates the model and loads the weights, then
-sizes the paged KV cache (for a recurrent Mamba-2 model: the state pool of `infinilm.engine.state_pool`, one row per
-running request, and its `RecurrentRunner`). Each `step` is: schedule -> prepare inputs -> run model -> sample ->
-postprocess. Requests can be added and cancelled between steps; new prefills join the running decodes in the
-next step.
+``Engine.from_pretrained`` reads the config (`infinilm.models.registry.read_config`), checks the options
+(`infinilm.engine.checks`), runs the gates (`infinilm.engine.gates.plan`, which raises `GateError` before any
+weight is read), checks the checkpoint's safetensors headers against the model's tensors
+(`infinilm.engine.loader`, before anything is allocated), builds the family's model and loads the weights,
+then sizes the cache of the family's kind: a paged KV cache and the attention runner, or, for a recurrent
+model, the state pool of `infinilm.engine.state_pool` (one row per running request) and the recurrent runner
+(`infinilm.engine.runner`). Each `step` is: schedule -> prepare inputs -> run model -> sample -> postprocess.
+Requests can be added and cancelled between steps; new prefills join the running decodes in the next step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import operator
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,17 +22,17 @@ from pathlib import Path
 
 import torch
 
-from infinilm.config import ConfigError, EngineOptions, ModelConfig
-from infinilm.engine.gates import GatePlan, overrides, plan
-from infinilm.engine.kv_cache import KVCache, check_fits
+from infinilm.config import EngineOptions, ModelConfig
+from infinilm.engine.checks import cache_class, check_options, check_prompt, max_positions
+from infinilm.engine.gates import overrides, plan
 from infinilm.engine.loader import load_weights, read_checkpoint
-from infinilm.engine.runner import ModelRunner
+from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
 from infinilm.engine.sampling import sample
 from infinilm.engine.scheduler import Batch, Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
-from infinilm.engine.state_pool import RecurrentRunner, StatePool
-from infinilm.models.llama import LlamaModel
-from infinilm.models.mamba2 import Mamba2Model
+from infinilm.engine.state_pool import StatePool
+from infinilm.models.family import CausalLM, GatePlan
+from infinilm.models.registry import family_of, read_config
 from infiniops_py import unchecked_indices
 
 __all__ = ["Engine", "StepOutput", "check_options", "check_prompt", "max_positions"]
@@ -47,33 +48,33 @@ class StepOutput:
 
 
 class Engine:
-    """A loaded model with its KV cache, scheduler and runner.
+    """A loaded model with its cache, scheduler and runner.
 
     Attributes:
         plan: the gate plan (which implementation serves each operator problem).
-        graph_status: whether decode steps (and, for Mamba-2 with `prefill_graph_lengths`, lone-prompt prefills) run
-            as CUDA graphs, and why not when they do not (naming an implementation that synchronizes with the host).
+        cache: the paged `KVCache`, or a recurrent model's `StatePool`.
+        runner: the `AttentionRunner` or `RecurrentRunner` over `cache`.
+        graph_status: whether decode steps (and, for a recurrent model with `prefill_graph_lengths`, lone-prompt
+            prefills) run as CUDA graphs, and why not when they do not (naming an implementation that
+            synchronizes with the host).
         prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
     """
 
-    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan,
-                 model: LlamaModel | Mamba2Model) -> None:
-        _check_prefill_graphs(config, options)
+    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan, model: CausalLM) -> None:
+        """Allocate the cache of `model` (loaded) and capture CUDA graphs when the options ask for them.
+
+        Raises:
+            ConfigError: `check_options` refuses the options; the cache does not fit the memory available now.
+        """
+        check_options(config, options)
         self.config, self.options, self.plan, self.model = config, options, gate_plan, model
         self.device = torch.device(options.device)
-        dtype = options.resolved_dtype(config)
-        self.cache: KVCache | StatePool
-        self.runner: ModelRunner | RecurrentRunner
-        if isinstance(model, Mamba2Model):  # recurrent: one state row per request, no KV blocks
-            self.cache = StatePool.for_engine(config, options, self.device)
+        self.cache = cache_class(config).for_engine(config, options, self.device)
+        self.runner: Runner
+        if isinstance(self.cache, StatePool):
             self.runner = RecurrentRunner(model, self.cache, self.device)
         else:
-            num_blocks = options.num_blocks or self._auto_blocks(dtype)
-            _check_blocks(config, options, num_blocks)
-            _check_cache_memory(config, options, num_blocks, self.device, now=True)
-            self.cache = KVCache(config.num_layers, num_blocks, options.block_size, config.num_kv_heads,
-                                 config.head_dim, dtype, self.device)
-            self.runner = ModelRunner(model, self.cache, self.device, options.blocks_per_seq(config))
+            self.runner = AttentionRunner(model, self.cache, self.device, options.blocks_per_seq(config))
         self.scheduler = Scheduler(self.cache.allocator, max_num_seqs=options.max_num_seqs,
                                    max_num_batched_tokens=options.max_num_batched_tokens,
                                    max_model_len=options.model_len(config), eos_token_ids=config.eos_token_ids)
@@ -81,11 +82,12 @@ class Engine:
         if self.device.type == "cuda" and options.cuda_graphs:
             with self._scope():
                 self.graph_status = self.runner.capture_graphs(options.max_num_seqs, gate_plan.chosen.values())
-                if isinstance(self.runner, RecurrentRunner) and options.prefill_graph_lengths:
+                if options.prefill_graph_lengths:
                     self.graph_status += "; " + self.runner.capture_prefill_graphs(
                         options.prefill_graph_lengths, gate_plan.chosen.values())
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
+        self._request_ids = itertools.count()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
@@ -97,13 +99,12 @@ class Engine:
                 fit the model (raised from the safetensors headers, before the model is allocated).
         """
         options = options or EngineOptions()
-        config = ModelConfig.from_pretrained(path)
+        config = read_config(path)
         check_options(config, options)
         gate_plan = plan(config, options)
         # the headers (names, shapes, dtypes) against the model's targets built on the meta device: a
         # checkpoint that does not fit is refused before any weight is allocated or read
-        family = Mamba2Model if config.ssm is not None else LlamaModel
-        ignored = functools.partial(family.ignored, tied=config.tie_word_embeddings)
+        ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
         checkpoint = read_checkpoint(path)
         checkpoint.check(cls._build(config, options, gate_plan, torch.device("meta")).targets(), ignored)
         model = cls._build(config, options, gate_plan)
@@ -112,22 +113,12 @@ class Engine:
 
     @staticmethod
     def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan,
-               device: torch.device | None = None) -> LlamaModel | Mamba2Model:
-        """The model with empty weights on `device` (default: the options' device; ``meta`` allocates nothing)."""
-        dtype, device = options.resolved_dtype(config), device or torch.device(options.device)
-        if config.ssm is not None:
-            return Mamba2Model(config, gate_plan, dtype=dtype, device=device)
-        return LlamaModel(config, gate_plan, dtype=dtype, device=device, max_len=options.model_len(config))
-
-    def _auto_blocks(self, dtype: torch.dtype) -> int:
-        c, o = self.config, self.options
-        per_block = KVCache.bytes_per_block(c.num_layers, o.block_size, c.num_kv_heads, c.head_dim, dtype)
-        budget = o.kv_cache_memory
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = int(free - total * (1.0 - o.gpu_memory_utilization))
-        cap = o.max_num_seqs * o.blocks_per_seq(c)  # more than every sequence at full length is never needed
-        return max(1, min(cap, budget // per_block))
+               device: torch.device | None = None) -> CausalLM:
+        """The family's model with empty weights on `device` (default: the options' device; ``meta`` allocates
+        nothing)."""
+        return family_of(config.model_type).model(config, gate_plan, dtype=options.resolved_dtype(config),
+                                                  device=device or torch.device(options.device),
+                                                  max_len=options.model_len(config))
 
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
@@ -145,7 +136,8 @@ class Engine:
             ValueError: an empty prompt, a token id that is not an integer or is outside the vocabulary, or a
                 prompt that can never fit.
         """
-        seq = Sequence(check_prompt(prompt, self.config.vocab_size), params or SamplingParams())
+        seq = Sequence(check_prompt(prompt, self.config.vocab_size), params or SamplingParams(),
+                       next(self._request_ids))
         self.scheduler.add(seq)
         return seq
 
@@ -216,113 +208,3 @@ class Engine:
             for s in seqs:
                 alloc.free(s.block_table)
         return list(logits.split([len(p) for p in prompts]))
-
-
-def check_prompt(prompt: Iterable[int], vocab_size: int, what: str = "prompt") -> list[int]:
-    """`prompt` as a list of Python ints, each a token id in ``[0, vocab_size)``.
-
-    An id is an ``int`` or an integer scalar with ``__index__`` (a NumPy integer, a 0-d integer tensor); a
-    bool or a float (``1.7``) is refused, never truncated.
-
-    Raises:
-        ValueError: `prompt` is empty, or holds ids that are not integers or lie outside the vocabulary (the
-            first five are named, after `what`).
-    """
-    ids: list[int] = []
-    not_ints: list[object] = []
-    for t in prompt:
-        try:
-            if isinstance(t, bool):
-                raise TypeError
-            ids.append(operator.index(t))
-        except TypeError:
-            not_ints.append(t)
-    if not_ints:
-        raise ValueError(f"{what}: token id(s) {not_ints[:5]} are not integers (a token id is an int in "
-                         f"[0, {vocab_size}))")
-    if not ids:
-        raise ValueError(f"{what}: needs at least one token")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"{what}: token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
-    return ids
-
-
-def max_positions(config: ModelConfig) -> int:
-    """The longest sequence the model's positions serve: the bound of an explicit ``max_model_len``.
-
-    As vLLM derives it: ``max_position_embeddings``, times the RoPE ``factor`` of ``linear`` and ``yarn``
-    scaling (yarn: ``original_max_position_embeddings x factor`` when the config gives the original length);
-    ``default`` and ``llama3`` RoPE configs list their full length. A recurrent (Mamba-2) model has no position
-    table: its bound is `infinilm.models.mamba2.NO_POSITION_LIMIT`.
-    """
-    limit = config.max_position_embeddings
-    hf = config.hf_config
-    rope = (getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}) if hf is not None else {}
-    factor = rope.get("factor")
-    if config.rope_type in ("linear", "yarn") and isinstance(factor, int | float) and factor >= 1:
-        original = rope.get("original_max_position_embeddings")
-        if config.rope_type == "yarn" and isinstance(original, int):
-            limit = original
-        limit = int(limit * factor)
-    return limit
-
-
-def check_options(config: ModelConfig, options: EngineOptions) -> None:
-    """The engine options checked against the model config, before the gates run and any weight is read.
-
-    Raises:
-        ConfigError: ``max_model_len`` beyond `max_positions`; a CUDA device index this machine does not have;
-            ``num_blocks`` that cannot hold one sequence of ``max_model_len``; a KV cache (Mamba-2: a state
-            pool) of ``num_blocks`` larger than the device's total memory, with the bytes it would need;
-            ``prefill_graph_lengths`` for a model that is not recurrent.
-    """
-    limit = max_positions(config)
-    if options.max_model_len is not None and options.max_model_len > limit:
-        scaled = f" x its {config.rope_type} RoPE factor" if limit != config.max_position_embeddings else ""
-        raise ConfigError(f"max_model_len={options.max_model_len} exceeds the {limit} positions this "
-                          f"{config.model_type} model serves (max_position_embeddings="
-                          f"{config.max_position_embeddings} in config.json{scaled}); lower max_model_len")
-    device = torch.device(options.device)
-    count = torch.cuda.device_count() if device.type == "cuda" and torch.cuda.is_available() else 0
-    if count and device.index is not None and device.index >= count:
-        raise ConfigError(f"device={options.device!r}: this machine has {count} CUDA device(s), cuda:0 .. "
-                          f"cuda:{count - 1}")
-    if options.num_blocks is not None:
-        if config.ssm is None:
-            _check_blocks(config, options, options.num_blocks)
-        _check_cache_memory(config, options, options.num_blocks, device, now=False)
-    _check_prefill_graphs(config, options)
-
-
-def _check_cache_memory(config: ModelConfig, options: EngineOptions, num_blocks: int, device: torch.device, *,
-                        now: bool) -> None:
-    """Refuse a KV cache (Mamba-2: a state pool) of `num_blocks` blocks (rows) that does not fit `device`'s
-    total memory (`now` False) or its available memory (`now` True), through `infinilm.engine.kv_cache.check_fits`."""
-    dtype = options.resolved_dtype(config)
-    if config.ssm is not None:
-        from infinilm.engine.state_pool import state_bytes
-
-        per_block, what = sum(state_bytes(config, dtype)), "state pool"
-    else:
-        per_block = KVCache.bytes_per_block(config.num_layers, options.block_size, config.num_kv_heads,
-                                            config.head_dim, dtype)
-        what = "KV cache"
-    given = options.num_blocks is not None
-    check_fits(f"{f'num_blocks={num_blocks}' if given else f'{num_blocks} blocks sized from the memory budget'}: "
-               f"the {what} ({num_blocks} x {per_block} bytes)", num_blocks * per_block, device, now=now,
-               fix="lower num_blocks" if given else "lower kv_cache_memory or gpu_memory_utilization")
-
-
-def _check_blocks(config: ModelConfig, options: EngineOptions, num_blocks: int) -> None:
-    per_seq = options.blocks_per_seq(config)
-    if num_blocks < per_seq:
-        raise ConfigError(f"num_blocks={num_blocks} cannot hold one sequence of max_model_len="
-                          f"{options.model_len(config)} ({per_seq} blocks of {options.block_size}); "
-                          f"lower max_model_len or give more blocks")
-
-
-def _check_prefill_graphs(config: ModelConfig, options: EngineOptions) -> None:
-    if options.prefill_graph_lengths and config.ssm is None:
-        raise ConfigError(f"prefill_graph_lengths={options.prefill_graph_lengths}: prefill graphs serve recurrent "
-                          f"(Mamba-2) models only, not {config.model_type}")

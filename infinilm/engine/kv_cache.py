@@ -4,9 +4,6 @@ A sequence owns a list of block ids (its block table); token ``i`` of the sequen
 ``table[i // block_size]`` at offset ``i % block_size``, i.e. slot ``table[i // block_size] * block_size +
 i % block_size``. The allocator never hands out a block twice and rejects a free of a block it does not
 own, before changing anything, so a bug upstream cannot corrupt another sequence's cache.
-
-`check_fits` refuses a cache (or a recurrent state pool) larger than the device's memory before it is
-allocated, with the bytes it would need.
 """
 
 from __future__ import annotations
@@ -14,13 +11,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from pathlib import Path
+from typing import ClassVar
 
 import torch
 
-from infinilm.config_checks import ConfigError
+from infinilm.config import ConfigError, EngineOptions, ModelConfig
+from infinilm.engine.memory import cache_units, check_cache_fits
 
-__all__ = ["BlockAllocator", "CacheError", "KVCache", "check_fits", "device_memory", "slots_for"]
+__all__ = ["BlockAllocator", "CacheError", "KVCache", "slots_for"]
 
 
 class CacheError(RuntimeError):
@@ -100,6 +98,7 @@ class KVCache:
     """Per-layer key and value caches ``[num_blocks, block_size, Hkv, D]`` and their allocator."""
 
     __slots__ = ("allocator", "keys", "values")
+    WHAT: ClassVar[str] = "KV cache"
 
     def __init__(
         self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -115,65 +114,37 @@ class KVCache:
         """Bytes one block takes over all layers, keys and values."""
         return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
+    @staticmethod
+    def unit_bytes(config: ModelConfig, options: EngineOptions) -> int:
+        """Bytes of one block of `config`'s cache under `options` (its dtype and block size)."""
+        return KVCache.bytes_per_block(config.num_layers, options.block_size, config.num_kv_heads, config.head_dim,
+                                       options.resolved_dtype(config))
 
-def _cpu_memory() -> int | None:
-    """Bytes of host memory a process can ever hold on Linux: the cgroup v2 ``memory.max`` when one is set,
-    else ``MemTotal + SwapTotal`` of ``/proc/meminfo``; None where neither is readable."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        limit = "max"
-    if limit.isdigit():
-        return int(limit)
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        return (int(fields["MemTotal"].split()[0]) + int(fields.get("SwapTotal", "0 kB").split()[0])) * 1024
-    except (ValueError, OSError, KeyError, IndexError):
-        return None
+    @classmethod
+    def check_blocks(cls, config: ModelConfig, options: EngineOptions, num_blocks: int) -> None:
+        """Refuse `num_blocks` blocks that cannot hold one sequence of ``max_model_len`` tokens.
 
+        Raises:
+            ConfigError: fewer blocks than one full-length sequence needs.
+        """
+        per_seq = options.blocks_per_seq(config)
+        if num_blocks < per_seq:
+            raise ConfigError(f"num_blocks={num_blocks} cannot hold one sequence of max_model_len="
+                              f"{options.model_len(config)} ({per_seq} blocks of {options.block_size}); "
+                              f"lower max_model_len or give more blocks")
 
-def device_memory(device: torch.device) -> tuple[int, int] | None:
-    """``(available, total)`` bytes of memory on `device`, or None when unknown.
+    @classmethod
+    def for_engine(cls, config: ModelConfig, options: EngineOptions, device: torch.device) -> KVCache:
+        """The cache of ``options.num_blocks`` blocks, else as many as the memory budget holds
+        (`infinilm.engine.memory.memory_budget`), at most every sequence at full length.
 
-    CUDA: ``torch.cuda.mem_get_info`` (free, total), None when CUDA is not available or the device index does
-    not exist. CPU (Linux): the memory a process can ever hold (`_cpu_memory`) for both: ``MemAvailable``
-    under-reports where the kernel reclaims caches on demand and on VMs whose memory grows as it is used, so
-    on CPU only a size that can never fit is refused. None elsewhere.
-    """
-    if device.type == "cuda":
-        index = device.index if device.index is not None else 0
-        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-            return None
-        free, total = torch.cuda.mem_get_info(device)
-        return int(free), int(total)
-    if device.type == "cpu":
-        total = _cpu_memory()
-        return None if total is None else (total, total)
-    return None
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
-def check_fits(what: str, needed: int, device: torch.device, *, now: bool, fix: str) -> None:
-    """Refuse, before allocating it, `what` (e.g. ``"num_blocks=8: the KV cache"``) of `needed` bytes on `device`.
-
-    `now` False compares with the device's total memory (a size that can never fit, checked before any weight
-    is read); True with the memory available at this moment (CUDA: free; CPU: the total, see `device_memory`),
-    just before the allocation. Nothing is checked where `device_memory` does not know the memory.
-
-    Raises:
-        ConfigError: `needed` exceeds that memory; the message gives both sizes in bytes and `fix`.
-    """
-    memory = device_memory(device)
-    if memory is None:
-        return
-    limit = memory[0] if now else memory[1]
-    if needed > limit:
-        kind = "available" if now else "total"
-        raise ConfigError(f"{what} needs {needed} bytes ({_size(needed)}), more than the {limit} bytes "
-                          f"({_size(limit)}) of {kind} memory on {device}; {fix}")
+        Raises:
+            ConfigError: the blocks cannot hold one full-length sequence, or need more memory than `device`
+                has available (checked before allocating).
+        """
+        per_block = cls.unit_bytes(config, options)
+        blocks = cache_units(options, device, per_block, options.max_num_seqs * options.blocks_per_seq(config))
+        cls.check_blocks(config, options, blocks)
+        check_cache_fits(cls.WHAT, blocks, per_block, options, device, now=True)
+        return cls(config.num_layers, blocks, options.block_size, config.num_kv_heads, config.head_dim,
+                   options.resolved_dtype(config), device)

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import enum
-import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["FinishReason", "SamplingParams", "SeqStatus", "Sequence"]
-
-_ids = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -76,6 +73,7 @@ class Sequence:
     """A request: its tokens, its KV-cache blocks and its sampling state.
 
     Attributes:
+        id: the request's number, unique within its engine (`infinilm.engine.Engine.add_request` numbers them).
         tokens: prompt followed by generated tokens.
         num_prompt: how many of `tokens` are the prompt.
         num_cached: how many leading tokens have their K/V in the cache (0 after a preemption).
@@ -85,10 +83,15 @@ class Sequence:
     __slots__ = ("block_table", "finish_reason", "generator", "id", "num_cached", "num_prompt", "params",
                  "status", "tokens")
 
-    def __init__(self, prompt: list[int], params: SamplingParams, request_id: int | None = None) -> None:
+    def __init__(self, prompt: list[int], params: SamplingParams, request_id: int = 0) -> None:
+        """A waiting request of `prompt` (token ids).
+
+        Raises:
+            ValueError: `prompt` is empty.
+        """
         if not prompt:
             raise ValueError("prompt: needs at least one token")
-        self.id = next(_ids) if request_id is None else request_id
+        self.id = request_id
         self.tokens = list(prompt)
         self.num_prompt = len(prompt)
         self.num_cached = 0

@@ -5,17 +5,30 @@ Every step first writes the new keys and values of all tokens into the paged cac
 then the prefill sequences, packed: decode rows attend over their whole cached history through
 `flash_attn_with_kvcache` with the block table; prefill rows attend causally over their own fresh keys
 through `flash_attn_varlen` (no prefix caching, so a prefill's keys are all in hand).
+
+A sliding window (Mistral, Gemma 2) is Hugging Face's: a query sees itself and the ``sliding_window - 1``
+keys before it (``kv_idx > q_idx - sliding_window`` in transformers' masks), which is flash-attention's
+``window_size=(sliding_window - 1, 0)`` under the causal mask. Logit softcapping is flash-attention's
+``softcap``: ``s = softcap * tanh(s / softcap)`` on the scaled scores, before the mask.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from infiniops_py import flash_attn_varlen, flash_attn_with_kvcache, reshape_and_cache_flash
 
-__all__ = ["Attention", "AttnContext"]
+__all__ = ["Attention", "AttnContext", "PagedKV"]
+
+
+class PagedKV(Protocol):
+    """Per-layer paged caches ``[num_blocks, block_size, Hkv, D]`` (`infinilm.engine.kv_cache.KVCache`)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
 
 @dataclass
@@ -40,13 +53,31 @@ class AttnContext:
 
 
 class Attention:
-    """Multi-head attention with GQA (query head h reads kv head ``h // (Hq // Hkv)``), causal, scale D**-0.5."""
+    """Causal multi-head attention with GQA (query head h reads kv head ``h // (Hq // Hkv)``).
 
-    __slots__ = ("head_dim", "num_heads", "num_kv_heads", "scale")
+    Attributes:
+        scale: the softmax scale, ``head_dim**-0.5`` unless given.
+        window: flash-attention's ``window_size``: ``(sliding_window - 1, 0)``, or ``(-1, -1)`` (unbounded).
+        softcap: the logit softcap, 0.0 for none.
+    """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    __slots__ = ("head_dim", "num_heads", "num_kv_heads", "scale", "softcap", "window")
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *, scale: float | None = None,
+                 sliding_window: int | None = None, softcap: float = 0.0) -> None:
+        """`sliding_window`: keys a query sees, itself included (None: all); `softcap`: 0.0 for none.
+
+        Raises:
+            ValueError: a `sliding_window` below 1 or a negative `softcap`.
+        """
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} must be >= 1 (or None: no window)")
+        if not softcap >= 0:
+            raise ValueError(f"softcap={softcap} must be >= 0 (0: none)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        self.softcap = softcap
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -59,13 +90,14 @@ class Attention:
         if nd:
             out = flash_attn_with_kvcache(
                 q[:nd].unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
-                block_table=ctx.block_tables, softmax_scale=self.scale, causal=True,
+                block_table=ctx.block_tables, softmax_scale=self.scale, causal=True, window_size=self.window,
+                softcap=self.softcap,
             )
             parts.append(out.squeeze(1))
         if ctx.cu_seqlens is not None:
             parts.append(flash_attn_varlen(
                 q[nd:], k[nd:], v[nd:], ctx.cu_seqlens, ctx.cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
-                softmax_scale=self.scale, causal=True,
+                softmax_scale=self.scale, causal=True, window_size=self.window, softcap=self.softcap,
             ))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -16,10 +16,14 @@ from infinilm.config import ModelConfig
 __all__ = ["RotaryEmbedding", "inverse_frequencies"]
 
 
-def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
-    """``inv_freq`` ``[D/2]`` (fp32, CPU) and the attention scaling of the config's RoPE type."""
+def inverse_frequencies(config: ModelConfig, rotary_dim: int | None = None) -> tuple[torch.Tensor, float]:
+    """``inv_freq`` ``[R/2]`` (fp32, CPU) and the attention scaling of the config's RoPE type.
+
+    R is `rotary_dim`, the channels RoPE turns (default: the whole ``head_dim``); for the scaled types
+    transformers derives it from the config's own ``partial_rotary_factor``.
+    """
     if config.rope_type == "default":
-        d = config.head_dim
+        d = config.head_dim if rotary_dim is None else rotary_dim
         inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         return inv, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

@@ -1,9 +1,5 @@
-"""Model families: Llama, Qwen2 and Qwen3 share one implementation (`LlamaModel`), differing as data;
-Mamba-2 (`Mamba2Model`) is recurrent, with its state in `infinilm.engine.state_pool`."""
+"""Model families: each module declares its families (`infinilm.models.family.Family`); `registry` lists them.
 
-from __future__ import annotations
-
-from infinilm.models.llama import LlamaModel
-from infinilm.models.mamba2 import Mamba2Model
-
-__all__ = ["LlamaModel", "Mamba2Model"]
+`decoder` holds the attention decoder the Llama-like families share (`decoder_config` its config translation and
+gate problems); `llama` declares Llama, Qwen2 and Qwen3 on it; `mamba2` the recurrent Mamba-2.
+"""

@@ -10,15 +10,16 @@ import pytest
 import torch
 from lm_helpers import CheckpointFactory, hf_config
 
-from infinilm import ConfigError, Engine, EngineOptions, ModelConfig
+from infinilm import ConfigError, Engine, EngineOptions, read_config
 from infinilm.cli import main
 from infinilm.config import parse_dtype
+from infinilm.models.registry import config_from_hf
 
 
 def test_families_differ_as_data() -> None:
-    llama = ModelConfig.from_hf(hf_config("llama", tied=False))
-    qwen2 = ModelConfig.from_hf(hf_config("qwen2", tied=True))
-    qwen3 = ModelConfig.from_hf(hf_config("qwen3", tied=False))
+    llama = config_from_hf(hf_config("llama", tied=False))
+    qwen2 = config_from_hf(hf_config("qwen2", tied=True))
+    qwen3 = config_from_hf(hf_config("qwen3", tied=False))
     assert (llama.qkv_bias, llama.o_bias, llama.mlp_bias, llama.qk_norm) == (True, True, True, False)
     assert (qwen2.qkv_bias, qwen2.o_bias, qwen2.mlp_bias, qwen2.qk_norm) == (True, False, False, False)
     assert (qwen3.qkv_bias, qwen3.o_bias, qwen3.mlp_bias, qwen3.qk_norm) == (False, False, False, True)
@@ -31,7 +32,7 @@ def test_llama3_rope_scaling_matches_transformers(checkpoint: CheckpointFactory)
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32}
     path, hf = checkpoint("llama", rope_scaling=scaling)
-    assert ModelConfig.from_pretrained(path).rope_type == "llama3"
+    assert read_config(path).rope_type == "llama3"
     engine = Engine.from_pretrained(path, EngineOptions(block_size=8, num_blocks=16, max_model_len=128))
     prompt = list(range(3, 100))
     with torch.no_grad():
@@ -47,16 +48,16 @@ def _write(tmp_path: Path, config: dict[str, object]) -> Path:
 
 def test_unsupported_configs_are_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no config\.json"):
-        ModelConfig.from_pretrained(tmp_path)
+        read_config(tmp_path)
     with pytest.raises(ConfigError, match="model_type='gpt2' is not supported; supported: llama, qwen2, qwen3"):
-        ModelConfig.from_pretrained(_write(tmp_path / "gpt2", {"model_type": "gpt2"}))
+        read_config(_write(tmp_path / "gpt2", {"model_type": "gpt2"}))
     qwen2 = hf_config("qwen2", tied=False).to_dict()
     with pytest.raises(ConfigError, match="use_sliding_window"):
-        ModelConfig.from_pretrained(_write(tmp_path / "sw", {**qwen2, "use_sliding_window": True}))
+        read_config(_write(tmp_path / "sw", {**qwen2, "use_sliding_window": True}))
     dynamic = {**hf_config("llama", tied=False).to_dict(), "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
     dynamic.pop("rope_parameters", None)
     with pytest.raises(ConfigError, match="rope_type='dynamic'"):
-        ModelConfig.from_pretrained(_write(tmp_path / "dyn", dynamic))
+        read_config(_write(tmp_path / "dyn", dynamic))
 
 
 def test_options_are_checked() -> None:
@@ -126,7 +127,7 @@ def test_a_config_outside_the_model_limits_is_refused_before_any_weight(
         family, changes, problem = LIMITS_OF_RESOLVED_VALUES[case]
         resolved = SimpleNamespace(**{**hf_config(family, tied=False).to_dict(), **changes})
         with pytest.raises(ConfigError) as info:
-            ModelConfig.from_hf(resolved)
+            config_from_hf(resolved)
         assert problem in str(info.value)
         return
     family, changes, problem = LIMITS_IN_CONFIG_JSON[case]

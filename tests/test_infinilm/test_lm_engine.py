@@ -12,9 +12,9 @@ import pytest
 import torch
 from lm_helpers import CheckpointFactory
 
-from infinilm import ConfigError, Engine, EngineOptions, FinishReason, ModelConfig, SamplingParams
+from infinilm import ConfigError, Engine, EngineOptions, FinishReason, SamplingParams, read_config
 from infinilm.engine import check_options, max_positions
-from infinilm.engine import kv_cache as cache_module
+from infinilm.engine import memory as cache_module
 from infinilm.engine.sequence import SeqStatus
 
 
@@ -144,7 +144,7 @@ def test_engine_options_take_dtype_names_and_refuse_unknown_devices(checkpoint: 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ConfigError, match=r"device='cuda:2': this machine has 2 CUDA device\(s\), cuda:0 .. cuda:1"):
-        check_options(ModelConfig.from_pretrained(path), EngineOptions(device="cuda:2"))
+        check_options(read_config(path), EngineOptions(device="cuda:2"))
 
 
 def test_max_model_len_beyond_the_positions_the_model_serves_is_refused(checkpoint: CheckpointFactory,
@@ -161,7 +161,7 @@ def test_max_model_len_beyond_the_positions_the_model_serves_is_refused(checkpoi
     config = json.loads((scaled / "config.json").read_text())
     config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
     (scaled / "config.json").write_text(json.dumps(config))
-    yarn = ModelConfig.from_pretrained(scaled)
+    yarn = read_config(scaled)
     assert max_positions(yarn) == 512
     check_options(yarn, EngineOptions(max_model_len=512))
     with pytest.raises(ConfigError, match=r"exceeds the 512 positions .* x its yarn RoPE factor"):

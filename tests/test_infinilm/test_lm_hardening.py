@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from lm_helpers import hf_config
 
-from infinilm import ConfigError, EngineOptions, ModelConfig, SamplingParams
+from infinilm import ConfigError, EngineOptions, SamplingParams, read_config
 from infinilm.cli import main
+from infinilm.models.registry import config_from_hf
 
 SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
 
@@ -81,7 +82,7 @@ def test_a_model_path_that_is_a_file_or_missing_says_so(tmp_path: Path, capsys: 
 
 def test_a_missing_model_type_is_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no model_type \(fix: set it to one of llama, qwen2, qwen3, mamba2\)"):
-        ModelConfig.from_pretrained(_dir(tmp_path, "untyped", {"hidden_size": 64}))
+        read_config(_dir(tmp_path, "untyped", {"hidden_size": 64}))
 
 
 def test_a_field_of_the_wrong_type_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,10 +92,10 @@ def test_a_field_of_the_wrong_type_is_named(tmp_path: Path, capsys: pytest.Captu
         assert "hidden_size='big' must be a positive integer" in err
     for bad in (True, 64.5):
         with pytest.raises(ConfigError, match=r"intermediate_size=.* must be a positive integer"):
-            ModelConfig.from_pretrained(_dir(tmp_path, f"t{bad}", _valid(intermediate_size=bad)))
+            read_config(_dir(tmp_path, f"t{bad}", _valid(intermediate_size=bad)))
     # a field these checks leave to transformers: its strict validation, on one line, naming file and field
     with pytest.raises(ConfigError, match=r"config\.json: transformers rejects it: .*'tie_word_embeddings'") as info:
-        ModelConfig.from_pretrained(_dir(tmp_path, "tie", _valid(tie_word_embeddings="yes")))
+        read_config(_dir(tmp_path, "tie", _valid(tie_word_embeddings="yes")))
     assert "\n" not in str(info.value)
 
 
@@ -111,7 +112,7 @@ def test_nonpositive_sizes_fail_check_and_generate_with_every_problem(
     config = _valid("llama", vocab_size=0, num_hidden_layers=0, intermediate_size=-3, rms_norm_eps=0.0,
                     max_position_embeddings=-1, num_key_value_heads=-2)
     with pytest.raises(ConfigError, match=r"the llama model config has 6 problem\(s\)") as info:
-        ModelConfig.from_pretrained(_dir(tmp_path, "many", config))
+        read_config(_dir(tmp_path, "many", config))
     for field in ("vocab_size=0", "num_hidden_layers=0", "intermediate_size=-3", "rms_norm_eps=0.0",
                   "max_position_embeddings=-1", "num_key_value_heads=-2"):
         assert field in str(info.value)
@@ -119,14 +120,14 @@ def test_nonpositive_sizes_fail_check_and_generate_with_every_problem(
 
 def test_heads_that_do_not_divide_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="num_attention_heads=4 must be a multiple of num_key_value_heads=3"):
-        ModelConfig.from_pretrained(_dir(tmp_path, "gqa", _valid(num_key_value_heads=3)))
+        read_config(_dir(tmp_path, "gqa", _valid(num_key_value_heads=3)))
     # Qwen2 has no head_dim: it is hidden_size / num_attention_heads, which must then be whole
     qwen2 = _valid("qwen2", hidden_size=66)
     qwen2.pop("head_dim", None)
     with pytest.raises(ConfigError, match="hidden_size=66 must be a multiple of num_attention_heads=4"):
-        ModelConfig.from_pretrained(_dir(tmp_path, "qwen2", qwen2))
+        read_config(_dir(tmp_path, "qwen2", qwen2))
     # Qwen3 gives head_dim itself: hidden_size need not be num_attention_heads * head_dim
-    assert ModelConfig.from_pretrained(_dir(tmp_path, "qwen3", _valid(hidden_size=66))).head_dim == 32
+    assert read_config(_dir(tmp_path, "qwen3", _valid(hidden_size=66))).head_dim == 32
 
 
 def _resolved(**changes: Any) -> SimpleNamespace:
@@ -136,20 +137,20 @@ def _resolved(**changes: Any) -> SimpleNamespace:
 
 def test_resolved_values_are_checked_too() -> None:
     """Defaults transformers fills in, or a config object built in code, go through the same checks."""
-    assert ModelConfig.from_hf(_resolved()).head_dim == 16
+    assert config_from_hf(_resolved()).head_dim == 16
     with pytest.raises(ConfigError, match=r"3 problem\(s\)") as info:
-        ModelConfig.from_hf(_resolved(num_attention_heads=0, rope_theta=float("nan"), num_hidden_layers=None))
+        config_from_hf(_resolved(num_attention_heads=0, rope_theta=float("nan"), num_hidden_layers=None))
     text = str(info.value)
     assert "num_attention_heads=0" in text and "rope_theta=nan must be a positive finite number" in text
     assert "num_hidden_layers is missing" in text
     with pytest.raises(ConfigError, match="num_attention_heads=4 must be a multiple of num_key_value_heads=8"):
-        ModelConfig.from_hf(_resolved(num_key_value_heads=8))
+        config_from_hf(_resolved(num_key_value_heads=8))
 
 
 def test_mamba2_sizes_are_checked(tmp_path: Path) -> None:
     config = {"model_type": "mamba2", "num_heads": 0, "head_dim": -8, "state_size": 0, "vocab_size": 64}
     with pytest.raises(ConfigError, match=r"the mamba2 model config has 3 problem\(s\)") as info:
-        ModelConfig.from_pretrained(_dir(tmp_path, "mamba2", config))
+        read_config(_dir(tmp_path, "mamba2", config))
     assert "num_heads=0" in str(info.value) and "head_dim=-8" in str(info.value)
 
 

@@ -18,7 +18,7 @@ import torch
 from fakes import cpu_capability, registered
 from lm_helpers import MAMBA2_BASE
 
-from infinilm import ConfigError, Engine, EngineOptions, ModelConfig, SamplingParams
+from infinilm import ConfigError, Engine, EngineOptions, SamplingParams, read_config
 from infinilm.cli import main
 from infinilm.engine.gates import plan
 from infiniops_py import GateError, OneOf
@@ -181,7 +181,7 @@ def test_time_step_limit_clamps_prefill_and_decode_alike(mamba2: Factory) -> Non
 
 def test_gates_resolve_the_recurrent_closure(mamba2: Factory) -> None:
     path, _ = mamba2(n_groups=2)
-    config = ModelConfig.from_pretrained(path)
+    config = read_config(path)
     assert config.ssm is not None and config.ssm.group_size == 32 and config.ssm.conv_dim == 128
     chosen = plan(config, EngineOptions()).chosen
     ops = {p.op for p in chosen}
@@ -221,9 +221,9 @@ def test_an_n_groups_the_norm_provider_cannot_serve_fails_the_gates(mamba2: Fact
 def test_unsupported_configs_are_refused(mamba2: Factory, tmp_path: Path) -> None:
     path, _ = mamba2()
     with pytest.raises(ConfigError, match="n_groups=3 must divide num_heads=4"):
-        ModelConfig.from_pretrained(_copy(path, tmp_path / "groups", n_groups=3))
+        read_config(_copy(path, tmp_path / "groups", n_groups=3))
     with pytest.raises(ConfigError, match="hidden_act='gelu'"):
-        ModelConfig.from_pretrained(_copy(path, tmp_path / "act", hidden_act="gelu"))
+        read_config(_copy(path, tmp_path / "act", hidden_act="gelu"))
 
 
 def test_check_reports_the_state_size_per_request_and_reads_no_weights(

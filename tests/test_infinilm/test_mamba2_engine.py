@@ -13,9 +13,10 @@ import torch
 from lm_helpers import replay_on_cpu
 from test_mamba2 import hf_mamba2, prompts
 
-from infinilm import Engine, EngineOptions, FinishReason, SamplingParams
-from infinilm.config import ModelConfig
-from infinilm.engine.state_pool import StatePool, _DecodeGraphs, prefill_layout, state_bytes
+from infinilm import Engine, EngineOptions, FinishReason, SamplingParams, read_config
+from infinilm.engine.graphs.decode import DecodeGraphs
+from infinilm.engine.state_pool import StatePool, state_bytes
+from infinilm.layers.ssm import prefill_layout
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_packed_prefill_layout() -> None:
 
 
 def test_pool_rows_and_state_size(path: Path) -> None:
-    config = ModelConfig.from_pretrained(path)
+    config = read_config(path)
     pool = StatePool(config, 3, 64, dtype=torch.bfloat16, device="cpu")
     assert pool.conv.shape == (2, 3, 96, 3) and pool.conv.dtype == torch.bfloat16  # [layers, rows, conv_dim, W-1]
     assert pool.ssm.shape == (2, 3, 4, 16, 16) and pool.ssm.dtype == torch.float32  # [layers, rows, H, P, N]
@@ -111,7 +112,7 @@ def test_eos_and_stop_tokens_release_rows(path: Path) -> None:
 def test_padded_graph_replays_give_the_eager_tokens_and_touch_no_other_row(path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     eager, graphed = _engine(path, 4), _engine(path, 4)
-    replay_on_cpu(monkeypatch, _DecodeGraphs)
+    replay_on_cpu(monkeypatch, DecodeGraphs)
     assert graphed.runner.capture_graphs(8) == "cuda graphs: on (decode batch sizes 1..4, 3 graphs)"
     batch = prompts((4, 9, 1), seed=13)
     params = SamplingParams(max_new_tokens=10, ignore_eos=True)

@@ -1,27 +1,28 @@
-"""CUDA graphs for decode steps: one captured forward + LM head per padded batch size.
+"""CUDA graphs for decode steps: one captured forward + LM head per padded batch size, for either runner kind.
 
-Decode steps have static shapes once the batch is padded, so each size in `capture_sizes` is captured
-once over static input buffers and replayed with the step's values copied in. Padding rows write nothing
-(slot -1) and attend over one key of block 0; their logits are dropped. Index checks of the operator
-contracts are off during capture by design (they would synchronize), so the inputs are built only by the
-runner from the allocator's own block tables. A capture that fails (an implementation that synchronizes
-with the host, or allocates or launches in a way graphs forbid) leaves the engine in eager mode, with a
-status that names the synchronizing implementation when there is one (`infinilm.engine.graphs.host_sync`).
+Decode steps have static shapes once the batch is padded, so each size in `capture_sizes` is captured once
+over static input buffers and replayed with the step's values copied in. The buffers are the `DecodeStep`'s:
+a few int64 values per sequence (the paged runner: token, position, cache slot, context length; the recurrent
+runner: token, state row), plus int32 block tables when the step has them. A padding row holds the step's
+`DecodeStep.padding` values, which write nothing (slot -1, row -1) and, for attention, read one key of block
+0; its logits are dropped. Index checks of the operator contracts are off during capture by design (they
+would synchronize), so the inputs are built only by the runner from the allocator's own block tables and
+rows. A capture that fails (an implementation that synchronizes with the host, or allocates or launches in
+a way graphs forbid) leaves the engine eager, with a status that names the synchronizing implementation when
+there is one (`infinilm.engine.graphs.host_sync`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
 from infinilm.engine.graphs.capture import CapturedSteps
-from infinilm.engine.kv_cache import KVCache
-from infinilm.layers.attention import AttnContext
-from infinilm.models.llama import LlamaModel
 from infiniops_py import Implementation
 
-__all__ = ["DecodeGraphs", "capture_sizes"]
+__all__ = ["DecodeGraphs", "DecodeStep", "capture_sizes"]
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -30,55 +31,72 @@ def capture_sizes(max_batch: int) -> list[int]:
     return [*sizes, max_batch]
 
 
-class DecodeGraphs(CapturedSteps):
-    """Captured decode graphs keyed by padded batch size, over shared static buffers.
+class DecodeStep(Protocol):
+    """A runner's decode step over static buffers, as `DecodeGraphs` captures it."""
 
-    `implementations` (the gate plan's choices) name the culprit when a step synchronizes with the host.
+    padding: tuple[int, ...]  # the int64 values of a padding row, one per value row
+    table_width: int  # columns of the int32 block tables (0: the step has none)
+
+    def graph_step(self, rows: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[bs, V]`` of a decode step: `rows` int64 ``[len(padding), bs]``, `tables` int32
+        ``[bs, table_width]`` or None."""
+        ...
+
+
+class DecodeGraphs(CapturedSteps):
+    """Captured decode graphs of `step` keyed by padded batch size, over shared static buffers.
+
+    Attributes:
+        rows: int64 ``[len(step.padding), max_batch]``, the per-sequence values.
+        tables: int32 ``[max_batch, step.table_width]`` block tables, or None.
     """
 
-    def __init__(self, model: LlamaModel, cache: KVCache, device: torch.device, max_blocks: int,
-                 implementations: Iterable[Implementation] = ()) -> None:
+    def __init__(self, step: DecodeStep, device: torch.device, implementations: Iterable[Implementation] = ()) -> None:
+        """`implementations` (the gate plan's choices) name the culprit when a step synchronizes with the host."""
         super().__init__(device, implementations)
-        self.model, self.cache, self.max_blocks = model, cache, max_blocks
+        self.step = step
         self.rows = torch.empty(0)
-        self.tables = torch.empty(0)
+        self.tables: torch.Tensor | None = None
+        self._padding = torch.empty(0)
 
     def serves(self, n: int) -> bool:
+        """Whether a decode step of `n` sequences fits a captured size."""
         return bool(self.sizes) and n <= self.sizes[-1]
 
+    def _pad(self, start: int, stop: int) -> None:
+        self.rows[:, start:stop] = self._padding
+        if self.tables is not None:
+            self.tables[start:stop] = 0
+
     def _prepare(self, bs: int) -> None:
-        """Padding rows: slot -1 (nothing written), one key of block 0."""
-        self.rows[:, :bs] = torch.tensor([0, 0, -1, 1], device=self.device)[:, None]
-        self.tables[:bs] = 0
+        self._pad(0, bs)  # padding rows: the warm-up and capture write nothing
 
     def _forward(self, bs: int) -> torch.Tensor:
-        ids, positions, slots, lens = self.rows[0, :bs], self.rows[1, :bs], self.rows[2, :bs], self.rows[3, :bs]
-        ctx = AttnContext(slot_mapping=slots, num_decode=bs, context_lens=self.lens32[:bs],
-                          block_tables=self.tables[:bs])
-        self.lens32[:bs].copy_(lens)
-        return self.model.logits(self.model.forward(ids, positions, ctx, self.cache))
+        return self.step.graph_step(self.rows[:, :bs], None if self.tables is None else self.tables[:bs])
 
     @torch.inference_mode()
     def capture(self, max_batch: int) -> str:
         """Capture every size up to `max_batch`; returns a one-line status for the CLI and benchmarks."""
         sizes = capture_sizes(max_batch)
-        self.rows = torch.zeros(4, max_batch, dtype=torch.int64, device=self.device)
-        self.lens32 = torch.ones(max_batch, dtype=torch.int32, device=self.device)
-        self.tables = torch.zeros(max_batch, self.max_blocks, dtype=torch.int32, device=self.device)
+        self.rows = torch.zeros(len(self.step.padding), max_batch, dtype=torch.int64, device=self.device)
+        self._padding = torch.tensor(self.step.padding, dtype=torch.int64, device=self.device)[:, None]
+        width = self.step.table_width
+        self.tables = torch.zeros(max_batch, width, dtype=torch.int32, device=self.device) if width else None
         failed = self._capture_all(sizes)
         if failed is not None:
             return failed
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
 
-    def replay(self, inputs: tuple[list[int], list[int], list[int], list[int], list[list[int]]]) -> torch.Tensor:
-        """Logits ``[n, V]`` of a decode step of n sequences (see `ModelRunner.decode_inputs`)."""
-        ids, positions, slots, lens, tables = inputs
-        n = len(ids)
+    def replay(self, rows: list[list[int]], tables: list[list[int]] | None = None) -> torch.Tensor:
+        """Logits ``[n, V]`` of a decode step of n sequences: `rows` holds one list of n values per value row,
+        `tables` their block tables (each ``table_width`` long) when the step has them."""
+        n = len(rows[0])
         bs = next(s for s in self.sizes if s >= n)
         if bs > n:
-            self._prepare(bs)
-        self.rows[:, :n].copy_(torch.tensor([ids, positions, slots, lens], dtype=torch.int64), non_blocking=True)
-        self.tables[:n].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+            self._pad(n, bs)
+        self.rows[:, :n].copy_(torch.tensor(rows, dtype=torch.int64), non_blocking=True)
+        if self.tables is not None and tables is not None:
+            self.tables[:n].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
         graph, out = self.graphs[bs]
         graph.replay()
         return out[:n]

@@ -1,4 +1,4 @@
-"""CUDA graphs for the prefill of one Mamba-2 prompt, at fixed bucket lengths (issue 5: prefill speed).
+"""CUDA graphs for the prefill of one prompt of a recurrent (Mamba-2) model, at fixed bucket lengths.
 
 A Mamba-2 prefill launches some twenty kernels per layer, most of them short at a few thousand tokens, so
 the host's Python and launch cost can exceed the device time. A recurrent prefill has static shapes once the
@@ -16,28 +16,27 @@ starts) and which a prefill overwrites before anyone reads it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 import torch
 
 from infinilm.engine.graphs.capture import CapturedSteps
 from infiniops_py import Implementation
 
-if TYPE_CHECKING:
-    from infinilm.engine.state_pool import StatePool
-    from infinilm.models.mamba2 import Mamba2Model
+__all__ = ["PrefillGraphs", "PrefillStep"]
 
-__all__ = ["PrefillGraphs"]
+# (input_ids int64 [L], seq_idx int32 [1, L], the state row int64 [1]) -> the last token's logits [1, V]
+PrefillStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PrefillGraphs(CapturedSteps):
     """Captured single-prompt prefills keyed by bucket length; each returns the last token's logits ``[1, V]``."""
 
-    def __init__(self, model: Mamba2Model, pool: StatePool, device: torch.device,
-                 implementations: Iterable[Implementation] = ()) -> None:
+    def __init__(self, step: PrefillStep, device: torch.device, implementations: Iterable[Implementation] = ()) -> None:
+        """`step` runs one padded prompt (the recurrent runner's); `implementations` (the gate plan's choices)
+        name the culprit when a step synchronizes with the host."""
         super().__init__(device, implementations)
-        self.model, self.pool = model, pool
+        self.step = step
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -46,6 +45,7 @@ class PrefillGraphs(CapturedSteps):
         return self.sizes
 
     def serves(self, n: int) -> bool:
+        """Whether a prompt of `n` tokens fits a captured bucket."""
         return bool(self.sizes) and 0 < n <= self.sizes[-1]
 
     def _prepare(self, length: int) -> None:
@@ -54,11 +54,7 @@ class PrefillGraphs(CapturedSteps):
                                 torch.zeros(1, dtype=torch.int64, device=self.device))
 
     def _forward(self, length: int) -> torch.Tensor:
-        from infinilm.engine.state_pool import SsmContext
-
-        ids, seq_idx, row = self.buffers[length]
-        ctx = SsmContext(num_decode=0, prefill_rows=row, seq_idx=seq_idx)
-        return self.model.logits(self.model.forward(ids, ctx, self.pool)[-1:])
+        return self.step(*self.buffers[length])
 
     @torch.inference_mode()
     def capture(self, lengths: Iterable[int]) -> str:

@@ -1,0 +1,157 @@
+"""The decoder-only attention model of the Llama-like families (HF ``LlamaForCausalLM`` and its kin).
+
+A `DecoderModel` is an embedding, `DecoderLayer`s (pre-norm attention, then pre-norm SwiGLU MLP, the
+residual stream kept apart) and a final norm before the LM head. The families differ in data from
+`ModelConfig` (Qwen2's q/k/v bias, Qwen3's per-head q/k norms, Llama's optional attention and MLP biases, a
+head tied to the embedding), and a family module may subclass both classes: `DecoderModel.attention` gives a
+layer's attention (its window, softcap and scale), `DecoderModel.layer_class` the layer. Every Gemm, Add,
+RmsNorm, FusedQkNorm, cache write and attention runs through `infiniops_py`; RoPE, the embedding lookup and
+SiLU-and-multiply are plain PyTorch. Weights are allocated empty and filled by the loader through
+`targets()`, which maps each checkpoint tensor name to the view it loads into.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from infinilm.config import ModelConfig
+from infinilm.layers.activation import silu_and_mul
+from infinilm.layers.attention import Attention, AttnContext, PagedKV
+from infinilm.layers.embedding import Embedding, LMHead
+from infinilm.layers.linear import Linear
+from infinilm.layers.norm import QKNorm, RMSNorm
+from infinilm.layers.rotary import RotaryEmbedding
+from infinilm.models.family import GatePlan
+
+__all__ = ["DecoderLayer", "DecoderModel"]
+
+
+class DecoderLayer:
+    """Pre-norm attention block then pre-norm SwiGLU MLP over ``[T, hidden]``, with the residual kept apart.
+
+    `attention` and `mlp` are the two sub-blocks (without their norms), for subclasses that arrange the
+    norms otherwise.
+    """
+
+    __slots__ = ("attn", "down_proj", "gate_up_proj", "input_layernorm", "kv", "o_proj", "post_attention_layernorm",
+                 "qk_norm", "qkv_proj")
+
+    def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        new = {"dtype": dtype, "device": device}
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **new)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **new)
+        self.qkv_proj = Linear(c.hidden_size, {"q_proj": c.q_size, "k_proj": c.kv_size, "v_proj": c.kv_size},
+                               bias=c.qkv_bias, fuse_bias=plan.fused_bias, **new)
+        self.o_proj = Linear(c.q_size, c.hidden_size, bias=c.o_bias, fuse_bias=plan.fused_bias, **new)
+        self.qk_norm = (QKNorm(c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, fused=plan.fused_qk_norm,
+                               **new) if c.qk_norm else None)
+        self.gate_up_proj = Linear(c.hidden_size, {"gate_proj": c.intermediate_size, "up_proj": c.intermediate_size},
+                                   bias=c.mlp_bias, fuse_bias=plan.fused_bias, **new)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, fuse_bias=plan.fused_bias, **new)
+        self.attn = attn
+        self.kv = (c.num_heads, c.num_kv_heads, c.head_dim)
+
+    def norms(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Checkpoint name -> weight of each norm of the layer."""
+        return {f"{prefix}.input_layernorm.weight": self.input_layernorm.weight,
+                f"{prefix}.post_attention_layernorm.weight": self.post_attention_layernorm.weight}
+
+    def targets(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Checkpoint name -> the view each of the layer's tensors loads into."""
+        out = self.norms(prefix)
+        out.update(self.qkv_proj.targets(f"{prefix}.self_attn"))
+        out.update(self.o_proj.targets(f"{prefix}.self_attn.o_proj"))
+        if self.qk_norm is not None:
+            out[f"{prefix}.self_attn.q_norm.weight"] = self.qk_norm.q_weight
+            out[f"{prefix}.self_attn.k_norm.weight"] = self.qk_norm.k_weight
+        out.update(self.gate_up_proj.targets(f"{prefix}.mlp"))
+        out.update(self.down_proj.targets(f"{prefix}.mlp.down_proj"))
+        return out
+
+    def attention(self, positions: torch.Tensor, hidden: torch.Tensor, rope: RotaryEmbedding,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """The attention sub-block over normed `hidden` ``[T, hidden]``: qkv, q/k norms, RoPE, attention, o_proj."""
+        qkv = self.qkv_proj(hidden)
+        hq, hkv, d = self.kv
+        if self.qk_norm is not None:
+            q, k, v = self.qk_norm(qkv)
+        else:
+            q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+            q, k, v = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
+        q, k = rope(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, k_cache, v_cache, ctx))
+
+    def mlp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The MLP sub-block over normed `hidden`: ``down(silu(gate) * up)``."""
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+
+    def __call__(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_norm(hidden, residual)
+        hidden = self.attention(positions, hidden, rope, k_cache, v_cache, ctx)
+        hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel:
+    """A causal LM: ``forward`` gives hidden states ``[T, H]``, ``logits`` the LM head's ``[B, V]``."""
+
+    layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
+
+    def __init__(self, config: ModelConfig, plan: GatePlan, *, dtype: torch.dtype, device: torch.device,
+                 max_len: int) -> None:
+        self.config = config
+        self.embed = Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.layers = [self.layer_class(config, plan, self.attention(config, i), dtype, device)
+                       for i in range(config.num_layers)]
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
+        self.lm_head = LMHead(head)
+        self.rope = self.rotary(config, max_len, dtype, device)
+
+    def attention(self, config: ModelConfig, index: int) -> Attention:
+        """The attention of layer `index`: causal over every key, scale ``head_dim**-0.5``."""
+        return Attention(config.num_heads, config.num_kv_heads, config.head_dim)
+
+    def rotary(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> RotaryEmbedding:
+        """The RoPE tables of positions ``0 .. max_len - 1`` (rotate-half over the whole head)."""
+        return RotaryEmbedding(config, max_len, dtype=dtype, device=device)
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        """Every checkpoint tensor name the model loads -> the view it loads into."""
+        out = {"model.embed_tokens.weight": self.embed.weight, "model.norm.weight": self.norm.weight}
+        for i, layer in enumerate(self.layers):
+            out.update(layer.targets(f"model.layers.{i}"))
+        if not self.config.tie_word_embeddings:
+            out["lm_head.weight"] = self.lm_head.weight
+        return out
+
+    @staticmethod
+    def ignored(name: str, tied: bool) -> bool:
+        """Checkpoint tensors that may be present and are not loaded: RoPE buffers, a tied head's copy."""
+        return name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids int64 ``[T]`` -> embeddings ``[T, H]``."""
+        return self.embed(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnContext,
+                cache: PagedKV) -> torch.Tensor:
+        """input_ids, positions int64 ``[T]`` -> final hidden states ``[T, H]``."""
+        hidden, residual = self.embed_tokens(input_ids), None
+        for i, layer in enumerate(self.layers):
+            hidden, residual = layer(positions, hidden, residual, self.rope, cache.keys[i], cache.values[i], ctx)
+        return self.norm.add_norm(hidden, residual)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden ``[B, H]`` -> logits ``[B, V]`` in the model dtype."""
+        return self.lm_head(hidden)

@@ -1,0 +1,121 @@
+"""What a model family declares, and what the gates hand back to the model it builds.
+
+A `Family` is data: its ``model_type``, the `ConfigLimits` of its ``config.json`` fields, the translation of
+a transformers config into a `ModelConfig`, the operator problems its models call (its gate), its model
+class, and whether it keeps recurrent state (a state pool and the recurrent runner) instead of a paged KV
+cache. `infinilm.models.registry` lists the families; the engine, the gates and the CLI ask it and hold no
+per-family code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Protocol
+
+import torch
+
+from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config_checks import ConfigLimits
+from infiniops_py import Implementation, Problem
+
+__all__ = ["GEMM_FIELDS", "CausalLM", "Family", "GatePlan", "GateRequest", "ModelClass", "linear_problems"]
+
+GateRequest = tuple[str, dict[str, Any]]  # (operator, problem fields), as `infiniops_py.make_problem` takes them
+# the problem fields every linear layer's Gemm shares: x [T, K] @ weight [N, K].T
+GEMM_FIELDS: Final[Mapping[str, bool]] = MappingProxyType(
+    {"batched": False, "trans_a": False, "trans_b": True, "has_c": False})
+
+
+@dataclass(frozen=True)
+class GatePlan:
+    """What the gates decided: the two path choices and the implementation of every problem.
+
+    Attributes:
+        fused_qk_norm: Qwen3 q/k norms through `fused_qk_norm` (else per-head `rms_norm`).
+        fused_bias: linear biases fused into `gemm` (else `gemm` + `add`).
+        chosen: each problem the model needs -> the implementation that serves it.
+    """
+
+    fused_qk_norm: bool = False
+    fused_bias: bool = True
+    chosen: dict[Problem, Implementation] = field(default_factory=dict)
+
+    def providers_by_op(self) -> dict[str, str]:
+        """Operator -> the provider(s) serving its problems (``torch``, or ``torch+triton`` when split)."""
+        names: dict[str, list[str]] = {}
+        for problem, impl in self.chosen.items():
+            seen = names.setdefault(problem.op, [])
+            if impl.provider not in seen:
+                seen.append(impl.provider)
+        return {op: "+".join(p) for op, p in names.items()}
+
+    def render(self) -> str:
+        """The closure as a table: operator, problem fields, implementation."""
+        lines = [f"{'operator':<26} {'implementation':<34} problem"]
+        for problem, impl in self.chosen.items():
+            fields = ", ".join(f"{k}={v}" for k, v in problem.fields.items())
+            lines.append(f"{problem.op:<26} {impl.name:<34} {problem.dtype}, {problem.device_type}: {fields}")
+        lines.append(f"qk norm: {'fused_qk_norm' if self.fused_qk_norm else 'per-head rms_norm'}; "
+                     f"linear bias: {'fused into gemm' if self.fused_bias else 'gemm + add'}")
+        return "\n".join(lines)
+
+
+def linear_problems(base: Mapping[str, Any], plan: GatePlan, *, bias: bool) -> list[GateRequest]:
+    """The Gemm problems of linear layers (`infinilm.layers.linear.Linear`), with or without a bias.
+
+    `base` holds ``device_type`` and ``dtype``. A bias is fused into the Gemm when `plan` says so, else it
+    is an in-place broadcast `add` after it.
+    """
+    out: list[GateRequest] = [("gemm", {**base, **GEMM_FIELDS, "has_bias": False})]
+    if bias:
+        out.append(("gemm", {**base, **GEMM_FIELDS, "has_bias": True}) if plan.fused_bias
+                   else ("add", {**base, "broadcast": True, "inplace": True}))
+    return out
+
+
+class CausalLM(Protocol):
+    """What the engine calls on a model of any family (the runners add the forward of their kind)."""
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        """Every checkpoint tensor name the model loads -> the view it loads into."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden ``[B, hidden]`` -> logits ``[B, V]``."""
+        ...
+
+
+class ModelClass(Protocol):
+    """A family's model class: built with empty weights, and told which checkpoint tensors it skips."""
+
+    def __call__(self, config: ModelConfig, plan: GatePlan, *, dtype: torch.dtype, device: torch.device,
+                 max_len: int) -> CausalLM: ...
+
+    def ignored(self, name: str, tied: bool) -> bool:
+        """Whether checkpoint tensor `name` may be present and is not loaded (`tied`: the head is the embedding)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: everything the engine, the gates and the CLI need to know about it.
+
+    Attributes:
+        model_type: the ``model_type`` of ``config.json`` it serves.
+        limits: the limits of the ``config.json`` fields it reads, checked before transformers reads the file.
+        translate: transformers config -> `ModelConfig` (checking the resolved values; raises `ConfigError`).
+        gate_problems: ``(config, options, base, plan)`` -> every ``(operator, problem fields)`` its model
+            calls; `base` holds ``device_type`` and the ``dtype`` name, `plan` the gates' path choices.
+        model: the model class.
+        recurrent: the model keeps per-request recurrent state (a state pool, the recurrent runner) instead
+            of a paged KV cache.
+    """
+
+    model_type: str
+    limits: ConfigLimits
+    translate: Callable[[Any], ModelConfig]
+    gate_problems: Callable[[ModelConfig, EngineOptions, Mapping[str, Any], GatePlan], list[GateRequest]]
+    model: ModelClass
+    recurrent: bool = False

@@ -1,0 +1,92 @@
+"""The model families infinilm runs, and reading a checkpoint's config through the family it names.
+
+`FAMILIES` lists every family (one line each); `family_of` finds the one of a ``model_type``. `read_config`
+reads ``<checkpoint>/config.json``: the raw JSON is checked against the family's `ConfigLimits` first, then
+transformers' `AutoConfig` reads it, then the family translates it into a `ModelConfig`, checking the
+resolved values (defaults filled in) again. Reading a config never touches the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from infinilm.config import ConfigError, ModelConfig
+from infinilm.config_checks import field_problems, hf_error_reason, raise_problems, read_config_json
+from infinilm.models.family import Family
+from infinilm.models.llama import LLAMA, QWEN2, QWEN3
+from infinilm.models.mamba2 import MAMBA2
+
+__all__ = ["FAMILIES", "config_from_hf", "family_of", "model_types", "read_config"]
+
+FAMILIES: Final[tuple[Family, ...]] = (
+    LLAMA,
+    QWEN2,
+    QWEN3,
+    MAMBA2,
+)
+
+
+def model_types() -> tuple[str, ...]:
+    """The ``model_type`` of every family, in `FAMILIES` order."""
+    return tuple(f.model_type for f in FAMILIES)
+
+
+def family_of(model_type: object) -> Family:
+    """The family serving `model_type`.
+
+    Raises:
+        ConfigError: no family serves it (or it is None), naming the supported types.
+    """
+    for family in FAMILIES:
+        if family.model_type == model_type:
+            return family
+    supported = ", ".join(model_types())
+    if model_type is None:
+        raise ConfigError(f"no model_type (fix: set it to one of {supported})")
+    raise ConfigError(f"model_type={model_type!r} is not supported; supported: {supported}")
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of checkpoint directory `path`, from ``<path>/config.json`` alone; every error names
+    the file.
+
+    Raises:
+        ConfigError: `path` is not a directory or holds no config.json; a file that is not a JSON object; a
+            missing or unsupported ``model_type``; fields outside the family's limits (all listed in one
+            error); a value transformers rejects; whatever the family's translation refuses.
+    """
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    path = Path(path)
+    file = path / "config.json"
+    if not path.is_dir():
+        what = "is a file" if path.exists() else "does not exist"
+        raise ConfigError(f"{path} {what} (expected a Hugging Face checkpoint directory holding config.json)")
+    if not file.is_file():
+        raise ConfigError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
+    raw = read_config_json(file)
+    try:
+        family = family_of(raw.get("model_type"))
+    except ConfigError as err:
+        raise ConfigError(f"{file}: {err}") from None
+    raise_problems(family.model_type, field_problems(family.limits, raw), file)
+    try:
+        hf = AutoConfig.from_pretrained(str(path))
+    except (StrictDataclassError, ValueError, TypeError, KeyError, ArithmeticError) as err:
+        raise ConfigError(f"{file}: transformers rejects it: {hf_error_reason(err)}") from None
+    try:
+        return family.translate(hf)
+    except ConfigError as err:
+        raise ConfigError(f"{file}: {err}") from None
+
+
+def config_from_hf(hf: Any) -> ModelConfig:
+    """The `ModelConfig` of a transformers config object (or any object with its attributes), through the
+    family of its ``model_type``.
+
+    Raises:
+        ConfigError: an unsupported ``model_type``; whatever the family's translation refuses.
+    """
+    return family_of(getattr(hf, "model_type", "?")).translate(hf)
