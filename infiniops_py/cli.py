@@ -1,10 +1,17 @@
 """The ``infiniops`` command: providers, the capability matrix, explanations and conformance checks.
 
     infiniops providers
-    infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR]
+    infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR] [--wide]
+                     [--all-providers]
     infiniops explain OP --device D --dtype T [--head-dim N] [--block-size N] [--width N] [--field k=v ...]
     infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--dtype T] [--seed S]
                    [--reference-device {cpu,cuda}] [--json FILE] [--progress]
+
+``matrix`` prints a compact table that fits the terminal (``COLUMNS``, else the terminal's width, else 80
+columns): per operator, the dtypes each provider serves on each device, and the limits; ``--wide`` prints
+every (device, dtype) cell with its reason, as wide as it needs. Rows that serve nothing on the devices
+shown are left out (and counted) unless ``--all-providers``. A machine format goes to stdout, or with
+``--write DIR`` only its file goes to DIR; ``--write DIR`` alone writes the three files.
 
 Exit status: 0 on success, 1 when `explain` finds no provider or `check` finds a failure, 2 on bad usage
 (including an ``INFINIOPS_*`` switch set to a value it does not accept, such as ``INFINIOPS_STRICT=maybe``).
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +40,17 @@ __all__ = ["main"]
 _SHORTCUTS = (("head_dim", "--head-dim"), ("block_size", "--block-size"), ("width", "--width"))
 
 
-def _console() -> Console:
-    # a pipe or a test gets wide tables instead of wrapped 80-column ones
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+def _columns() -> int | None:
+    """``COLUMNS`` when it is a whole number >= 1, else None."""
+    text = os.environ.get("COLUMNS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _console(*, pipe_width: int = 200) -> Console:
+    """A console of ``COLUMNS`` columns when set, else the terminal's width, else (a pipe, a log)
+    `pipe_width`: lines such as load errors then stay whole."""
+    width = _columns() or (None if sys.stdout.isatty() else pipe_width)
+    return Console(width=width, highlight=False)
 
 
 def _positive(text: str) -> int:
@@ -58,8 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     matrix.add_argument("--device", action="append", help="a device type (repeatable; default: cpu and cuda)")
     matrix.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
     matrix.add_argument("--format", choices=("table", "json", "markdown", "html"), default=None,
-                        help="what to print (default: table, or nothing with --write)")
-    matrix.add_argument("--write", metavar="DIR", help="write DIR/matrix.json, DIR/MATRIX.md and DIR/index.html")
+                        help="what to print: table (the default), or a machine format (to stdout, or with "
+                             "--write only its file)")
+    matrix.add_argument("--write", metavar="DIR",
+                        help="write the --format's file into DIR (matrix.json, MATRIX.md or index.html), or all "
+                             "three without --format")
+    matrix.add_argument("--wide", action="store_true",
+                        help="the full table: a column per (device, dtype), with the reason of each gated cell")
+    matrix.add_argument("--all-providers", action="store_true",
+                        help="also the rows of providers that serve nothing on the devices shown (and, in the "
+                             "machine formats, the providers that do not implement an operator)")
 
     explain = sub.add_parser("explain", help="rank the providers for one problem and say why")
     explain.add_argument("op")
@@ -126,49 +150,99 @@ def _providers(args: argparse.Namespace) -> int:
 def _matrix(args: argparse.Namespace) -> int:
     from infiniops_py import matrix
 
+    fmt = args.format or ("table" if not args.write else None)
+    if args.write and fmt == "table":
+        print("infiniops matrix: --format table prints to the terminal; --write takes json, markdown or html "
+              "(or no --format, for all three)", file=sys.stderr)
+        return 2
     try:
         with contextlib.redirect_stdout(sys.stderr):  # plugin constraints run here: stdout is for the matrix
-            m = matrix.build(ops=args.op, devices=args.device or matrix.DEVICES)
+            m = matrix.build(ops=args.op, devices=args.device or matrix.DEVICES,
+                             unimplemented=args.all_providers)
     except KeyError as err:
         print(f"infiniops matrix: {err.args[0]}", file=sys.stderr)
         return 2
     if args.write:
         try:
-            written = matrix.write(m, args.write)
+            written = matrix.write(m, args.write, [fmt] if fmt else tuple(matrix.FILES))
         except OSError as err:
             print(f"infiniops matrix: cannot write {args.write}: {err.strerror or err}", file=sys.stderr)
             return 2
         for path in written:
-            print(f"wrote {path}")
-    fmt = args.format or (None if args.write else "table")
-    if fmt == "json":
-        sys.stdout.write(matrix.to_json(m))
-    elif fmt == "markdown":
-        sys.stdout.write(matrix.to_markdown(m))
-    elif fmt == "html":
-        sys.stdout.write(matrix.to_html(m))
-    elif fmt == "table":
-        _matrix_tables(m)
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    if fmt == "table":
+        _matrix_tables(m, wide=args.wide, every_row=args.all_providers)
+    else:
+        sys.stdout.write({"json": matrix.to_json, "markdown": matrix.to_markdown, "html": matrix.to_html}[fmt](m))
     return 0
 
 
-def _matrix_tables(m: Any) -> None:
-    console = _console()
-    failed = [p for p in m.providers if p.error]
-    for op, doc in m.operators:
-        table = Table(title=escape(f"{op}: {doc}" if doc else op), title_justify="left")
-        table.add_column("provider")
-        for dev in m.devices:
-            for dt in m.dtypes:
-                table.add_column(f"{dev}\n{dt}")
-        table.add_column("limits")
-        for r in m.rows_of(op):
-            cells = ["[green]served[/green]" if c.served else f"[red]gated[/red]: {escape('; '.join(c.reasons))}"
-                     for c in r.cells]
-            table.add_row(escape(r.provider), *cells, escape("\n".join(r.limits) or "-"))
-        console.print(table)
-    for p in failed:
-        console.print(f"[red]provider {escape(p.name)} failed to load[/red]: {escape(p.error)}")
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
+
+
+def _compact_limits(row: Any) -> list[str]:
+    """A row's limits without the provider's name: the constraints alone for one implementation, else each
+    implementation's name less the ``provider.`` prefix, then its constraints; '-' for none."""
+    parts = [text.partition(": ") for text in row.limits]
+    if len(parts) == 1:
+        return [parts[0][2].replace("no other limits", "-")]
+    return [f"{name.removeprefix(row.provider + '.')}: {text}" for name, _, text in parts]
+
+
+def _matrix_tables(m: Any, *, wide: bool, every_row: bool) -> None:
+    """The matrix on the terminal: compact (one table, a row per operator and provider, the dtypes served per
+    device; fits the console) or `wide` (a table per operator, a column per cell with the gate reasons, no
+    width limit). Rows serving nothing on the devices shown are left out unless `every_row`."""
+    from rich import box
+
+    console = Console(width=100_000, highlight=False) if wide else _console(pipe_width=80)
+    shown = [r for r in m.rows if every_row or any(c.served for c in r.cells)]
+    hidden = list(dict.fromkeys(r.provider for r in m.rows if r not in shown))
+    if wide:
+        for op, doc in m.operators:
+            table = Table(title=escape(f"{op}: {doc}" if doc else op), title_justify="left")
+            table.add_column("provider")
+            for dev in m.devices:
+                for dt in m.dtypes:
+                    table.add_column(f"{dev}\n{dt}")
+            table.add_column("compute\ncapability")
+            table.add_column("limits")
+            for r in (r for r in shown if r.op == op):
+                cells = ["[green]served[/green]" if c.served else f"[red]gated[/red]: {escape('; '.join(c.reasons))}"
+                         for c in r.cells]
+                table.add_row(escape(r.provider), *cells, r.compute_capability_text(),
+                              escape("\n".join(r.limits) or "-"))
+            console.print(table)
+    else:  # a table per operator, its name as the title; the same column widths in every table
+        served = {(r, dev): " ".join(_SHORT.get(c.dtype, c.dtype) for c in r.cells if c.device == dev and c.served)
+                  or "-" for r in shown for dev in m.devices}
+        widths = [max([len("provider"), *(len(r.provider) for r in shown)]),
+                  *(max([len(dev), *(len(served[r, dev]) for r in shown)]) for dev in m.devices)]
+        names = ", ".join(f"{short} = {dt}" for dt, short in _SHORT.items() if dt in m.dtypes)
+        console.print(f"Each device column lists the dtypes served ({names}; - none). --wide: every cell and why "
+                      "it is gated; infiniops explain OP --device D --dtype T: one problem.")
+        first = True
+        for op, _ in m.operators:
+            rows = [r for r in shown if r.op == op]
+            if not rows:
+                continue
+            table = Table(title=f"[bold]{escape(op)}[/bold]", title_justify="left", box=box.SIMPLE_HEAD,
+                          pad_edge=False, show_edge=False, show_header=first, expand=True)
+            for name, width in zip(("provider", *m.devices), widths):
+                table.add_column(name, width=width, no_wrap=True)
+            table.add_column("limits", ratio=1, overflow="fold")  # a long name folds, never ends in an ellipsis
+            for r in rows:
+                limits = [*_compact_limits(r), *(f"compute capability >= {cc}" for cc in r.compute_capability)]
+                table.add_row(escape(r.provider), *(served[r, dev] for dev in m.devices), escape("\n".join(limits)))
+            console.print(table)
+            first = False
+    if hidden:
+        console.print(f"Not shown: rows of {', '.join(hidden)} that serve nothing on {', '.join(m.devices)} "
+                      "(--all-providers shows them).")
+    for p in m.providers:
+        if p.error:
+            console.print(f"[red]provider {escape(p.name)} failed to load[/red]: {escape(p.error)}", soft_wrap=wide)
 
 
 # --- explain --------------------------------------------------------------------------------------------

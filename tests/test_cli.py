@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,7 +38,13 @@ def test_matrix_json_has_every_operator_and_served_cells(capsys: pytest.CaptureF
     assert [op["name"] for op in data["operators"]] == list(OPERATORS)
     add = next(op for op in data["operators"] if op["name"] == "add")
     reference = next(p for p in add["providers"] if p["provider"] == "reference")
-    assert len(reference["cells"]) == 6 and all(c["served"] for c in reference["cells"])
+    assert "float64" in data["dtypes"]  # the reference serves it
+    assert len(reference["cells"]) == len(data["devices"]) * len(data["dtypes"])
+    assert all(c["served"] for c in reference["cells"])
+    scan = next(op for op in data["operators"] if op["name"] == "selective_scan")
+    triton = next((p for p in scan["providers"] if p["provider"] == "triton"), None)
+    if triton is not None:  # its own column, not only words among the limits
+        assert triton["compute_capability"] == ["8.0"]
 
 
 def test_matrix_cells_give_the_reason_they_are_gated(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,16 +53,58 @@ def test_matrix_cells_give_the_reason_they_are_gated(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     row = [line for line in out.splitlines() if line.startswith("| cpu32 |")][-1]  # after the providers table
     assert row == ("| cpu32 | gated: dtype=float16 not in {float32} | gated: dtype=bfloat16 not in {float32} | served "
-                   "| cpu32.add.0: no other limits |")
-    assert "| provider | cpu float16 | cpu bfloat16 | cpu float32 | limits |" in out
+                   "| gated: dtype=float64 not in {float32} | - | cpu32.add.0: no other limits |")
+    assert "| provider | cpu float16 | cpu bfloat16 | cpu float32 | cpu float64 | compute capability | limits |" in out
 
 
 def test_matrix_table_and_html(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["matrix", "--op", "add"]) == 0
+    assert main(["matrix", "--op", "add", "--wide"]) == 0
     assert "served" in capsys.readouterr().out
     assert main(["matrix", "--op", "add", "--format", "html"]) == 0
     page = capsys.readouterr().out
-    assert page.startswith("<!DOCTYPE html>") and '<h2 id="add">add</h2>' in page and "<script" not in page
+    assert page.startswith("<!DOCTYPE html>") and '<tr id="add.reference"' in page
+    assert '<td id="add.reference.cpu.float64" class="served"' in page  # a cell anchor per (device, dtype)
+    assert "http://" not in page and "https://" not in page and "<link" not in page  # self-contained
+    assert "--write capability_matrix" not in page  # it claims no directory it may not have been written to
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_matrix_table_stays_within_the_terminal_width(width: int, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    assert main(["matrix"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert not any("\u2026" in line for line in lines)  # nothing cut with an ellipsis
+    titles = {line.strip() for line in lines}
+    for op in OPERATORS:
+        assert op in titles, f"no table titled {op}"
+    assert len(lines) < 3 * width  # compact: 288 lines at 120 columns before
+
+
+def test_matrix_hides_providers_that_do_not_implement_an_operator(capsys: pytest.CaptureFixture[str]) -> None:
+    def rows_of_mine(args: list[str]) -> int:
+        assert main(["matrix", "--device", "cpu", *args]) == 0
+        return sum(line.startswith("mine ") for line in capsys.readouterr().out.splitlines())
+
+    with registered(("mine", [("add", cpu_capability(), 1, torch.add)])):
+        assert rows_of_mine([]) == 1  # add only: no "no implementation" row for the other operators
+        assert rows_of_mine(["--all-providers"]) == len(OPERATORS)
+
+
+def test_matrix_machine_formats_write_only_what_was_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--op", "add", "--format", "json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["operators"][0]["name"] == "add" and not list(tmp_path.iterdir())
+    assert main(["matrix", "--op", "add", "--format", "html", "--write", str(tmp_path / "one")]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and [p.name for p in (tmp_path / "one").iterdir()] == ["index.html"]
+    assert out.err == f"wrote {tmp_path / 'one' / 'index.html'}\n"
+    assert main(["matrix", "--op", "add", "--write", str(tmp_path / "all")]) == 0
+    assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["MATRIX.md", "index.html", "matrix.json"]
+    assert capsys.readouterr().out == ""
+    assert main(["matrix", "--format", "table", "--write", str(tmp_path / "no")]) == 2
+    assert "--write takes json, markdown or html" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 def test_matrix_rejects_an_unknown_operator(capsys: pytest.CaptureFixture[str]) -> None:
