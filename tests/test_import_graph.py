@@ -1,0 +1,110 @@
+"""The import graph of `infinilm` and `infiniops_py` has no cycle.
+
+Every module of both packages is parsed (never imported) and every import statement it holds counts as an
+edge: module-level ones, deferred ones inside functions, and those under ``if TYPE_CHECKING:``, since a
+cycle that only a deferred or type-checking import closes is still a cycle of the design. ``from a import b``
+is an edge to ``a.b`` when that is a module, else to ``a``; relative imports are resolved against the
+importing module. An import of ``a.b.c`` is an edge to ``a.b.c`` alone: that Python also runs the
+``__init__`` of ``a`` and ``a.b`` first is not counted, or every package whose ``__init__`` re-exports its
+submodules would be a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("infinilm", "infiniops_py")
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> its file, for every module of `PACKAGES` (a package is its ``__init__.py``)."""
+    out = {}
+    for package in PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            parts = file.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    return out
+
+
+def _imports(name: str, file: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of `modules` that module `name` (in `file`) imports anywhere in its source."""
+    package = name.split(".") if file.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], node.module or ""] if node.level
+                            else [node.module or ""]).strip(".")
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                out.add(target if target in modules else base)
+    return {m for m in out if m in modules and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of `graph` with more than one module (each holds a cycle), sorted;
+    Tarjan's algorithm, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None and nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt is not None:
+                if nxt in stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def test_the_graph_sees_deferred_and_type_checking_imports(tmp_path: Path) -> None:
+    """The parser counts what the cycle test relies on: deferred, TYPE_CHECKING and relative imports."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import X\n")
+    (pkg / "b.py").write_text("def f():\n    from . import c\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    modules = {"pkg": pkg / "__init__.py", **{f"pkg.{m}": pkg / f"{m}.py" for m in "abc"}}
+    graph = {name: _imports(name, file, modules) for name, file in modules.items()}
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}}
+    assert _cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert _cycles({**graph, "pkg.c": set()}) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle(package: str) -> None:
+    """No module of `package` is on an import cycle (the graph holds the modules of both packages)."""
+    modules = _modules()
+    graph = {name: _imports(name, file, modules) for name, file in modules.items()}
+    assert sum(m.startswith(f"{package}.") for m in graph) > 10
+    cycles = [c for c in _cycles(graph) if any(m == package or m.startswith(f"{package}.") for m in c)]
+    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in cycles)
