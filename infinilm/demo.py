@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
 
 import torch
 
@@ -27,12 +30,12 @@ TEXT = ("InfiniOps-Py runs this model through a capability resolver: every gemm,
         "paged cache write and flash attention call picks the best provider that serves it, or says why none can.")
 PROMPT = "InfiniOps"
 _TEACH_STEPS = 150
-DEMO_CONFIG = {
+DEMO_CONFIG: Final[Mapping[str, Any]] = MappingProxyType({
     "vocab_size": 257, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 1024,
     "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True, "eos_token_id": 256,
     "bos_token_id": None,
-}
+})
 
 
 def cache_dir() -> Path:

@@ -7,13 +7,15 @@ package: 400 `BadRequestError`, 404 `NotFoundError`, 429 `RateLimitError`, 5xx `
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 __all__ = ["APIError", "bad_request"]
 
-_TYPES: Final[dict[int, str]] = {400: "invalid_request_error", 404: "invalid_request_error",
-                                 405: "invalid_request_error", 413: "invalid_request_error",
-                                 429: "rate_limit_error", 503: "server_unavailable"}
+_TYPES: Final[Mapping[int, str]] = MappingProxyType({400: "invalid_request_error", 404: "invalid_request_error",
+                                                    405: "invalid_request_error", 413: "invalid_request_error",
+                                                    429: "rate_limit_error", 503: "server_unavailable"})
 
 
 class APIError(Exception):

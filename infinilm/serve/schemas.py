@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final
 
 from infinilm.engine.sequence import SamplingParams
@@ -34,11 +35,11 @@ _SEED_RANGE: Final = (-(2**63), 2**64 - 1)  # torch.Generator.manual_seed's
 _MAX_STOP: Final = 4
 _ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 # fields of the API the engine does not implement: accepted at these values only
-_NEUTRAL: Final[dict[str, tuple[object, ...]]] = {
+_NEUTRAL: Final[Mapping[str, tuple[object, ...]]] = MappingProxyType({
     "n": (1,), "best_of": (1, None), "echo": (False,), "logprobs": (None, False), "top_logprobs": (None, 0),
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": (None, {}), "suffix": (None,),
     "parallel_tool_calls": (None,), "tools": (None, []), "tool_choice": (None, "none"),
-}
+})
 _COMMON: Final = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
                             "stop_token_ids", "ignore_eos", "stream", "stream_options", "return_token_ids",
                             "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user"})

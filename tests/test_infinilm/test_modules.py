@@ -1,0 +1,43 @@
+"""The modules of infinilm hold no state: every name a module binds at its top level is a constant.
+
+A module-level list, dict, set, counter or mutable object is state shared by every engine of the process
+(request ids numbered across engines, a table one caller could change under another); constants are
+numbers, strings, tuples, frozensets, read-only mappings, dtypes, frozen dataclasses, and the module's
+functions, classes and imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import pkgutil
+import types
+import typing
+
+import torch
+
+import infinilm
+
+_CONSTANT_TYPES = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range,
+                   types.MappingProxyType, types.GenericAlias, torch.dtype, enum.Enum)
+
+
+def _is_constant(value: object) -> bool:
+    if isinstance(value, _CONSTANT_TYPES):
+        return True
+    if isinstance(value, types.ModuleType | type | types.FunctionType | types.BuiltinFunctionType):
+        return True
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    # typing constructs (aliases such as ``tuple[str, dict[str, Any]]``, TypeVars) and ``from __future__`` flags
+    return type(value).__module__ in ("typing", "types", "__future__") or isinstance(value, typing.TypeVar)
+
+
+def test_no_module_binds_mutable_state() -> None:
+    names = [m.name for m in pkgutil.walk_packages(infinilm.__path__, "infinilm.")]
+    assert "infinilm.engine.sequence" in names and "infinilm.models.registry" in names
+    state = [f"{name}.{key}: {type(value).__name__}" for name in names
+             for key, value in vars(importlib.import_module(name)).items()
+             if not key.startswith("__") and not _is_constant(value)]
+    assert not state, "module-level state:\n" + "\n".join(state)
