@@ -3,7 +3,7 @@ to transformers'. Skipped on machines without a CUDA device.
 
 The graph tests use head dim 32 (hidden 128, 4 heads), which the Triton attention kernels serve in fp32.
 The tiny default (head dim 16) falls to the torch provider's SDPA attention, whose decode path reads the
-longest cache length on the host: a CUDA graph cannot capture it (issue 4), and the last test checks that
+longest cache length on the host: a CUDA graph cannot capture it, and the last test checks that
 the engine then says so, naming the implementation, and decodes the same tokens eagerly.
 """
 

@@ -82,7 +82,7 @@ def test_a_failed_capture_leaves_the_engine_eager(checkpoint: CheckpointFactory,
 
 def test_a_capture_failed_by_a_host_sync_names_the_implementation(checkpoint: CheckpointFactory,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The H200 failure of issue 4, on CPU: an attention implementation that synchronizes; the capture fails
+    """A capture failure seen on the H200, on CPU: an attention implementation that synchronizes; the capture fails
     with a message that names nothing, and the probe names the operator, the implementation and the line."""
     path, _ = checkpoint("llama")
     trap = [False]  # the stand-in of CUDA's sync debug mode: set while the probe runs

@@ -1,8 +1,8 @@
 """Bad checkpoint directories and options: one clear error (exit 2) naming the file or field, never a traceback.
 
-The cases are the reproducers of an adversarial review: config.json that is not JSON, a field of the wrong
-type, sizes and head counts that are zero or negative (``check`` used to report them served and
-``generate`` crashed allocating a negative dimension), and nan/inf sampling parameters.
+The cases: config.json that is not JSON, a field of the wrong type, sizes and head counts that are zero or
+negative (which must fail ``check`` too, not only ``generate`` when it allocates a negative dimension), and
+nan/inf sampling parameters.
 """
 
 from __future__ import annotations
