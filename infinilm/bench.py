@@ -39,14 +39,17 @@ class BenchResult:
 
     @property
     def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens of the whole batch per second of the prefill step."""
         return self.batch * self.input_len / self.prefill_seconds
 
     @property
     def decode_tokens_per_s(self) -> float:
+        """Generated tokens of the whole batch per second of decode steps (0.0 without any)."""
         steps = self.decode_step_seconds
         return self.batch * len(steps) / sum(steps) if steps else 0.0
 
     def table(self) -> str:
+        """The result as an aligned two-column text table (latencies in ms, throughputs in tok/s)."""
         steps = sorted(self.decode_step_seconds) or [0.0]
         p = lambda q: steps[min(len(steps) - 1, int(q * len(steps)))] * 1e3  # noqa: E731
         rows = [
@@ -145,6 +148,7 @@ class LogitsCheck:
 
     @property
     def ok(self) -> bool:
+        """Whether the check passes: the error within its bound and the argmax agreement within its margin."""
         return (self.err_ours <= ERR_FACTOR * self.err_theirs + ERR_ATOL
                 and self.agree_ours >= self.agree_theirs - AGREE_MARGIN)
 

@@ -125,10 +125,12 @@ class ModelConfig:
 
     @property
     def q_size(self) -> int:
+        """Width of the query projection, ``num_heads * head_dim``."""
         return self.num_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
+        """Width of the key (and the value) projection, ``num_kv_heads * head_dim``."""
         return self.num_kv_heads * self.head_dim
 
     def ssm_dims(self) -> Mamba2Dims:
@@ -216,13 +218,17 @@ class EngineOptions:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
 
     def checks_indices(self, device: torch.device) -> bool:
+        """Whether operator index checks run on `device`: `check_indices`, else on CPU only."""
         return self.check_indices if self.check_indices is not None else device.type == "cpu"
 
     def resolved_dtype(self, config: ModelConfig) -> torch.dtype:
+        """The compute dtype: `dtype`, else the checkpoint's (``config.dtype``)."""
         return self.dtype if self.dtype is not None else config.dtype
 
     def model_len(self, config: ModelConfig) -> int:
+        """The longest sequence: `max_model_len`, else the config's positions capped at 8192."""
         return self.max_model_len if self.max_model_len is not None else min(config.max_position_embeddings, 8192)
 
     def blocks_per_seq(self, config: ModelConfig) -> int:
+        """KV-cache blocks one sequence of `model_len` tokens needs."""
         return math.ceil(self.model_len(config) / self.block_size)

@@ -43,6 +43,8 @@ class StreamDecoder:
         self.emitted = 0
 
     def push(self, ids: list[int]) -> str:
+        """The text `ids` (the whole output so far) adds to what was returned before; empty while a character
+        is incomplete."""
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""

@@ -146,6 +146,7 @@ class Engine:
         return self.scheduler.cancel(seq)
 
     def has_work(self) -> bool:
+        """Whether a request is waiting or running."""
         return self.scheduler.has_work()
 
     # -- the data path -------------------------------------------------------------------------------

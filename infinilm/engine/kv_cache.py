@@ -45,6 +45,7 @@ class BlockAllocator:
 
     @property
     def num_free(self) -> int:
+        """Blocks not held by any table."""
         return len(self._free)
 
     def blocks_needed(self, num_tokens: int, num_held: int = 0) -> int:
@@ -52,6 +53,7 @@ class BlockAllocator:
         return max(0, math.ceil(num_tokens / self.block_size) - num_held)
 
     def can_allocate(self, n: int) -> bool:
+        """Whether `n` blocks are free."""
         return n <= len(self._free)
 
     def allocate(self, n: int) -> list[int]:

@@ -28,6 +28,7 @@ class Batch:
 
     @property
     def seqs(self) -> list[Sequence]:
+        """The decode sequences, then the prefill ones: the order of the step's logits rows."""
         return self.decodes + self.prefills
 
     def __bool__(self) -> bool:
@@ -63,6 +64,7 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
+        """Whether a sequence is waiting or running."""
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Batch:

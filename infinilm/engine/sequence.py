@@ -58,12 +58,16 @@ class SamplingParams:
 
 
 class SeqStatus(enum.Enum):
+    """Where a request is: queued, holding cache blocks (or a state row), or done."""
+
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
 class FinishReason(enum.Enum):
+    """Why a request finished: an EOS or stop token, its length limit, or a cancellation."""
+
     EOS = "eos"
     LENGTH = "length"
     CANCELLED = "cancelled"
@@ -103,14 +107,17 @@ class Sequence:
 
     @property
     def output(self) -> list[int]:
+        """The generated tokens."""
         return self.tokens[self.num_prompt:]
 
     @property
     def num_output(self) -> int:
+        """How many tokens have been generated."""
         return len(self.tokens) - self.num_prompt
 
     @property
     def finished(self) -> bool:
+        """Whether the request has finished (for any reason)."""
         return self.status is SeqStatus.FINISHED
 
     def __len__(self) -> int:

@@ -6,7 +6,8 @@ longer says which call did it (``operation failed due to a previous error during
 torch provider's paged attention does on CUDA (it reads the longest cache length on the host). So after a
 failed capture the graph code runs the step once more, eagerly, with the index checks off (as they are
 during capture) and CUDA's sync debug mode at ``error`` (`syncs_raise`): the first synchronizing call raises
-at its own line, and `first_host_sync` names the operator, the implementation the gate plan chose for it, and the source line.
+at its own line, and `first_host_sync` names the operator, the implementation the gate plan chose for it,
+and the source line.
 
 The probe explains a failure; it never prevents a capture: an implementation may synchronize only when
 it is not being captured (``torch.cuda.is_current_stream_capturing()``), which an eager run cannot tell.
