@@ -179,8 +179,9 @@ def test_kvcache_appends_exactly_the_new_rows_then_matches_varlen(provider: str,
     before = k_cache.clone(), v_cache.clone()
     q = _randn(3, new, 4, d, seed=33)
     with ip.use(provider):
-        out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(cached, dtype=torch.int32),
-                                      block_table=table, k=fresh[0], v=fresh[1])
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, fresh[0], fresh[1],
+                                      cache_seqlens=torch.tensor(cached, dtype=torch.int32), block_table=table,
+                                      causal=True)
     for cache, old, new_rows in zip((k_cache, v_cache), before, fresh):
         changed = ~((cache == old) | (cache.isnan() & old.isnan())).flatten(2).all(-1)
         assert sorted(map(tuple, changed.nonzero().tolist())) == sorted(rows)
@@ -236,9 +237,9 @@ def test_problem_key_normalizes_window_causal_and_scale(monkeypatch: pytest.Monk
     flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, causal=True, window_size=(7, 3), softcap=30)
     flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, window_size=(2, 9))
     (key1, args1), (key2, args2) = seen
-    assert key1 == ("cpu", torch.float32, 64, 2, True, False, True, False, 0)
+    assert key1 == ("cpu", torch.float32, 64, 2, True, False, True, False, 0, False, False, False, False)
     assert args1[7] == pytest.approx(64**-0.5) and args1[9] == (-1, -1) and args1[10] == 30.0
-    assert key2[5] is True and args2[9] == (2, -1)
+    assert key2[5] is True and args2[9] == (2, 7)  # right 9 >= Sk: -1, then Sk as the left side is bounded
 
 
 # --- contract errors -------------------------------------------------------------------------------------------

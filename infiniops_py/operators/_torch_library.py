@@ -11,8 +11,9 @@ Mutation annotations follow each contract: the caches of ``reshape_and_cache_fla
 ``flash_attn_with_kvcache``, the states of the ``*_update`` operators, ``x``/``residual`` of
 ``fused_add_rms_norm``, ``qkv`` of ``fused_qk_norm`` and every ``out=`` are ``Tensor(a!)``. An operator that
 only mutates returns nothing (the public function returns the mutated argument), since a custom operator's
-output must not alias an input. Two entry points whose return type depends on a flag have one overload per
-form (``causal_conv1d.with_final_states``, ``selective_scan.with_final_states``, ``*.out``).
+output must not alias an input. Entry points whose return type depends on a flag have one overload per
+form (``causal_conv1d.with_final_states``, ``selective_scan.with_final_states``, ``*.out``,
+``flash_attn_*.with_lse`` for ``return_softmax_lse=True``).
 
 Mechanism: the low-level ``torch.library.Library`` ``define``/``impl`` pair, not the
 ``torch.library.custom_op`` decorator. Measured on a 2-core x86 CPU (torch 2.13, a 4x4 add): a call through
@@ -53,6 +54,14 @@ def lowered(t: object) -> bool:
 
 
 # Schemas, by operator and overload. The argument names are the public functions' own.
+_VARLEN_ARGS: Final = ("Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+                       "SymInt max_seqlen_k, float? softmax_scale, bool causal, int[] window_size, float softcap, "
+                       "Tensor? block_table, Tensor? seqused_k, Tensor? alibi_slopes, Tensor? k_descale, "
+                       "Tensor? v_descale")
+_KVCACHE_ARGS: Final = ("Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
+                        "Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
+                        "Tensor? block_table, float? softmax_scale, bool causal, int[] window_size, float softcap, "
+                        "bool rotary_interleaved, Tensor? alibi_slopes, Tensor? k_descale, Tensor? v_descale")
 SCHEMAS: Final[dict[str, str]] = {
     "gemm": "gemm(Tensor a, Tensor b, Tensor? c, Tensor? bias, float alpha, float beta, bool trans_a, "
             "bool trans_b) -> Tensor",
@@ -66,13 +75,12 @@ SCHEMAS: Final[dict[str, str]] = {
     "fused_qk_norm": "fused_qk_norm(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, int num_q_heads, "
                      "int num_kv_heads, int head_dim, float eps) -> ()",
     "reshape_and_cache_flash": "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, "
-                               "Tensor(b!) value_cache, Tensor slot_mapping) -> ()",
-    "flash_attn_varlen": "flash_attn_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
-                         "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float? softmax_scale, "
-                         "bool causal, int[] window_size, float softcap, Tensor? block_table) -> Tensor",
-    "flash_attn_with_kvcache": "flash_attn_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-                               "Tensor cache_seqlens, Tensor? block_table, Tensor? k, Tensor? v, "
-                               "float? softmax_scale, bool causal, int[] window_size, float softcap) -> Tensor",
+                               "Tensor(b!) value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, "
+                               "Tensor? v_scale) -> ()",
+    "flash_attn_varlen": f"flash_attn_varlen({_VARLEN_ARGS}) -> Tensor",
+    "flash_attn_varlen.with_lse": f"flash_attn_varlen.with_lse({_VARLEN_ARGS}) -> (Tensor, Tensor)",
+    "flash_attn_with_kvcache": f"flash_attn_with_kvcache({_KVCACHE_ARGS}) -> Tensor",
+    "flash_attn_with_kvcache.with_lse": f"flash_attn_with_kvcache.with_lse({_KVCACHE_ARGS}) -> (Tensor, Tensor)",
     "causal_conv1d": "causal_conv1d(Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor? seq_idx, "
                      "Tensor? initial_states) -> Tensor",
     "causal_conv1d.with_final_states": "causal_conv1d.with_final_states(Tensor x, Tensor weight, Tensor? bias, "
@@ -113,15 +121,21 @@ def _kernels() -> dict[str, Callable[..., Any]]:
     def gemm_out(a_, b, c, bias, alpha, beta, trans_a, trans_b, out):
         g.gemm(a_, b, c=c, bias=bias, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, out=out)
 
-    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, block_table):
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, block_table, seqused_k, alibi,
+               k_descale, v_descale, lse=False):
         return fa.flash_attn_varlen(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale=scale,
-                                    causal=causal, window_size=tuple(window), softcap=softcap,
-                                    block_table=block_table)
+                                    causal=causal, window_size=tuple(window), softcap=softcap, alibi_slopes=alibi,
+                                    return_softmax_lse=lse, block_table=block_table, seqused_k=seqused_k,
+                                    k_descale=k_descale, v_descale=v_descale)
 
-    def kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v, scale, causal, window, softcap):
-        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
-                                          k=k, v=v, softmax_scale=scale, causal=causal, window_size=tuple(window),
-                                          softcap=softcap)
+    def kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens, batch_idx, leftpad, block_table, scale, causal,
+                window, softcap, interleaved, alibi, k_descale, v_descale, lse=False):
+        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx,
+                                          cache_leftpad=leftpad, block_table=block_table, softmax_scale=scale,
+                                          causal=causal, window_size=tuple(window), softcap=softcap,
+                                          rotary_interleaved=interleaved, alibi_slopes=alibi,
+                                          return_softmax_lse=lse, k_descale=k_descale, v_descale=v_descale)
 
     def conv(x, weight, bias, activation, seq_idx, initial_states, final=False):
         return cc.causal_conv1d(x, weight, bias, activation=activation, seq_idx=seq_idx,
@@ -145,7 +159,9 @@ def _kernels() -> dict[str, Callable[..., Any]]:
             qk.fused_qk_norm(qkv, qw, kw, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, eps=eps), None)[1],
         "reshape_and_cache_flash": lambda *args: (pc.reshape_and_cache_flash(*args), None)[1],
         "flash_attn_varlen": varlen,
+        "flash_attn_varlen.with_lse": lambda *args: tuple(varlen(*args, lse=True)),
         "flash_attn_with_kvcache": kvcache,
+        "flash_attn_with_kvcache.with_lse": lambda *args: tuple(kvcache(*args, lse=True)),
         "causal_conv1d": conv,
         "causal_conv1d.with_final_states": lambda *args: tuple(conv(*args, final=True)),
         "causal_conv1d_update": lambda x, conv_state, weight, bias, activation, indices: cc.causal_conv1d_update(
@@ -193,6 +209,11 @@ def _fake_conv_update(x: torch.Tensor, *_: Any) -> torch.Tensor:
     return _conv_out(x)
 
 
+def _lse(q: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The attention log-sum-exp: float32 (float64 for float64 q), flash-attention's layout `shape`."""
+    return q.new_empty(shape, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -214,7 +235,10 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "fused_qk_norm": _none,
     "reshape_and_cache_flash": _none,
     "flash_attn_varlen": lambda q, *_: q.new_empty(q.shape),
+    "flash_attn_varlen.with_lse": lambda q, *_: (q.new_empty(q.shape), _lse(q, (q.shape[1], q.shape[0]))),
     "flash_attn_with_kvcache": lambda q, *_: q.new_empty(q.shape),
+    "flash_attn_with_kvcache.with_lse": lambda q, *_: (q.new_empty(q.shape),
+                                                       _lse(q, (q.shape[0], q.shape[2], q.shape[1]))),
     "causal_conv1d": _fake_conv,
     "causal_conv1d.with_final_states": _fake_conv_final,
     "causal_conv1d_update": _fake_conv_update,

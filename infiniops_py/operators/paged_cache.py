@@ -1,13 +1,16 @@
 """Paged-cache write, vLLM reshape_and_cache_flash semantics (DESIGN.md operator 5).
 
-Public: reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping) -> None.
-Implementation calling convention: fn(key, value, key_cache, value_cache, slot_mapping) -> None;
-  key/value [T, Hkv, D] (strided views allowed, last stride 1); caches [num_blocks, block_size, Hkv, D];
-  slot_mapping int64 [N], N <= T; slot s -> block s // block_size, offset s % block_size; s < 0 skipped.
+Public: reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+  k_scale=None, v_scale=None) -> None (vLLM's argument order).
+Implementation calling convention: fn(key, value, key_cache, value_cache, slot_mapping, *, k_scale, v_scale)
+  -> None; key/value [T, Hkv, D] (strided views allowed, last stride 1); caches [num_blocks, block_size, Hkv,
+  D]; slot_mapping int64 [N], N <= T; slot s -> block s // block_size, offset s % block_size; s < 0 skipped.
+  k_scale/v_scale (float32 tensors of one element) come only for an fp8 cache (float8_e4m3fn caches): each
+  written value is then ``float8_e4m3fn(clamp(float32(x) / scale, -448, 448))``.
   Implementations must never write out of bounds, even for an unchecked out-of-range slot (skip it).
   (Caches may be strided views too, last stride 1: e.g. the HND layout [num_blocks, Hkv, block_size, D]
   permuted to NHD, or the two halves of one [num_blocks, 2, block_size, Hkv, D] buffer.)
-Problem fields: head_dim, block_size, num_kv_heads (int).
+Problem fields: head_dim, block_size, num_kv_heads (int), fp8_kv (bool: an fp8 cache).
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ from infiniops_py.operators._base import (
 )
 from infiniops_py.operators._torch_library import lowered
 
-__all__ = ["SPECS", "reference", "reshape_and_cache_flash"]
+__all__ = ["FP8_MAX", "SPECS", "quantize", "reference", "reshape_and_cache_flash"]
 
 _OP = "reshape_and_cache_flash"
+_FP8 = torch.float8_e4m3fn
+_FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype names of float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn: quotients beyond it saturate (CUDA's __NV_SATFINITE)
 
 
 def reshape_and_cache_flash(
@@ -40,6 +46,9 @@ def reshape_and_cache_flash(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write each token's key and value into its slot of a paged KV cache (vLLM ``reshape_and_cache_flash``).
 
@@ -52,29 +61,44 @@ def reshape_and_cache_flash(
     Args:
         key, value: ``[T, Hkv, D]``, dtype float16/bfloat16/float32/float64, last stride 1 (strided views
             of a packed QKV projection are fine), same shape, dtype and device.
-        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype and device as `key`, last
-            stride 1 (NHD, or an HND buffer viewed as NHD); updated in place.
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, on key's device, last stride 1 (NHD,
+            or an HND buffer viewed as NHD); updated in place. Key's dtype with ``kv_cache_dtype="auto"``,
+            float8_e4m3fn with ``"fp8"`` / ``"fp8_e4m3"``.
         slot_mapping: int64 ``[N]``, ``N <= T``; in checked mode every value must be ``< num_blocks *
             block_size`` and no non-negative value may repeat.
+        kv_cache_dtype: ``"auto"`` (the caches hold key's dtype: a plain copy) or ``"fp8"`` /
+            ``"fp8_e4m3"`` (vLLM's names): each value is quantized as ``float8_e4m3fn(clamp(float32(x) /
+            scale, -448, 448))`` (vLLM's ``scaled_convert``: the quotient in float32, rounded to nearest
+            even, saturated to the largest finite fp8; NaN stays NaN). ``"fp8_e5m2"`` is not supported.
+        k_scale, v_scale: float32 tensors of one element, the scales of an fp8 cache (required there);
+            with ``"auto"`` they are not used, as in vLLM (which always passes them).
 
     The caches are written in place, so neither may have a zero-stride (expanded) or otherwise
     self-overlapping dim, and neither may share memory (by address, whatever storage objects hold them)
-    with the other, the new `key`/`value` or `slot_mapping` (the two halves of one
+    with the other, the new `key`/`value`, `slot_mapping` or the scales (the two halves of one
     ``[num_blocks, 2, block_size, Hkv, D]`` buffer share none). A rejected call writes nothing.
 
     Raises:
         ContractError: a non-tensor, a mismatched shape, dtype or device, a last stride other than 1,
-            ``N > T``, an expanded or overlapping cache, a tensor that requires grad while grad mode is
-            on, or (in checked mode) a slot ``>= num_blocks * block_size`` or a repeated slot.
+            ``N > T``, an unknown `kv_cache_dtype`, a missing or malformed scale of an fp8 cache, an expanded
+            or overlapping cache, a tensor that requires grad while grad mode is on, or (in checked mode) a
+            slot ``>= num_blocks * block_size`` or a repeated slot.
     """
     if lowered(key):  # torch.compile / torch.export / FakeTensor: the custom operator
-        torch.ops.infiniops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping)
+        torch.ops.infiniops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                                    k_scale, v_scale)
         return None
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
         check_tensor(_OP, name, t)
+    check_tensor(_OP, "k_scale", k_scale, optional=True)
+    check_tensor(_OP, "v_scale", v_scale, optional=True)
     check_no_grad(_OP, {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
-                        "slot_mapping": slot_mapping})
+                        "slot_mapping": slot_mapping, "k_scale": k_scale, "v_scale": v_scale})
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in _FP8_NAMES:
+        raise ContractError(_OP, "kv_cache_dtype", f"expected 'auto', 'fp8' or 'fp8_e4m3' (vLLM's names of "
+                                                   f"float8_e4m3fn), got {kv_cache_dtype!r}")
+    fp8 = kv_cache_dtype in _FP8_NAMES
     check_dtype(_OP, "key", key, FLOAT_DTYPES)
     dev, dt = key.device, key.dtype
     if key.dim() != 3:
@@ -91,9 +115,13 @@ def reshape_and_cache_flash(
             _OP, "value_cache", f"expected shape {list(key_cache.shape)} (same as key_cache), "
             f"got {list(value_cache.shape)}"
         )
+    if value.dtype != dt:
+        raise ContractError(_OP, "value", f"expected dtype {dt} (same as key), got {value.dtype}")
+    cache_dt, why = (_FP8, f"kv_cache_dtype={kv_cache_dtype!r}") if fp8 else (dt, "same as key: kv_cache_dtype='auto'")
+    for name, x in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if x.dtype != cache_dt:
+            raise ContractError(_OP, name, f"expected dtype {cache_dt} ({why}), got {x.dtype}")
     for name, x in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if x.dtype != dt:
-            raise ContractError(_OP, name, f"expected dtype {dt} (same as key), got {x.dtype}")
         check_device(_OP, name, x, dev)
     for name, x in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
         if x.stride(-1) != 1 and d > 1:
@@ -105,19 +133,37 @@ def reshape_and_cache_flash(
         raise ContractError(
             _OP, "slot_mapping", f"expected shape [N] with N <= {t} (key's tokens), got {list(slot_mapping.shape)}"
         )
+    scales = {}
+    if fp8:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is None:
+                raise ContractError(_OP, name, f"is needed with kv_cache_dtype={kv_cache_dtype!r}: the fp8 cache "
+                                               "holds x / scale")
+            check_dtype(_OP, name, scale, (torch.float32, torch.float64), " (float32, as vLLM)")
+            check_device(_OP, name, scale, dev)
+            if scale.numel() != 1:
+                raise ContractError(_OP, name, f"expected one element (shape [] or [1]), got shape "
+                                               f"{list(scale.shape)}")
+            scales[name] = scale
     num_blocks, block_size = key_cache.shape[:2]
     check_writable(_OP, "key_cache", key_cache)
     check_writable(_OP, "value_cache", value_cache)
     check_no_overlap(_OP, "value_cache", value_cache, "key_cache", key_cache)
     for name, t in (("key", key[:slot_mapping.shape[0]]), ("value", value[:slot_mapping.shape[0]]),
-                    ("slot_mapping", slot_mapping)):
+                    ("slot_mapping", slot_mapping), *scales.items()):
         check_no_overlap(_OP, name, t, "key_cache", key_cache)
         check_no_overlap(_OP, name, t, "value_cache", value_cache)
     check_index_range(_OP, "slot_mapping", slot_mapping, num_blocks * block_size, allow_negative=True)
     check_unique_indices(_OP, "slot_mapping", slot_mapping, "slot")
     if slot_mapping.shape[0] == 0 or key_cache.numel() == 0:
         return
-    SPEC.call((dev.type, dt, d, block_size, hkv), key, value, key_cache, value_cache, slot_mapping)
+    SPEC.call((dev.type, dt, d, block_size, hkv, fp8), key, value, key_cache, value_cache, slot_mapping, **scales)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``float8_e4m3fn(clamp(float32(x) / scale, -448, 448))``: the fp8 cache write (vLLM's ``scaled_convert``);
+    `scale` a one-element tensor."""
+    return (x.to(torch.float32) / scale.reshape(()).to(torch.float32)).clamp(-FP8_MAX, FP8_MAX).to(_FP8)
 
 
 def reference(
@@ -126,21 +172,29 @@ def reference(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Literal reference: a Python loop over the tokens, skipping padding and out-of-range slots (it reads
-    `slot_mapping` on the host: one synchronization on CUDA; of tokens sharing a slot, the last lands)."""
+    `slot_mapping` on the host: one synchronization on CUDA; of tokens sharing a slot, the last lands);
+    fp8 caches get `quantize` of each row."""
     num_blocks, block_size = key_cache.shape[:2]
     for i, s in enumerate(slot_mapping.tolist()):
         if 0 <= s < num_blocks * block_size:
-            key_cache[s // block_size, s % block_size] = key[i]
-            value_cache[s // block_size, s % block_size] = value[i]
+            k, v = key[i], value[i]
+            if k_scale is not None and v_scale is not None:
+                k, v = quantize(k, k_scale), quantize(v, v_scale)
+            key_cache[s // block_size, s % block_size] = k
+            value_cache[s // block_size, s % block_size] = v
 
 
 SPEC = OpSpec(
     name=_OP,
-    fields={"head_dim": 128, "block_size": 16, "num_kv_heads": 8},
+    fields={"head_dim": 128, "block_size": 16, "num_kv_heads": 8, "fp8_kv": False},
     function=reshape_and_cache_flash,
     reference=reference,
-    doc="write key/value rows into a paged KV cache at slot_mapping (negative slots skipped)",
+    doc="write key/value rows into a paged KV cache at slot_mapping (negative slots skipped), or quantize them into "
+        "an fp8 cache",
 )
 SPECS = (SPEC,)

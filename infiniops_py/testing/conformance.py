@@ -386,7 +386,8 @@ def copies(tree: Any, float_dtype: torch.dtype | None, device: torch.device) -> 
 
     Tensors that share storage stay views of one copied storage (same strides and offsets), so in-place
     arguments and views of a packed tensor keep their aliasing, and a tensor named twice (``add(a, b,
-    out=a)``) is one copy named twice. Index tensors keep their dtype.
+    out=a)``) is one copy named twice. Index tensors keep their dtype, and so do float8 tensors (an fp8 KV
+    cache is the contract's storage format: the oracle reads it as it is, in float64 arithmetic).
     """
     bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     made: dict[int, torch.Tensor] = {}
@@ -397,7 +398,9 @@ def copies(tree: Any, float_dtype: torch.dtype | None, device: torch.device) -> 
         return made[id(t)]
 
     def _copy(t: torch.Tensor) -> torch.Tensor:
-        target = float_dtype if (float_dtype is not None and t.is_floating_point()) else t.dtype
+        # 1-byte floats (fp8 KV caches) are a storage format, not a precision: they keep their dtype
+        cast = float_dtype is not None and t.is_floating_point() and t.element_size() > 1
+        target = float_dtype if cast else t.dtype
         key = (t.untyped_storage().data_ptr(), t.dtype)
         base = bases.get(key)
         if base is None:

@@ -4,7 +4,10 @@ Head dims {64, 80, 120, 128, 256} and block sizes {8, 16, 32} as the peer sweeps
 from 512+ blocks to a few more than the tokens need; unique random slots with some -1 padding; key rows
 past the slot count (padding rows); key/value sometimes strided views of a packed qkv; caches NHD or an
 HND buffer viewed as NHD, filled with random values so that every slot not written is checked too.
-The written caches must be exact and key/value untouched.
+The written caches must be exact and key/value untouched. An fp8 cache (float8_e4m3fn, ``kv_cache_dtype``
+"fp8" or "fp8_e4m3", the last three arguments positional as vLLM passes them or by name) gets scales of one
+element: vLLM's ``amax / 64``, or one small enough that some values saturate at 448; an "auto" cache is now and
+then passed vLLM's unused scales too.
 
 On `CaseContext.large` (GPU) runs, head dims 64, 128 and 256 and block sizes 16 and 256 (issue 3's grid;
 256 joins the peer's sizes) are favored, up to 2048 tokens (a prefill chunk) go into caches with up to
@@ -16,6 +19,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from infiniops_py.operators.flash_attn import FP8
 from infiniops_py.testing.case import Case, CaseContext, randn
 
 __all__ = ["STRATEGIES"]
@@ -41,10 +45,23 @@ def _key_value(ctx: CaseContext, gen: torch.Generator, t: int, hkv: int, d: int)
             randn(t, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen), None)
 
 
-def _cache(ctx: CaseContext, gen: torch.Generator, nb: int, bs: int, hkv: int, d: int, hnd: bool) -> torch.Tensor:
+def _cache(ctx: CaseContext, gen: torch.Generator, nb: int, bs: int, hkv: int, d: int, hnd: bool,
+           dtype: torch.dtype) -> torch.Tensor:
     if hnd:
-        return randn(nb, hkv, bs, d, dtype=ctx.dtype, device=ctx.device, generator=gen).transpose(1, 2)
-    return randn(nb, bs, hkv, d, dtype=ctx.dtype, device=ctx.device, generator=gen)
+        return randn(nb, hkv, bs, d, dtype=dtype, device=ctx.device, generator=gen).transpose(1, 2)
+    return randn(nb, bs, hkv, d, dtype=dtype, device=ctx.device, generator=gen)
+
+
+def _scales(ctx: CaseContext, gen: torch.Generator, key: torch.Tensor, value: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-element float32 scales: vLLM's test rule ``amax / 64``, or small enough that values saturate."""
+    out = []
+    for x in (key, value):
+        amax = float(x.float().abs().amax()) if x.numel() else 1.0
+        s = max(amax, 1e-3) / ctx.draw(st.sampled_from((64.0, 64.0, 1000.0)))
+        shape = ctx.draw(st.sampled_from(((), (1,))))
+        out.append(torch.full(shape, s, dtype=torch.float32, device=ctx.device))
+    return out[0], out[1]
 
 
 def reshape_and_cache_flash_case(ctx: CaseContext) -> Case:
@@ -61,14 +78,24 @@ def reshape_and_cache_flash_case(ctx: CaseContext) -> Case:
     t = n + ctx.draw(st.sampled_from((0, 0, 1, 3)))
     nb = -(-n // bs) + (spare if ctx.large else ctx.draw(st.integers(0, 3)))
     key, value, packed = _key_value(ctx, gen, t, hkv, d)
+    fp8 = ctx.pick("fp8_kv", (False, True))
     hnd = ctx.draw(st.booleans())
-    key_cache, value_cache = (_cache(ctx, gen, nb, bs, hkv, d, hnd) for _ in range(2))
+    key_cache, value_cache = (_cache(ctx, gen, nb, bs, hkv, d, hnd, FP8 if fp8 else ctx.dtype) for _ in range(2))
     slots = torch.randperm(nb * bs, generator=gen)[:n]
     padding = torch.rand(n, generator=gen) < ctx.draw(st.sampled_from((0.0, 0.125, 0.5)))
     slots = slots.masked_fill(padding, -1).to(ctx.device)
+    args: tuple[object, ...] = (key, value, key_cache, value_cache, slots)
+    kwargs: dict[str, object] = {}
+    kv_cache_dtype = ctx.draw(st.sampled_from(("fp8", "fp8_e4m3"))) if fp8 else "auto"
+    if fp8 or ctx.draw(st.booleans()):
+        k_scale, v_scale = _scales(ctx, gen, key[:n], value[:n])
+        if ctx.draw(st.booleans()):
+            args = (*args, kv_cache_dtype, k_scale, v_scale)  # vLLM's positional order
+        else:
+            kwargs = {"kv_cache_dtype": kv_cache_dtype, "k_scale": k_scale, "v_scale": v_scale}
     note = (f"T={t} N={n} Hkv={hkv} D={d} block_size={bs} blocks={nb} {'HND' if hnd else 'NHD'}"
-            f"{' packed' if packed is not None else ''} padding={int(padding.sum())}")
-    return Case((key, value, key_cache, value_cache, slots), mutated=(2, 3), exact=(0, 1), note=note)
+            f"{' packed' if packed is not None else ''} padding={int(padding.sum())} kv_cache_dtype={kv_cache_dtype}")
+    return Case(args, kwargs, mutated=(2, 3), exact=(0, 1), note=note)
 
 
 STRATEGIES = {"reshape_and_cache_flash": reshape_and_cache_flash_case}

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from infiniops_cupy._common import DTYPES, PRIORITY, SCALAR_TYPES, as_cupy, base_constraints, module, stream
-from infiniops_py import Capability, Implementation
+from infiniops_py import Capability, Implementation, OneOf
 
 __all__ = ["IMPLEMENTATIONS", "reshape_and_cache_flash"]
 
@@ -50,5 +50,8 @@ def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: t
 
 IMPLEMENTATIONS = [
     Implementation("reshape_and_cache_flash", "cupy", "cupy.reshape_and_cache_flash",
-                   Capability(*base_constraints(), DTYPES), PRIORITY, reshape_and_cache_flash),
+                   Capability(*base_constraints(), DTYPES,
+                              OneOf("fp8_kv", (False,), fix="the kernel writes no float8_e4m3fn cache yet: use the "
+                                    "torch provider")),
+                   PRIORITY, reshape_and_cache_flash),
 ]

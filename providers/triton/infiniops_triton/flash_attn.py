@@ -250,8 +250,21 @@ def flash_attn_with_kvcache(
 
 # --- capabilities ----------------------------------------------------------------------------------
 
+# Arguments the kernels do not implement yet, each with its reason; the torch provider serves them all.
+_GATED: Final = {
+    "alibi": "the kernels add no ALiBi bias yet",
+    "return_softmax_lse": "the kernels do not write the log-sum-exp out yet",
+    "fp8_kv": "the kernels read no float8_e4m3fn K/V yet (dequantization needs GPU tuning)",
+    "seqused_k": "the prefill kernel takes key lengths from cu_seqlens_k only",
+    "cache_batch_idx": "the decode kernels address cache row b of sequence b only",
+    "cache_leftpad": "the decode kernels read every cache from row 0",
+    "rotary": "the append and decode kernels apply no rotary embedding yet",
+}
+_VARLEN_GATED: Final = ("alibi", "return_softmax_lse", "fp8_kv", "seqused_k")
+_KVCACHE_GATED: Final = ("alibi", "return_softmax_lse", "fp8_kv", "cache_batch_idx", "cache_leftpad", "rotary")
 
-def _capability() -> Capability:
+
+def _capability(gated: tuple[str, ...]) -> Capability:
     return Capability(
         *base_constraints(),
         OneOf("dtype", ("float16", "bfloat16", "float32"), fix="cast to float16/bfloat16/float32, or use the torch "
@@ -259,12 +272,13 @@ def _capability() -> Capability:
         OneOf("head_dim", HEAD_DIMS, fix="use the torch provider for this head dim"),
         OneOf("block_size", (0, *BLOCK_SIZES), fix="use a paged block size in {16, 32, 64, 128, 256}, or the torch "
               "provider"),
+        *(OneOf(field, (False,), fix=f"{_GATED[field]}: use the torch provider") for field in gated),
     )
 
 
 IMPLEMENTATIONS = [
-    Implementation("flash_attn_varlen", "triton", "triton.flash_attn_varlen", _capability(), PRIORITY,
+    Implementation("flash_attn_varlen", "triton", "triton.flash_attn_varlen", _capability(_VARLEN_GATED), PRIORITY,
                    flash_attn_varlen),
-    Implementation("flash_attn_with_kvcache", "triton", "triton.flash_attn_with_kvcache", _capability(), PRIORITY,
-                   flash_attn_with_kvcache),
+    Implementation("flash_attn_with_kvcache", "triton", "triton.flash_attn_with_kvcache",
+                   _capability(_KVCACHE_GATED), PRIORITY, flash_attn_with_kvcache),
 ]

@@ -100,6 +100,7 @@ IMPLEMENTATIONS = [
             OneOf("dtype", ("float16", "bfloat16", "float32")),
             Between("head_dim", 1, MAX_HEAD_DIM, fix="use the torch provider for wider heads"),
             Between("block_size", 1, None),
+            OneOf("fp8_kv", (False,), fix="the kernel writes no float8_e4m3fn cache yet: use the torch provider"),
         ),
         PRIORITY, reshape_and_cache_flash,
     ),
