@@ -16,6 +16,7 @@ from infinilm.config_checks import field_problems, hf_error_reason, raise_proble
 from infinilm.models.family import Family
 from infinilm.models.llama import LLAMA, QWEN2, QWEN3
 from infinilm.models.mamba2 import MAMBA2
+from infinilm.models.mistral import MISTRAL
 
 __all__ = ["FAMILIES", "config_from_hf", "family_of", "model_types", "read_config"]
 
@@ -24,6 +25,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
     QWEN2,
     QWEN3,
     MAMBA2,
+    MISTRAL,
 )
 
 

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fakes import cpu_capability, registered
+from infiniops_torch.flash_attn import flash_attn_varlen as torch_flash_attn_varlen
+from infiniops_torch.flash_attn import flash_attn_with_kvcache as torch_flash_attn_with_kvcache
 from lm_helpers import CheckpointFactory
 
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
 from infinilm.demo import PROMPT, TEXT
 from infinilm.tokenizer import load_tokenizer
+from infiniops_py import OneOf
 
 SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
 
@@ -77,6 +82,36 @@ def test_a_head_dim_no_allowed_provider_serves_fails_the_gates(checkpoint: Check
     assert "2 operator problem(s) of this configuration have no provider" in result.stderr
     assert "no provider can serve flash_attn_with_kvcache" in result.stderr
     assert "head_dim=48 not in" in result.stderr and "device_type=cpu not in" not in result.stderr
+
+
+# family -> (the attention features its test checkpoint needs, the config.json changes that drop them)
+ATTENTION_FEATURES = {"mistral": (("local",), {"sliding_window": None})}
+
+
+@pytest.mark.parametrize("family", ATTENTION_FEATURES)
+def test_an_attention_feature_no_allowed_provider_serves_fails_the_gates(
+    family: str, checkpoint: CheckpointFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The only attention provider allowed serves no sliding window (local attention) and no logit softcap:
+    a config that needs them is refused by the gates, naming the feature, before its garbage weights are
+    read; the same config without them passes."""
+    features, without = ATTENTION_FEATURES[family]
+    path, _ = checkpoint(family)
+    plain = cpu_capability(*(OneOf(f, (False,)) for f in ("local", "softcap")))
+    forced = ["--provider", "flash_attn_varlen=plain", "--provider", "flash_attn_with_kvcache=plain", *SMALL]
+    with registered(("plain", [("flash_attn_varlen", plain, 1, torch_flash_attn_varlen),
+                               ("flash_attn_with_kvcache", plain, 1, torch_flash_attn_with_kvcache)])):
+        assert main(["check", "--model", str(_corrupt_copy(path, tmp_path / "needs")), *forced]) == 1
+        err = capsys.readouterr().err
+        assert "gate check failed" in err and "no provider can serve flash_attn_varlen" in err, err
+        for feature in features:  # the problem asks for it, the reason names what the provider allows
+            assert f"{feature}=True" in err and f"{feature}=False" in err, err
+        bad = _corrupt_copy(path, tmp_path / "gen")
+        assert main(["generate", "--model", str(bad), "--prompt", "1 2", *forced]) == 1
+        assert "not a readable safetensors file" not in capsys.readouterr().err  # the weights were never read
+        assert main(["check", "--model", str(_corrupt_copy(path, tmp_path / "plain", **without)), *forced]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\nflash_attn_varlen +plain\.", out) and "local=True" not in out, out
 
 
 def test_generate_streams_token_ids_without_a_tokenizer(checkpoint: CheckpointFactory,

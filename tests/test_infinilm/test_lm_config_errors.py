@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,7 @@ from lm_helpers import hf_config
 
 from infinilm import ConfigError, EngineOptions, SamplingParams, read_config
 from infinilm.cli import main
-from infinilm.models.registry import config_from_hf
+from infinilm.models.registry import config_from_hf, model_types
 
 SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
 
@@ -81,7 +82,9 @@ def test_a_model_path_that_is_a_file_or_missing_says_so(tmp_path: Path, capsys: 
 
 
 def test_a_missing_model_type_is_refused_with_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"no model_type \(fix: set it to one of llama, qwen2, qwen3, mamba2\)"):
+    supported = ", ".join(model_types())  # llama, qwen2, qwen3, mamba2, then the newer families
+    assert supported.startswith("llama, qwen2, qwen3, mamba2")
+    with pytest.raises(ConfigError, match=rf"no model_type \(fix: set it to one of {re.escape(supported)}\)"):
         read_config(_dir(tmp_path, "untyped", {"hidden_size": 64}))
 
 
