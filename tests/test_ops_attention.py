@@ -3,6 +3,7 @@ the contract's argument checks (one ContractError per kind and entry point)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import threading
@@ -242,6 +243,411 @@ def test_problem_key_normalizes_window_causal_and_scale(monkeypatch: pytest.Monk
     assert key2[5] is True and args2[9] == (2, 7)  # right 9 >= Sk: -1, then Sk as the left side is bounded
 
 
+# --- the peers' arguments and semantics: flash-attention 2/3, vllm_flash_attn, vLLM's cache write -----------
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+               bias: torch.Tensor | None = None, scale: float | None = None, softcap: float = 0.0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 attention of one sequence written out: q ``[Sq, Hq, D]``, k/v ``[Sk, Hkv, D]`` (GQA: head h
+    reads kv head h // (Hq // Hkv)), visible ``[Sq, Sk]``, bias ``[Hq, Sq, Sk]`` added after the softcap;
+    returns the output ``[Sq, Hq, D]`` (0 on rows that see no key) and the log-sum-exp ``[Hq, Sq]`` (+inf there)."""
+    q, k, v = q.double(), k.double(), v.double()
+    hq, d = q.shape[1], q.shape[2]
+    scale = d**-0.5 if scale is None else scale
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full((hq, q.shape[0]), math.inf, dtype=torch.float64)
+    for h in range(hq):
+        g = h // (hq // k.shape[1])
+        for i in range(q.shape[0]):
+            keys = visible[i].nonzero().flatten()
+            if not len(keys):
+                continue
+            s = k[keys, g] @ q[i, h] * scale
+            if softcap > 0:
+                s = softcap * torch.tanh(s / softcap)
+            if bias is not None:
+                s = s + bias[h, i, keys].double()
+            lse[h, i] = torch.logsumexp(s, 0)
+            out[i, h] = torch.softmax(s, 0) @ v[keys, g]
+    return out, lse
+
+
+def _window_visible(sq: int, sk: int, left: int, right: int, causal: bool = False) -> torch.Tensor:
+    """``[Sq, Sk]``: key j in ``[i + Sk - Sq - left, i + Sk - Sq + right]`` (a side of -1 unbounded)."""
+    diag = torch.arange(sq)[:, None] + sk - sq
+    j = torch.arange(sk)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= diag - left
+    if right >= 0:
+        ok &= j <= diag + right
+    if causal:
+        ok &= j <= diag
+    return ok
+
+
+def _alibi_bias(slopes: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
+    """flash-attention's ALiBi: ``-slope * |i + Sk - Sq - j|``, ``[Hq, Sq, Sk]``."""
+    dist = (torch.arange(sq)[:, None] + sk - sq - torch.arange(sk)[None, :]).abs().double()
+    return -slopes.double()[:, None, None] * dist
+
+
+_EDGE_WINDOWS = {  # window_size -> flash-attention's normalization with max_seqlen_k = 4 (the issue's case)
+    (0, 6): (0, 4),  # right >= Sk is -1, then Sk: query 0 of 6 sees keys 0 to 2, not all four
+    (2, -1): (2, 4),
+    (9, 1): (4, 1),  # left >= Sk is -1, then Sk (which clips nothing)
+}
+
+
+@pytest.mark.parametrize("entry", ["varlen", "varlen-paged", "kvcache", "kvcache-paged"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_window_side_left_unbounded_becomes_max_seqlen_k_when_the_other_is_bounded(provider: str,
+                                                                                    entry: str) -> None:
+    """Sq=6 queries over Sk=4 keys, non-causal: flash-attention first turns a side >= max_seqlen_k into -1,
+    then a -1 side into max_seqlen_k when the other side is bounded, so the first rows stay clipped."""
+    sq, sk, hq, hkv, d = 6, 4, 2, 1, 16
+    q, k, v = _randn(sq, hq, d, seed=80), _randn(sk, hkv, d, seed=81), _randn(sk, hkv, d, seed=82)
+    for window, (left, right) in _EDGE_WINDOWS.items():
+        want, _ = _attention(q, k, v, _window_visible(sq, sk, left, right))
+        with ip.use(provider):
+            if entry == "varlen":
+                got = flash_attn_varlen(q, k, v, _cu([sq]), _cu([sk]), sq, sk, window_size=window)
+            elif entry == "varlen-paged":
+                kc, table = _paged(k, [sk], 2, seed=83, extra=0)
+                vc, _ = _paged(v, [sk], 2, seed=83, extra=0)
+                got = flash_attn_varlen(q, kc, vc, _cu([sq]), _cu([sk]), sq, sk, window_size=window,
+                                        block_table=table[:, :2])
+            else:
+                table = None
+                kc, vc = k[None].clone(), v[None].clone()  # capacity 4: flash-attention's seqlen_k
+                if entry == "kvcache-paged":
+                    (kc, table), (vc, _) = _paged(k, [sk], 2, seed=84, extra=0), _paged(v, [sk], 2, seed=84, extra=0)
+                    table = table[:, :2]
+                got = flash_attn_with_kvcache(q[None], kc, vc, cache_seqlens=torch.tensor([sk], dtype=torch.int32),
+                                              block_table=table, window_size=window)[0]
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6, msg=f"window {window}")
+    assert not torch.equal(_window_visible(sq, sk, 0, 4)[0], torch.ones(sk, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_kvcache_is_not_causal_unless_asked(provider: str) -> None:
+    """flash-attention's ``flash_attn_with_kvcache`` defaults to ``causal=False``."""
+    q, kc, vc = _randn(2, 3, 4, 16, seed=90), _randn(2, 7, 2, 16, seed=91), _randn(2, 7, 2, 16, seed=92)
+    lens = torch.tensor([5, 7], dtype=torch.int32)
+    with ip.use(provider):
+        default = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        plain = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=False)
+        causal = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
+    assert torch.equal(default, plain)
+    assert not torch.allclose(default, causal)
+
+
+# The peers' signatures, as they stand: (name, default) in order; `REQUIRED` has no default.
+REQUIRED = object()
+_PEERS = {
+    "flash_attn_varlen": [  # flash_attn 2 flash_attn_varlen_func; then vllm_flash_attn / flash-attention 3
+        ("q", REQUIRED), ("k", REQUIRED), ("v", REQUIRED), ("cu_seqlens_q", REQUIRED), ("cu_seqlens_k", REQUIRED),
+        ("max_seqlen_q", REQUIRED), ("max_seqlen_k", REQUIRED), ("dropout_p", 0.0), ("softmax_scale", None),
+        ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+        ("deterministic", False), ("return_attn_probs", False), ("block_table", None),
+        ("seqused_k", None), ("return_softmax_lse", False), ("k_descale", None), ("v_descale", None),
+    ],
+    "flash_attn_with_kvcache": [  # flash_attn 2 flash_attn_with_kvcache; then flash-attention 3's descales
+        ("q", REQUIRED), ("k_cache", REQUIRED), ("v_cache", REQUIRED), ("k", None), ("v", None),
+        ("rotary_cos", None), ("rotary_sin", None), ("cache_seqlens", None), ("cache_batch_idx", None),
+        ("cache_leftpad", None), ("block_table", None), ("softmax_scale", None), ("causal", False),
+        ("window_size", (-1, -1)), ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
+        ("num_splits", 0), ("return_softmax_lse", False), ("k_descale", None), ("v_descale", None),
+    ],
+    "reshape_and_cache_flash": [  # vLLM's _custom_ops.reshape_and_cache_flash
+        ("key", REQUIRED), ("value", REQUIRED), ("key_cache", REQUIRED), ("value_cache", REQUIRED),
+        ("slot_mapping", REQUIRED), ("kv_cache_dtype", REQUIRED), ("k_scale", REQUIRED), ("v_scale", REQUIRED),
+    ],
+}
+# Peer arguments we do not take (training or scheduling only: no dropout, no backward, no split hint).
+_NOT_TAKEN = {"flash_attn_varlen": {"dropout_p", "deterministic", "return_attn_probs"},
+              "flash_attn_with_kvcache": {"num_splits"}, "reshape_and_cache_flash": set()}
+# Where the peer has no default, ours (vLLM passes them always; "auto" needs no scale).
+_OUR_DEFAULTS = {("reshape_and_cache_flash", "kv_cache_dtype"): "auto", ("reshape_and_cache_flash", "k_scale"): None,
+                 ("reshape_and_cache_flash", "v_scale"): None}
+
+
+@pytest.mark.parametrize("op", list(_PEERS))
+def test_defaults_and_argument_order_are_the_peers(op: str) -> None:
+    """Every argument we share with the peer has its default; ours may be positional only where the peer's
+    is, in the peer's order (k and v right after the caches); the peer arguments we do not take are listed."""
+    params = inspect.signature(getattr(ip, op)).parameters
+    peer = dict(_PEERS[op])
+    assert set(peer) - set(params) == _NOT_TAKEN[op]
+    assert set(params) <= set(peer), set(params) - set(peer)
+    for name, p in params.items():
+        want = _OUR_DEFAULTS.get((op, name), peer[name])
+        got = REQUIRED if p.default is inspect.Parameter.empty else p.default
+        assert got == want, f"{op}: {name} defaults to {got!r}, the peer's to {want!r}"
+    positional = [n for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == [n for n, _ in _PEERS[op]][:len(positional)]
+    if op == "flash_attn_with_kvcache":
+        assert positional[3:5] == ["k", "v"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_softmax_lse_is_each_rows_log_sum_exp_in_the_peers_layout(provider: str) -> None:
+    """varlen: ``[Hq, total_q]``; kvcache: ``[B, Hq, Sq]``; float32; +inf on a row that sees no key."""
+    lq, lk, hq, d = [5, 2], [3, 6], 4, 16
+    q, k, v = _randn(7, hq, d, seed=100), _randn(9, 2, d, seed=101), _randn(9, 2, d, seed=102)
+    with ip.use(provider):
+        out, lse = flash_attn_varlen(q, k, v, _cu(lq), _cu(lk), 5, 6, causal=True, softcap=3.0,
+                                     return_softmax_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (hq, 7)
+    for b, (q0, k0) in enumerate(((0, 0), (5, 3))):
+        want, want_lse = _attention(q[q0:q0 + lq[b]], k[k0:k0 + lk[b]], v[k0:k0 + lk[b]],
+                                    _window_visible(lq[b], lk[b], -1, -1, causal=True), softcap=3.0)
+        torch.testing.assert_close(out[q0:q0 + lq[b]].double(), want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse[:, q0:q0 + lq[b]].double(), want_lse, rtol=1e-5, atol=1e-5)
+    assert bool((lse[:, :2] == math.inf).all())  # 5 causal queries over 3 keys: rows 0 and 1 see none
+    kc, vc = _randn(2, 6, 2, d, seed=103), _randn(2, 6, 2, d, seed=104)
+    lens = torch.tensor([4, 0], dtype=torch.int32)
+    with ip.use(provider):
+        out, lse = flash_attn_with_kvcache(q[:6].view(2, 3, hq, d), kc, vc, cache_seqlens=lens,
+                                           return_softmax_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (2, hq, 3)
+    _, want_lse = _attention(q[:3], kc[0, :4], vc[0, :4], torch.ones(3, 4, dtype=torch.bool))
+    torch.testing.assert_close(lse[0].double(), want_lse, rtol=1e-5, atol=1e-5)
+    assert bool((lse[1] == math.inf).all()) and bool((out[1] == 0).all())
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_alibi_adds_minus_slope_times_the_bottom_right_distance(provider: str) -> None:
+    """``-slope * |i + Sk - Sq - j|`` after the scale and the softcap, slopes ``[Hq]`` or ``[B, Hq]``."""
+    lq, lk, hq, d = [3, 6], [7, 4], 4, 16
+    q, k, v = _randn(9, hq, d, seed=110), _randn(11, 2, d, seed=111), _randn(11, 2, d, seed=112)
+    slopes = torch.rand(2, hq, generator=_gen(113)) * 0.3
+    for causal, softcap, per_sequence in ((False, 0.0, True), (True, 5.0, False)):
+        arg = slopes if per_sequence else slopes[0]
+        with ip.use(provider):
+            got = flash_attn_varlen(q, k, v, _cu(lq), _cu(lk), 6, 7, causal=causal, softcap=softcap,
+                                    alibi_slopes=arg)
+        for b, (q0, k0) in enumerate(((0, 0), (3, 7))):
+            s = slopes[b] if per_sequence else slopes[0]
+            want, _ = _attention(q[q0:q0 + lq[b]], k[k0:k0 + lk[b]], v[k0:k0 + lk[b]],
+                                 _window_visible(lq[b], lk[b], -1, -1, causal), _alibi_bias(s, lq[b], lk[b]),
+                                 softcap=softcap)
+            torch.testing.assert_close(got[q0:q0 + lq[b]].double(), want, rtol=1e-5, atol=1e-6)
+    kc, vc = _randn(2, 8, 2, d, seed=114), _randn(2, 8, 2, d, seed=115)
+    with ip.use(provider):
+        got = flash_attn_with_kvcache(q[:4].view(2, 2, hq, d), kc, vc, cache_seqlens=torch.tensor([5, 8],
+                                      dtype=torch.int32), alibi_slopes=slopes)
+    want, _ = _attention(q[2:4], kc[1], vc[1], torch.ones(2, 8, dtype=torch.bool), _alibi_bias(slopes[1], 2, 8))
+    torch.testing.assert_close(got[1].double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_seqused_k_limits_each_sequence_to_its_first_keys(provider: str, paged: bool) -> None:
+    lq, lk, used = [2, 3, 1], [6, 9, 4], [4, 9, 0]
+    q, k, v = _randn(6, 2, 16, seed=120), _randn(19, 1, 16, seed=121), _randn(19, 1, 16, seed=122)
+    kk, vv, table = k, v, None
+    if paged:
+        (kk, table), (vv, _) = _paged(k, lk, 4, seed=123), _paged(v, lk, 4, seed=123)
+    with ip.use(provider):
+        got = flash_attn_varlen(q, kk, vv, _cu(lq), _cu(lk), 3, 9, causal=True, block_table=table,
+                                seqused_k=torch.tensor(used, dtype=torch.int32))
+    starts_q, starts_k = _cu(lq).tolist(), _cu(lk).tolist()
+    for b in range(3):
+        qb, kb, vb = q[starts_q[b]:starts_q[b + 1]], k[starts_k[b]:starts_k[b] + used[b]], v[
+            starts_k[b]:starts_k[b] + used[b]]
+        want, _ = _attention(qb, kb, vb, _window_visible(lq[b], used[b], -1, -1, causal=True))
+        torch.testing.assert_close(got[starts_q[b]:starts_q[b + 1]].double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_cache_batch_idx_reads_and_appends_the_chosen_cache_rows(provider: str) -> None:
+    q, kc, vc = _randn(2, 1, 2, 16, seed=130), _randn(4, 8, 1, 16, seed=131), _randn(4, 8, 1, 16, seed=132)
+    kn, vn = _randn(2, 1, 1, 16, seed=133), _randn(2, 1, 1, 16, seed=134)
+    idx, lens = torch.tensor([3, 1], dtype=torch.int32), torch.tensor([2, 5], dtype=torch.int32)
+    before_k = kc.clone()
+    with ip.use(provider):
+        got = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, cache_batch_idx=idx)
+    expect_k = before_k.clone()
+    expect_k[3, 2], expect_k[1, 5] = kn[0, 0], kn[1, 0]
+    assert torch.equal(kc, expect_k)  # rows 0 and 2 untouched, the new keys at rows 3 and 1
+    for b, (row, n) in enumerate(((3, 3), (1, 6))):
+        want, _ = _attention(q[b], kc[row, :n], vc[row, :n], torch.ones(1, n, dtype=torch.bool))
+        torch.testing.assert_close(got[b].double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_cache_leftpad_starts_each_sequence_at_its_pad(provider: str) -> None:
+    """Sequence b attends to cache rows ``leftpad[b]`` to ``cache_seqlens[b] + Sq_new``, aligned bottom-right
+    over those keys; the padding rows (NaN) are never read."""
+    q, kc, vc = _randn(2, 2, 2, 16, seed=140), _randn(2, 9, 1, 16, seed=141), _randn(2, 9, 1, 16, seed=142)
+    pads, lens = [3, 0], [6, 4]
+    for b, p in enumerate(pads):
+        kc[b, :p], vc[b, :p] = math.nan, math.nan
+    with ip.use(provider):
+        got = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lens, dtype=torch.int32),
+                                      cache_leftpad=torch.tensor(pads, dtype=torch.int32), causal=True)
+    for b in range(2):
+        sk = lens[b] - pads[b]
+        want, _ = _attention(q[b], kc[b, pads[b]:lens[b]], vc[b, pads[b]:lens[b]],
+                             _window_visible(2, sk, -1, -1, causal=True))
+        torch.testing.assert_close(got[b].double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_cache_seqlens_may_be_one_int_or_none_for_full_caches(provider: str) -> None:
+    q, kc, vc = _randn(2, 1, 2, 16, seed=150), _randn(2, 6, 1, 16, seed=151), _randn(2, 6, 1, 16, seed=152)
+    with ip.use(provider):
+        as_int = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=4)
+        as_tensor = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([4, 4], dtype=torch.int32))
+        full = flash_attn_with_kvcache(q, kc, vc)
+        everything = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=6)
+        with pytest.raises(ContractError, match="cache_seqlens: is needed to append"):
+            flash_attn_with_kvcache(q, kc, vc, q[:, :, :1], q[:, :, :1])
+    assert torch.equal(as_int, as_tensor) and torch.equal(full, everything)
+    assert not torch.allclose(as_int, full)
+
+
+def _rotated(x: torch.Tensor, positions: list[int], angle: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x ``[S, H, D]`` rotated at `positions` by the first ``2 * angle.shape[1]`` dims, in float64."""
+    x = x.double().clone()
+    half = angle.shape[1]
+    for s, p in enumerate(positions):
+        for j in range(half):
+            a, b = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+            c, n = math.cos(float(angle[p, j])), math.sin(float(angle[p, j]))
+            x1, x2 = x[s, :, a].clone(), x[s, :, b].clone()
+            x[s, :, a], x[s, :, b] = x1 * c - x2 * n, x1 * n + x2 * c
+    return x
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_rotary_rotates_the_new_keys_before_the_append_and_the_queries_at_their_positions(provider: str,
+                                                                                         interleaved: bool) -> None:
+    """rotary_dim 8 of head dim 16; the new k at ``cache_seqlens[b] + t`` (written rotated), q at
+    ``cache_seqlens[b] + i`` when causal, else every query at ``cache_seqlens[b]``."""
+    q, kc, vc = _randn(1, 2, 2, 16, seed=160), _randn(1, 8, 1, 16, seed=161), _randn(1, 8, 1, 16, seed=162)
+    kn, vn = _randn(1, 2, 1, 16, seed=163), _randn(1, 2, 1, 16, seed=164)
+    angle = torch.rand(8, 4, generator=_gen(165)) * 2 * math.pi
+    cos, sin = angle.cos(), angle.sin()
+    for causal in (True, False):
+        k_cache, v_cache = kc.clone(), vc.clone()
+        with ip.use(provider):
+            got = flash_attn_with_kvcache(q, k_cache, v_cache, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=torch.tensor([3], dtype=torch.int32), causal=causal,
+                                          rotary_interleaved=interleaved)
+        new_keys = _rotated(kn[0], [3, 4], angle, interleaved)
+        torch.testing.assert_close(k_cache[0, 3:5].double(), new_keys, rtol=1e-6, atol=1e-6)
+        assert torch.equal(k_cache[0, :3], kc[0, :3]) and torch.equal(v_cache[0, 3:5], vn[0])
+        qr = _rotated(q[0], [3, 4] if causal else [3, 3], angle, interleaved)
+        want, _ = _attention(qr, k_cache[0, :5], v_cache[0, :5], _window_visible(2, 5, -1, -1, causal))
+        torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def _fp8(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_an_fp8_kv_cache_is_read_times_its_descales(provider: str) -> None:
+    """float8_e4m3fn K/V with ``[B, Hkv]`` descales (flash-attention 3): keys and values read as ``x *
+    descale``; q stays in its dtype; new fp8 k/v are appended as they are."""
+    lq, lk, d = [2, 3], [5, 4], 16
+    q = _randn(5, 4, d, seed=170)
+    k8, v8 = _fp8(_randn(9, 2, d, seed=171)), _fp8(_randn(9, 2, d, seed=172))
+    kd, vd = torch.rand(2, 2, generator=_gen(173)) + 0.5, torch.rand(2, 2, generator=_gen(174)) + 0.5
+    with ip.use(provider):
+        got = flash_attn_varlen(q, k8, v8, _cu(lq), _cu(lk), 3, 5, causal=True, k_descale=kd, v_descale=vd)
+    for b, (q0, k0) in enumerate(((0, 0), (2, 5))):
+        keys = k8[k0:k0 + lk[b]].double() * kd[b][None, :, None]
+        values = v8[k0:k0 + lk[b]].double() * vd[b][None, :, None]
+        want, _ = _attention(q[q0:q0 + lq[b]], keys, values, _window_visible(lq[b], lk[b], -1, -1, causal=True))
+        torch.testing.assert_close(got[q0:q0 + lq[b]].double(), want, rtol=1e-5, atol=1e-5)
+    kc, vc = _fp8(_randn(2, 6, 2, d, seed=175)), _fp8(_randn(2, 6, 2, d, seed=176))
+    kn, vn = _fp8(_randn(2, 1, 2, d, seed=177)), _fp8(_randn(2, 1, 2, d, seed=178))
+    with ip.use(provider):
+        got = flash_attn_with_kvcache(q[:2].view(2, 1, 4, d), kc, vc, kn, vn, k_descale=kd,
+                                      cache_seqlens=torch.tensor([3, 5], dtype=torch.int32))
+    assert kc[1, 5].view(torch.uint8).equal(kn[1, 0].view(torch.uint8))  # the fp8 bits, as they came
+    want, _ = _attention(q[1:2], kc[1].double() * kd[1][None, :, None], vc[1].double(), torch.ones(1, 6,
+                         dtype=torch.bool))
+    torch.testing.assert_close(got[1].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_reshape_and_cache_flash_quantizes_into_an_fp8_cache(provider: str, dtype: torch.dtype) -> None:
+    """vLLM's fp8 write: ``float8_e4m3fn(float32(x) / scale)``, rounded to nearest even, saturated at
+    +-448, NaN kept; ``"auto"`` copies and leaves the scales unused."""
+    key = (torch.randn(4, 2, 8, generator=_gen(180)) * 3).to(dtype)
+    value = (torch.randn(4, 2, 8, generator=_gen(181)) * 3).to(dtype)
+    key[0, 0, :3] = torch.tensor([5000.0, -5000.0, math.nan], dtype=dtype)  # saturate, and NaN stays NaN
+    k_scale, v_scale = torch.tensor([0.05]), torch.tensor(0.02)
+    kc = _fp8(torch.zeros(3, 2, 2, 8))
+    vc = _fp8(torch.zeros(3, 2, 2, 8))
+    slots = torch.tensor([5, 0, -1, 2])
+    with ip.use(provider):
+        ip.reshape_and_cache_flash(key, value, kc, vc, slots, "fp8", k_scale, v_scale)
+    for i, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        for cache, x, scale in ((kc, key, 0.05), (vc, value, 0.02)):
+            want = _fp8((x[i].float() / torch.tensor(scale, dtype=torch.float32)).clamp(-448, 448))
+            assert cache[s // 2, s % 2].view(torch.uint8).equal(want.view(torch.uint8)), (i, s)
+            deq = cache[s // 2, s % 2].double() * scale
+            ok = x[i].isnan() | ((deq - x[i].double()).abs() <= 1e-3 + 0.1 * x[i].double().abs()) | (
+                x[i].double().abs() > 448 * scale)
+            assert bool(ok.all())  # vLLM's test: dequantized within atol 1e-3, rtol 0.1
+    assert bool(kc[2, 1, 0, 2].isnan()) and float(kc[2, 1, 0, 0]) == 448.0 and float(kc[2, 1, 0, 1]) == -448.0
+    assert not bool(kc[1, 1].view(torch.uint8).any()) and not bool(kc[2, 0].view(torch.uint8).any())  # unused
+    cache, vcache = torch.zeros(3, 2, 2, 8, dtype=dtype), torch.zeros(3, 2, 2, 8, dtype=dtype)
+    with ip.use(provider):
+        ip.reshape_and_cache_flash(key, value, cache, vcache, slots, "auto", k_scale, v_scale)
+    torch.testing.assert_close(cache[2, 1], key[0], rtol=0, atol=0, equal_nan=True)  # a plain copy
+
+
+def test_reshape_and_cache_flash_checks_the_fp8_arguments() -> None:
+    """An unknown kv_cache_dtype, a missing or malformed scale, a cache of the wrong dtype: each a
+    ContractError naming the argument, before anything is written."""
+    key, value = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    kc8, vc8 = _fp8(torch.zeros(2, 2, 1, 8)), _fp8(torch.zeros(2, 2, 1, 8))
+    slots, scale = torch.tensor([0, 3]), torch.tensor([0.1])
+    plain = torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8)
+    cases = {
+        "kv_cache_dtype": (kc8, vc8, "fp8_e5m2", scale, scale),
+        "k_scale": (kc8, vc8, "fp8", None, scale),
+        "v_scale": (kc8, vc8, "fp8", scale, torch.tensor([0.1, 0.2])),
+        "key_cache": (*plain, "fp8", scale, scale),  # "fp8" needs float8_e4m3fn caches
+        "value_cache": (kc8, plain[1], "fp8", scale, scale),
+    }
+    for argument, (kc, vc, *rest) in cases.items():
+        with pytest.raises(ContractError) as info:
+            ip.reshape_and_cache_flash(key, value, kc, vc, slots, *rest)
+        assert info.value.argument == argument, str(info.value)
+    with pytest.raises(ContractError) as info:
+        ip.reshape_and_cache_flash(key, value, kc8, vc8, slots)  # "auto": the caches hold key's dtype
+    assert info.value.argument == "key_cache"
+    with pytest.raises(ContractError) as info:
+        ip.reshape_and_cache_flash(key, value, kc8, vc8, slots, "fp8", scale.half(), scale)
+    assert info.value.argument == "k_scale"
+    assert not kc8.view(torch.uint8).any()
+    ip.reshape_and_cache_flash(key, value, kc8, vc8, slots, "fp8", scale, scale)
+    assert kc8.view(torch.uint8).any()
+
+
+def test_the_cupy_cache_write_gates_an_fp8_cache() -> None:
+    """CuPy's kernel copies in the key's dtype: an fp8 cache is a rejection that names the torch provider."""
+    from infiniops_cupy.paged_cache import IMPLEMENTATIONS
+
+    spec = ip.OPERATORS["reshape_and_cache_flash"]
+    (impl,) = IMPLEMENTATIONS
+    reasons = [r for r in impl.capability.reasons(spec.problem("cuda", "bfloat16", fp8_kv=True), environment=False)
+               if r.field == "fp8_kv"]
+    assert reasons and "torch provider" in reasons[0].fix
+    assert not impl.capability.reasons(spec.problem("cuda", "bfloat16"), environment=False)
+
+
 # --- contract errors -------------------------------------------------------------------------------------------
 
 def _varlen_args() -> dict[str, object]:
@@ -286,6 +692,17 @@ _CASES = {
         ("index", "max_seqlen_k", lambda a: a.update(max_seqlen_k=8)),
         ("value", "window_size", lambda a: a.update(window_size=(-2, 0))),
         ("value", "softcap", lambda a: a.update(softcap=-1.0)),
+        ("dtype", "alibi_slopes", lambda a: a.update(alibi_slopes=torch.rand(4, dtype=torch.float16))),
+        ("shape", "alibi_slopes", lambda a: a.update(alibi_slopes=torch.rand(3))),
+        ("dtype", "seqused_k", lambda a: a.update(seqused_k=torch.tensor([2, 3]))),
+        ("shape", "seqused_k", lambda a: a.update(seqused_k=torch.tensor([2], dtype=torch.int32))),
+        ("index", "seqused_k", lambda a: a.update(seqused_k=torch.tensor([-1, 3], dtype=torch.int32))),
+        ("index", "max_seqlen_k", lambda a: a.update(seqused_k=torch.tensor([10, 3], dtype=torch.int32))),
+        ("value", "k_descale", lambda a: a.update(k_descale=torch.ones(2, 2))),  # k is not fp8
+        ("shape", "v_descale", lambda a: a.update(k=a["k"].to(torch.float8_e4m3fn), v=a["v"].to(torch.float8_e4m3fn),
+                                                  v_descale=torch.ones(2))),
+        ("dtype", "v", lambda a: a.update(k=a["k"].to(torch.float8_e4m3fn))),
+        ("value", "return_softmax_lse", lambda a: a.update(return_softmax_lse=1)),
     ]),
     "flash_attn_with_kvcache": (_paged_kvcache_args, [
         ("shape", "k", lambda a: a.update(k=torch.randn(2, 1, 1, 16), v=torch.randn(2, 1, 1, 16))),
@@ -302,6 +719,34 @@ _CASES = {
         ("index", "cache_seqlens", lambda a: a.update(cache_seqlens=torch.tensor([3, 16], dtype=torch.int32))),
         ("index", "cache_seqlens", lambda a: a.update(cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32))),
         ("value", "window_size", lambda a: a.update(window_size=(1,))),
+        ("value", "cache_batch_idx", lambda a: a.update(cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32))),
+        ("value", "cache_leftpad", lambda a: a.update(cache_leftpad=torch.tensor([0, 1], dtype=torch.int32))),
+        ("value", "cache_seqlens", lambda a: a.update(cache_seqlens="3")),
+        ("value", "cache_seqlens", lambda a: a.update(cache_seqlens=None)),  # None: full caches, no room to append
+        ("dtype", "rotary_cos", lambda a: a.update(rotary_cos=torch.rand(16, 4).double(),
+                                                   rotary_sin=torch.rand(16, 4))),
+        ("shape", "rotary_cos", lambda a: a.update(rotary_cos=torch.rand(16, 9), rotary_sin=torch.rand(16, 9))),
+        ("shape", "rotary_cos", lambda a: a.update(rotary_cos=torch.rand(15, 4), rotary_sin=torch.rand(15, 4))),
+        ("shape", "rotary_sin", lambda a: a.update(rotary_cos=torch.rand(16, 4))),
+        ("value", "rotary_interleaved", lambda a: a.update(rotary_interleaved=1)),
+        ("value", "rotary_cos", lambda a: a.update(rotary_cos=torch.rand(16, 4), rotary_sin=torch.rand(16, 4),
+                                                   k=None, v=None)),  # rotary rotates the new k: it needs k
+        ("dtype", "k", lambda a: a.update(k=a["k"].double(), v=a["v"].double())),
+        ("shape", "k_descale", lambda a: a.update(**{n: a[n].to(torch.float8_e4m3fn) for n in
+                                                     ("k_cache", "v_cache", "k", "v")}, k_descale=torch.ones(2, 4))),
+        ("dtype", "k", lambda a: a.update(k_cache=a["k_cache"].to(torch.float8_e4m3fn),
+                                          v_cache=a["v_cache"].to(torch.float8_e4m3fn))),  # new k: the caches' dtype
+        ("value", "return_softmax_lse", lambda a: a.update(return_softmax_lse="yes")),
+    ]),
+    "flash_attn_with_kvcache/contiguous": (lambda: _kvcache_args(), [
+        ("index", "cache_batch_idx", lambda a: a.update(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))),
+        ("index", "cache_batch_idx", lambda a: a.update(cache_batch_idx=torch.tensor([1, 1], dtype=torch.int32))),
+        ("dtype", "cache_batch_idx", lambda a: a.update(cache_batch_idx=torch.tensor([1, 0]))),
+        ("index", "cache_leftpad", lambda a: a.update(cache_leftpad=torch.tensor([4, 0], dtype=torch.int32))),
+        ("shape", "cache_leftpad", lambda a: a.update(cache_leftpad=torch.tensor([0], dtype=torch.int32))),
+        ("index", "rotary_cos", lambda a: a.update(q=torch.randn(2, 3, 4, 16), causal=True,
+                                                   rotary_cos=torch.rand(10, 8), rotary_sin=torch.rand(10, 8))),
+        ("value", "k_cache", lambda a: a.update(k_cache=torch.randn(3, 10, 2, 16), v_cache=torch.randn(3, 10, 2, 16))),
     ]),
 }
 
@@ -319,14 +764,15 @@ def _call(op: str, args: dict[str, object]) -> torch.Tensor:
                          ids=lambda x: x if isinstance(x, str) else None)
 def test_contract_error_names_the_argument(op: str, kind: str, argument: str, mutate: object) -> None:
     make, _ = _CASES[op]
+    name = op.partition("/")[0]
     args = make()
-    _call(op, dict(args))  # the unmodified call is valid
+    _call(name, dict(args))  # the unmodified call is valid
     args = make()
     mutate(args)  # type: ignore[operator]
     with pytest.raises(ContractError) as info:
-        _call(op, args)
+        _call(name, args)
     assert info.value.argument == argument, str(info.value)
-    assert f"{op}: {argument}:" in str(info.value)
+    assert f"{name}: {argument}:" in str(info.value)
 
 
 def test_contract_non_paged_varlen_and_kvcache_shapes() -> None:
