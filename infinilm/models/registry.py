@@ -14,6 +14,7 @@ from typing import Any, Final
 from infinilm.config import ConfigError, ModelConfig
 from infinilm.config_checks import field_problems, hf_error_reason, raise_problems, read_config_json
 from infinilm.models.family import Family
+from infinilm.models.glm4 import GLM4
 from infinilm.models.llama import LLAMA, QWEN2, QWEN3
 from infinilm.models.mamba2 import MAMBA2
 from infinilm.models.mistral import MISTRAL
@@ -26,6 +27,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
     QWEN3,
     MAMBA2,
     MISTRAL,
+    GLM4,
 )
 
 

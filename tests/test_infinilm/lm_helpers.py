@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "glm4")
 SLIDING_WINDOW = 8  # Mistral's: shorter than most test prompts, and than every prompt with its continuation
 # a tiny Mamba2Config: 4 heads x head_dim 16 = expand 2 x hidden 32, d_state 16, conv width 4, chunks of 8
 MAMBA2_BASE: dict[str, object] = {
@@ -21,8 +21,8 @@ MAMBA2_BASE: dict[str, object] = {
 
 def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
     """A small transformers config of `family` (llama with attention and MLP biases, to cover them; mistral with
-    a `SLIDING_WINDOW`; mamba2 from `MAMBA2_BASE`)."""
-    from transformers import LlamaConfig, Mamba2Config, MistralConfig, Qwen2Config, Qwen3Config
+    a `SLIDING_WINDOW`; glm4 turning half of each head of 32; mamba2 from `MAMBA2_BASE`)."""
+    from transformers import Glm4Config, LlamaConfig, Mamba2Config, MistralConfig, Qwen2Config, Qwen3Config
 
     if family == "mamba2":
         return Mamba2Config(**{**MAMBA2_BASE, "tie_word_embeddings": tied, **overrides})
@@ -36,6 +36,8 @@ def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
         return LlamaConfig(**common, attention_bias=True, mlp_bias=True, rope_theta=10000.0)
     if family == "qwen2":
         return Qwen2Config(**common, rope_theta=1e6)
+    if family == "glm4":
+        return Glm4Config(**common, head_dim=32, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=0)
     if family == "mistral":
         return MistralConfig(**{"sliding_window": SLIDING_WINDOW, **common}, rope_theta=1e4)
     return Qwen3Config(**common, head_dim=32, rope_theta=1e6)

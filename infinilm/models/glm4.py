@@ -1,0 +1,114 @@
+"""GLM-4 (HF ``Glm4ForCausalLM``): the Llama decoder with sandwich norms and interleaved partial RoPE.
+
+Each layer (transformers' ``Glm4DecoderLayer``): ``h = x + post_self_attn_layernorm(attn(input_layernorm(x)))``,
+then ``h + post_mlp_layernorm(mlp(post_attention_layernorm(h)))``; q, k and v carry a bias when
+``attention_bias`` (the default), o_proj never; the MLP's gate and up projections are one checkpoint tensor,
+``mlp.gate_up_proj`` (gate rows first). RoPE turns the first ``rotary_dim = head_dim * partial_rotary_factor``
+channels of each head (default factor 0.5) as interleaved pairs ``(x[2i], x[2i + 1])`` (GPT-J style), with
+frequency i of ``rotary_dim / 2``; the other channels pass through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import torch
+
+from infinilm.config import ModelConfig
+from infinilm.layers.attention import Attention, AttnContext
+from infinilm.layers.norm import RMSNorm
+from infinilm.layers.rotary import RotaryEmbedding, inverse_frequencies
+from infinilm.models.decoder import DecoderLayer, DecoderModel
+from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
+from infinilm.models.family import Family, GatePlan
+
+__all__ = ["GLM4", "Glm4Config", "Glm4Layer", "Glm4Model", "InterleavedRotary"]
+
+_LIMITS: Final = decoder_limits(("tie_word_embeddings", "attention_bias"))
+
+
+@dataclass(frozen=True)
+class Glm4Config(ModelConfig):
+    """A GLM-4 `ModelConfig`; `rotary_dim`: the leading channels of each head that RoPE turns."""
+
+    rotary_dim: int = 0
+
+
+def _translate(hf: Any) -> ModelConfig:
+    """A `Glm4Config` (see `decoder_config` for what is checked; ``partial_rotary_factor`` in ``(0, 1]``)."""
+    bias = bool(getattr(hf, "attention_bias", True))
+    return decoder_config(hf, _LIMITS, qkv_bias=bias, o_bias=False, mlp_bias=False, qk_norm=False,
+                          partial_rotary=True, config_class=Glm4Config)
+
+
+class InterleavedRotary(RotaryEmbedding):
+    """RoPE on the first `rotary_dim` channels of q ``[T, Hq, D]`` and k ``[T, Hkv, D]``, pairing channels
+    ``2i`` and ``2i + 1``; cos/sin tables computed in fp32 and cast to the model dtype, as transformers does."""
+
+    __slots__ = ("rotary_dim",)
+
+    def __init__(self, config: ModelConfig, rotary_dim: int, max_len: int, *, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        inv, scaling = inverse_frequencies(config, rotary_dim)
+        freqs = torch.arange(max_len, device=device, dtype=torch.int64).float()[:, None] * inv.to(device)[None, :]
+        self.cos = (freqs.cos() * scaling).to(dtype)
+        self.sin = (freqs.sin() * scaling).to(dtype)
+        self.half, self.rotary_dim = rotary_dim // 2, rotary_dim
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        turned, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        even, odd = turned[..., 0::2], turned[..., 1::2]
+        pairs = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+        return torch.cat((pairs, rest), dim=-1)
+
+
+class Glm4Layer(DecoderLayer):
+    """`DecoderLayer` with a norm after the attention and after the MLP, each before its residual add."""
+
+    __slots__ = ("post_mlp_layernorm", "post_self_attn_layernorm")
+
+    def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__(c, plan, attn, dtype, device)
+        self.post_self_attn_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
+        self.post_mlp_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
+
+    def norms(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The four norms, under transformers' names."""
+        return {**super().norms(prefix),
+                f"{prefix}.post_self_attn_layernorm.weight": self.post_self_attn_layernorm.weight,
+                f"{prefix}.post_mlp_layernorm.weight": self.post_mlp_layernorm.weight}
+
+    def targets(self, prefix: str) -> dict[str, torch.Tensor]:
+        """`DecoderLayer.targets`, the packed gate and up projection loading from one ``mlp.gate_up_proj``."""
+        out = super().targets(prefix)
+        del out[f"{prefix}.mlp.gate_proj.weight"], out[f"{prefix}.mlp.up_proj.weight"]
+        out[f"{prefix}.mlp.gate_up_proj.weight"] = self.gate_up_proj.weight
+        return out
+
+    def __call__(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_norm(hidden, residual)
+        hidden = self.post_self_attn_layernorm(self.attention(positions, hidden, rope, k_cache, v_cache, ctx))
+        hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
+        return self.post_mlp_layernorm(self.mlp(hidden)), residual
+
+
+class Glm4Model(DecoderModel):
+    """`DecoderModel` of `Glm4Layer`s with interleaved partial RoPE."""
+
+    layer_class = Glm4Layer
+
+    def rotary(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> RotaryEmbedding:
+        """Interleaved RoPE over the config's `Glm4Config.rotary_dim` leading channels."""
+        return InterleavedRotary(config, cast(Glm4Config, config).rotary_dim, max_len, dtype=dtype, device=device)
+
+
+GLM4: Final = Family("glm4", _LIMITS, _translate, attention_problems, Glm4Model)
