@@ -253,6 +253,233 @@ def test_dt_processing() -> None:
     torch.testing.assert_close(got[0, :2], F.softplus(dt[0, :2]))
     assert process_dt(dt, None, False, (0.0, math.inf), torch.float64)[0, 0] == 0.0  # negative steps clamp to 0
     assert process_dt(dt, torch.tensor([1.0]), False, (0.0, 2.0), torch.float64).tolist() == [[0.0, 1.5, 2.0]]
+    assert process_dt(dt, None, False, None, torch.float64).tolist() == dt.tolist()  # no limit: no clamp
+
+
+# --- mamba's and causal-conv1d's semantics and arguments ---------------------------------------------
+
+def _mamba_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """mamba's ``selective_state_update_ref`` in float64, untied form (dt [B, H, P], A [H, P, N], dt_bias
+    [H, P], D [H, P], B/C [B, H, N] per head): no softplus, no clamp; returns (out, new state)."""
+    step = (dt + dt_bias)[..., None]  # [B, H, P, 1]
+    new = state * torch.exp(step * A) + step * B[:, :, None, :] * x[..., None]
+    return (new * C[:, :, None, :]).sum(-1) + x * D, new
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_state_update_never_clamps_a_negative_step(provider: str) -> None:
+    """mamba's selective_state_update has no dt_limit: with dt_softplus=False a negative dt + dt_bias stays
+    negative (the state grows by exp(|dt A|)); the SSD scan still clamps to its (0, inf) default."""
+    r = Rand(30)
+    b, h, p, n = 2, 3, 4, 8
+    state, x, B, C = r(b, h, p, n), r(b, h, p), r(b, 1, n), r(b, 1, n)
+    dt = torch.tensor([[-0.4, 0.2, -1.5], [0.3, -0.8, 0.1]])
+    A, D, dt_bias = -torch.exp(r(h, scale=0.5)), r(h), torch.tensor([0.05, -0.1, 0.2])
+    untied = dict(dt=dt[..., None].expand(b, h, p).double(), A=A[:, None, None].expand(h, p, n).double(),
+                  dt_bias=dt_bias[:, None].expand(h, p).double(), D=D[:, None].expand(h, p).double())
+    want, want_state = _mamba_step(state.double(), x.double(), untied["dt"], untied["A"], B.double().expand(b, h, n),
+                                   C.double().expand(b, h, n), untied["D"], untied["dt_bias"])
+    got_state = state.clone()
+    with io.use(provider):
+        got = io.selective_state_update(got_state, x, dt, A, B, C, D=D, dt_bias=dt_bias)
+        scanned, scan_state = io.selective_scan(x[:, None], dt[:, None], A, B[:, None], C[:, None], D=D,
+                                                dt_bias=dt_bias, initial_states=state, return_final_states=True)
+    _check("selective_state_update", got, want, torch.float32)
+    _check("selective_state_update", got_state, want_state, torch.float32)
+    step = (untied["dt"] + untied["dt_bias"]).clamp(min=0.0)  # the scan's dt_limit (0, inf)
+    scan_want, scan_want_state = _mamba_step(state.double(), x.double(), step, untied["A"],
+                                             B.double().expand(b, h, n), C.double().expand(b, h, n), untied["D"],
+                                             torch.zeros_like(untied["dt_bias"]))
+    _check("selective_scan", scanned[:, 0], scan_want, torch.float32)
+    _check("selective_scan", scan_state, scan_want_state, torch.float32)
+    assert (want_state - scan_want_state).abs().max() > 0.1  # the two rules differ on this input
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_state_update_takes_mambas_untied_layouts(provider: str) -> None:
+    """dt [B, H, P], A [H, P, N] and dt_bias [H, P], each on its own, follow mamba's per-channel recurrence;
+    stride-0 views of per-head values (mamba's "tied" calls) equal the per-head call."""
+    r = Rand(31)
+    b, h, p, n, g = 3, 4, 4, 8, 2
+    state, x, B, C = r(b, h, p, n), r(b, h, p), r(b, g, n), r(b, g, n)
+    dt, A, dt_bias, D = r.uniform(b, h, p, low=-0.1, high=0.3), -r.uniform(h, p, n, low=0.1, high=2.0), \
+        r(h, p, scale=0.1), r(h, p)
+    rep = lambda t: t.double().repeat_interleave(h // g, dim=1)  # noqa: E731
+    for form in ({"dt": dt}, {"A": A}, {"dt_bias": dt_bias}, {"dt": dt, "A": A, "dt_bias": dt_bias}):
+        args = {"dt": dt.mean(2), "A": A.mean((1, 2)), "dt_bias": dt_bias.mean(1)} | form
+        full = {"dt": args["dt"] if args["dt"].dim() == 3 else args["dt"][..., None].expand(b, h, p),
+                "A": args["A"] if args["A"].dim() == 3 else args["A"][:, None, None].expand(h, p, n),
+                "dt_bias": args["dt_bias"] if args["dt_bias"].dim() == 2 else args["dt_bias"][:, None].expand(h, p)}
+        want, want_state = _mamba_step(state.double(), x.double(), full["dt"].double(), full["A"].double(), rep(B),
+                                       rep(C), D.double(), full["dt_bias"].double())
+        got_state = state.clone()
+        with io.use(provider):
+            got = io.selective_state_update(got_state, x, args["dt"], args["A"], B, C, D=D, dt_bias=args["dt_bias"])
+        _check("selective_state_update", got, want, torch.float32)
+        _check("selective_state_update", got_state, want_state, torch.float32)
+    per_head, tied = state.clone(), state.clone()
+    with io.use(provider):
+        y = io.selective_state_update(per_head, x, dt[:, :, 0], A[:, 0, 0], B, C, D=D, dt_bias=dt_bias[:, 0])
+        y_tied = io.selective_state_update(tied, x, dt[:, :, :1].expand(b, h, p), A[:, :1, :1].expand(h, p, n), B, C,
+                                           D=D, dt_bias=dt_bias[:, :1].expand(h, p))
+    assert torch.equal(y, y_tied) and torch.equal(per_head, tied)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_state_update_keeps_16bit_states(provider: str, dtype: torch.dtype) -> None:
+    """A 16-bit state (mamba's kernel keeps any) is updated in fp32 and rounded once to its dtype; the
+    output comes from the unrounded state, as from a float32 state holding the same values."""
+    r = Rand(32)
+    args, kwargs = _update_inputs(r, dtype, slots=3, b=3, h=4, p=8, g=2, n=8)
+    state16 = args[0].to(dtype)
+    state32 = state16.float()
+    with io.use(provider):
+        y16 = io.selective_state_update(state16, *args[1:], **kwargs)
+        y32 = io.selective_state_update(state32, *args[1:], **kwargs)
+    assert state16.dtype == dtype
+    assert torch.equal(y16, y32)
+    assert torch.equal(state16, state32.to(dtype))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_conv_update_circular_state_is_a_rotated_rolling_state(provider: str) -> None:
+    """causal-conv1d's cache_seqlens: the slot, read from its write position on, is the rolling state of the
+    plain update (same outputs), and after the step it is the new rolling state read from position + L;
+    a padded row leaves its slot alone."""
+    r = Rand(33)
+    d, w, s = 8, 4, 5
+    for length in (1, 3, 7):  # 7 > S: the later columns win
+        x, weight, bias = _conv_inputs(r, torch.float32, 3, d, length, w)
+        state = r(4, d, s)
+        pos = torch.tensor([7, 0, 12], dtype=torch.int32)
+        index = torch.tensor([2, -1, 0], dtype=torch.int32)
+        rolled = [(int(q) + torch.arange(s)) % s for q in pos]
+        rolling = torch.stack([state[int(i)][:, rolled[b]] for b, i in enumerate(index.clamp(min=0))])
+        circ = state.clone()
+        with io.use(provider):
+            got = io.causal_conv1d_update(x, circ, weight, bias, "silu", pos, index)
+            want = io.causal_conv1d_update(x, rolling, weight, bias, activation="silu")
+        for b, i in enumerate(index.tolist()):
+            if i < 0:
+                assert torch.equal(got[b], torch.zeros_like(got[b]))
+                continue
+            torch.testing.assert_close(got[b], want[b])
+            after = (int(pos[b]) + length + torch.arange(s)) % s
+            assert torch.equal(circ[i][:, after], rolling[b])
+        assert torch.equal(circ[[1, 3]], state[[1, 3]])
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_conv_final_states_out_is_filled_and_returned(provider: str) -> None:
+    """causal-conv1d's final_states_out: the final states are written into the caller's buffer (any layout)
+    and it is the tensor returned; without return_final_states it is refused (the peer ignores it)."""
+    r = Rand(34)
+    x, weight, bias = _conv_inputs(r, torch.float32, 2, 6, 11, 4)
+    buffer = torch.full((2, 3, 6), math.nan).transpose(1, 2)
+    with io.use(provider):
+        out, final = io.causal_conv1d(x, weight, bias, None, None, True, buffer, "silu")
+        want_out, want_final = io.causal_conv1d(x, weight, bias, activation="silu", return_final_states=True)
+    assert final is buffer
+    assert torch.equal(buffer, want_final) and torch.equal(out, want_out)
+    with pytest.raises(ContractError, match="final_states_out: is written only with return_final_states=True"):
+        io.causal_conv1d(x, weight, bias, final_states_out=buffer)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_packed_conv_equals_one_update_per_sequence(provider: str) -> None:
+    """vLLM's packed prefill: each sequence of x [D, T] is causal_conv1d_update of its columns against its
+    slot (zeroed without an initial state), the slot keeping the last S columns; a padded sequence (-1)
+    outputs 0 and leaves every slot alone; an empty one only resets its slot."""
+    r = Rand(35)
+    d, w, s, lengths = 8, 4, 5, (6, 0, 2, 9, 3)
+    starts = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    x = r(sum(lengths), d).t()  # vLLM's channel-last layout
+    weight, bias = r(d, w, scale=0.5), r(d)
+    states = r(6, d, s)
+    index = torch.tensor([4, 1, -1, 0, 2], dtype=torch.int32)
+    initial = torch.tensor([True, False, True, False, True])
+    packed = states.clone()
+    with io.use(provider):
+        out = io.causal_conv1d(x, weight, bias, activation="silu", conv_states=packed, query_start_loc=starts,
+                               cache_indices=index, has_initial_state=initial)
+        assert out.shape == x.shape and out.stride() == x.stride()
+        for i, (lo, hi) in enumerate(zip(starts[:-1].tolist(), starts[1:].tolist())):
+            slot = int(index[i])
+            if slot < 0:
+                assert torch.equal(out[:, lo:hi], torch.zeros(d, hi - lo))
+                continue
+            state = states[slot:slot + 1].clone() if initial[i] else torch.zeros(1, d, s)
+            if hi > lo:
+                want = io.causal_conv1d_update(x[None, :, lo:hi], state, weight, bias, activation="silu")
+                torch.testing.assert_close(out[:, lo:hi], want[0])
+            assert torch.equal(packed[slot], state[0])
+    assert torch.equal(packed[[3, 5]], states[[3, 5]])
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_packed_scan_equals_one_scan_per_sequence(provider: str) -> None:
+    """mamba's packed row: each sequence of cu_seqlens starts from its own initial state (mamba's one-row
+    form: the first sequence's, the others from zero), seq_idx restarts inside a sequence as well, the
+    varlen states are each sequence's final state (an empty one's is its initial state), the final state
+    is the last sequence's; results come in mamba's order."""
+    r = Rand(36)
+    lengths, h, p, g, n = (9, 0, 21, 5), 2, 4, 1, 8
+    total = sum(lengths)
+    (x, dt, A, B, C), kwargs = _scan_inputs(r, torch.float32, 1, total, h, p, g, n)
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    init = r(len(lengths), h, p, n)
+    seq_idx = _runs(1, total, (3, 20))  # restarts inside sequences 0 and 2
+    for initial in (init, init[:1]):
+        with io.use(provider):
+            y, final, varlen = io.selective_scan(x, dt, A, B, C, 8, **kwargs, initial_states=initial,
+                                                 seq_idx=seq_idx, cu_seqlens=cu, return_final_states=True,
+                                                 return_varlen_states=True)
+            only_varlen = io.selective_scan(x, dt, A, B, C, 8, **kwargs, initial_states=initial, seq_idx=seq_idx,
+                                            cu_seqlens=cu, return_varlen_states=True)
+            for i, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+                own = initial[i:i + 1] if i < initial.shape[0] else torch.zeros(1, h, p, n)
+                if hi == lo:
+                    assert torch.equal(varlen[i], own[0])
+                    continue
+                part = slice(lo, hi)
+                want, want_state = io.selective_scan(
+                    x[:, part], dt[:, part], A, B[:, part], C[:, part], 16, **kwargs | {"z": kwargs["z"][:, part]},
+                    initial_states=own, seq_idx=seq_idx[:, part], return_final_states=True)
+                _check("selective_scan", y[:, part], want.double(), torch.float32)
+                _check("selective_scan", varlen[i:i + 1], want_state.double(), torch.float32)
+        assert torch.equal(final, varlen[-1:]) and final.shape == (1, h, p, n)
+        assert len(only_varlen) == 2 and torch.equal(only_varlen[1], varlen)
+
+
+def test_entry_points_take_the_peers_argument_order() -> None:
+    """Positional calls written for the peers run unchanged: causal-conv1d's causal_conv1d_fn (x, weight,
+    bias, seq_idx, initial_states, return_final_states, final_states_out, activation) and
+    causal_conv1d_update (x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices),
+    mamba's mamba_chunk_scan_combined (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+    seq_idx, cu_seqlens, dt_softplus, dt_limit, return_final_states, return_varlen_states) and
+    selective_state_update (state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices)."""
+    r = Rand(37)
+    x, weight, bias = _conv_inputs(r, torch.float32, 2, 8, 10, 4)
+    init = r(2, 8, 3)
+    assert all(torch.equal(a, b) for a, b in zip(
+        io.causal_conv1d(x, weight, bias, None, init, True, None, "silu"),
+        io.causal_conv1d(x, weight, bias, initial_states=init, return_final_states=True, activation="silu")))
+    state, index = r(3, 8, 3), torch.tensor([2, 0], dtype=torch.int32)
+    s1, s2 = state.clone(), state.clone()
+    assert torch.equal(io.causal_conv1d_update(x[:, :, 0], s1, weight, bias, "silu", None, index),
+                       io.causal_conv1d_update(x[:, :, 0], s2, weight, bias, activation="silu",
+                                               conv_state_indices=index))
+    (sx, sdt, A, B, C), kw = _scan_inputs(r, torch.float32, 1, 12, 2, 4, 1, 8)
+    positional = io.selective_scan(sx, sdt, A, B, C, 4, kw["D"], kw["z"], kw["dt_bias"], None, None, None, True,
+                                   (0.0, math.inf), True, False)
+    named = io.selective_scan(sx, sdt, A, B, C, chunk_size=4, **kw, return_final_states=True)
+    assert all(torch.equal(a, b) for a, b in zip(positional, named))
+    (st, ux, udt, uA, uB, uC), ukw = _update_inputs(r, torch.float32, slots=3, b=2, h=4, p=4, g=2, n=8)
+    st2, idx = st.clone(), torch.tensor([2, 0])
+    positional = io.selective_state_update(st, ux, udt, uA, uB, uC, ukw["D"], ukw["z"], ukw["dt_bias"], True, idx)
+    assert torch.equal(positional, io.selective_state_update(st2, ux, udt, uA, uB, uC, **ukw, state_batch_indices=idx))
 
 
 # --- empty inputs, unchecked indices ---------------------------------------------------------------
@@ -323,6 +550,39 @@ def _scan_call(**change: Any) -> Any:
     return io.selective_scan(*[kw.pop(k) for k in ("x", "dt", "A", "B", "C")], **kw)
 
 
+def _packed_conv_args() -> dict[str, Any]:
+    r = Rand(17)
+    return {"x": r(12, 8).t(), "weight": r(8, 4), "bias": r(8), "conv_states": r(4, 8, 3),
+            "query_start_loc": torch.tensor([0, 5, 5, 12], dtype=torch.int32),
+            "cache_indices": torch.tensor([3, -1, 0], dtype=torch.int32),
+            "has_initial_state": torch.tensor([True, False, False])}
+
+
+def _packed_conv_call(**change: Any) -> Any:
+    kw = _packed_conv_args() | change
+    return io.causal_conv1d(kw.pop("x"), kw.pop("weight"), kw.pop("bias"), activation="silu", **kw)
+
+
+def _circular_update_args() -> dict[str, Any]:
+    return _conv_update_args() | {"cache_seqlens": torch.tensor([4, 1], dtype=torch.int32)}
+
+
+def _circular_update_call(**change: Any) -> Any:
+    return _conv_update_call(**(_circular_update_args() | change))
+
+
+def _packed_scan_args() -> dict[str, Any]:
+    args, kwargs = _scan_inputs(Rand(18), torch.float32, 1, 10, 4, 4, 2, 8)
+    return dict(zip(("x", "dt", "A", "B", "C"), args)) | kwargs | {
+        "initial_states": Rand(19)(2, 4, 4, 8), "cu_seqlens": torch.tensor([0, 7, 10], dtype=torch.int32),
+        "return_varlen_states": True}
+
+
+def _packed_scan_call(**change: Any) -> Any:
+    kw = _packed_scan_args() | change
+    return io.selective_scan(*[kw.pop(k) for k in ("x", "dt", "A", "B", "C")], **kw)
+
+
 def _update_args() -> dict[str, Any]:
     args, kwargs = _update_inputs(Rand(15), torch.float32, slots=4, b=2, h=4, p=4, g=2, n=8)
     return dict(zip(("state", "x", "dt", "A", "B", "C"), args)) | kwargs | {
@@ -344,6 +604,21 @@ _ERRORS: list[tuple[Callable[..., None], str, dict[str, Any]]] = [
     (_conv_call, "x", {"x": torch.randn(2, 16, 20)[:, ::2, ::2]}),
     (_conv_call, "activation", {"activation": "gelu"}),
     (_conv_call, "initial_states", {"initial_states": torch.randn(2, 8, 4)}),
+    (_conv_call, "final_states_out", {"final_states_out": torch.randn(2, 8, 3)}),  # without return_final_states
+    (_conv_call, "final_states_out", {"return_final_states": True, "final_states_out": torch.randn(2, 8, 2)}),
+    (_conv_call, "final_states_out", {"return_final_states": True,
+                                      "final_states_out": torch.randn(1, 8, 3).expand(2, 8, 3)}),
+    (_conv_call, "conv_states", {"conv_states": torch.randn(2, 8, 3)}),  # without query_start_loc
+    # causal_conv1d, vLLM's packed form
+    (_packed_conv_call, "query_start_loc", {"query_start_loc": torch.tensor([0, 6, 5, 12], dtype=torch.int32)}),
+    (_packed_conv_call, "query_start_loc", {"query_start_loc": torch.tensor([0, 5, 5, 11], dtype=torch.int32)}),
+    (_packed_conv_call, "has_initial_state", {"has_initial_state": torch.tensor([1, 0, 0])}),
+    (_packed_conv_call, "cache_indices", {"cache_indices": torch.tensor([3, 4, 0], dtype=torch.int32)}),
+    (_packed_conv_call, "cache_indices", {"cache_indices": torch.tensor([0, -1, 0], dtype=torch.int32)}),
+    (_packed_conv_call, "x", {"x": torch.randn(1, 8, 12)}),
+    (_packed_conv_call, "seq_idx", {"seq_idx": torch.zeros(1, 12, dtype=torch.int32)}),
+    (_packed_conv_call, "conv_states", {"conv_states": None}),
+    (_packed_conv_call, "conv_states", {"conv_states": torch.randn(4, 8, 2)}),
     # causal_conv1d_update
     (_conv_update_call, "conv_state", {"conv_state": torch.randn(4, 8, 2)}),
     (_conv_update_call, "conv_state", {"conv_state": torch.randn(4, 8, 3, dtype=torch.float16)}),
@@ -351,6 +626,9 @@ _ERRORS: list[tuple[Callable[..., None], str, dict[str, Any]]] = [
     (_conv_update_call, "conv_state", {"conv_state": torch.randn(1, 8, 3).expand(4, 8, 3)}),
     (_conv_update_call, "x", {"x": torch.randn(2, 16, 3)[:, ::2, ::2]}),
     (_conv_update_call, "conv_state_indices", {"conv_state_indices": torch.tensor([4, 0], dtype=torch.int32)}),
+    (_circular_update_call, "cache_seqlens", {"cache_seqlens": torch.tensor([-1, 0], dtype=torch.int32)}),
+    (_circular_update_call, "cache_seqlens", {"cache_seqlens": torch.tensor([1, 0, 2], dtype=torch.int32)}),
+    (_circular_update_call, "cache_seqlens", {"cache_seqlens": torch.tensor([1.0, 0.0])}),
     # selective_scan
     (_scan_call, "B", {"B": torch.randn(2, 10, 3, 8)}),
     (_scan_call, "dt", {"dt": torch.randn(2, 9, 4)}),
@@ -361,9 +639,18 @@ _ERRORS: list[tuple[Callable[..., None], str, dict[str, Any]]] = [
     (_scan_call, "D", {"D": torch.randn(4, 3)}),
     (_scan_call, "dt_limit", {"dt_limit": (1.0, 0.0)}),
     (_scan_call, "chunk_size", {"chunk_size": 0}),
+    (_scan_call, "return_varlen_states", {"return_varlen_states": True}),  # without cu_seqlens
+    (_scan_call, "x", {"cu_seqlens": torch.tensor([0, 4, 10], dtype=torch.int32)}),  # Bt = 2
+    # selective_scan, mamba's packed row
+    (_packed_scan_call, "cu_seqlens", {"cu_seqlens": torch.tensor([0, 7, 9], dtype=torch.int32)}),
+    (_packed_scan_call, "cu_seqlens", {"cu_seqlens": torch.tensor([0, 7, 10.0])}),
+    (_packed_scan_call, "initial_states", {"initial_states": torch.randn(3, 4, 4, 8)}),
     # selective_state_update
     (_update_call, "C", {"C": torch.randn(2, 2, 9)}),
-    (_update_call, "state", {"state": torch.randn(4, 4, 4, 8, dtype=torch.bfloat16)}),
+    (_update_call, "state", {"state": torch.zeros(4, 4, 4, 8, dtype=torch.int32)}),
+    (_update_call, "dt", {"dt": torch.randn(2, 4, 3)}),
+    (_update_call, "A", {"A": torch.randn(4, 4, 3)}),
+    (_update_call, "dt_bias", {"dt_bias": torch.randn(4, 5)}),
     (_update_call, "z", {"z": torch.randn(2, 4, 4, device=META)}),
     (_update_call, "state", {"state": torch.randn(4, 4, 4, 16)[..., ::2]}),
     (_update_call, "state", {"state": torch.randn(1, 4, 4, 8).expand(4, 4, 4, 8)}),
@@ -381,7 +668,8 @@ def test_contract_errors_name_the_argument(call: Callable[..., None], argument: 
     assert f": {argument}: " in str(err.value)
 
 
-@pytest.mark.parametrize("call", [_conv_call, _conv_update_call, _scan_call, _update_call])
+@pytest.mark.parametrize("call", [_conv_call, _packed_conv_call, _conv_update_call, _circular_update_call, _scan_call,
+                                  _packed_scan_call, _update_call])
 def test_valid_calls_of_the_error_table_pass(call: Callable[..., None]) -> None:
     call()
 
@@ -390,8 +678,11 @@ def test_valid_calls_of_the_error_table_pass(call: Callable[..., None]) -> None:
 
 _ENTRY_POINTS: dict[str, tuple[Callable[[], dict[str, Any]], Callable[..., Any]]] = {
     "causal_conv1d": (_conv_args, _conv_call),
+    "causal_conv1d packed": (_packed_conv_args, _packed_conv_call),
     "causal_conv1d_update": (_conv_update_args, _conv_update_call),
+    "causal_conv1d_update circular": (_circular_update_args, _circular_update_call),
     "selective_scan": (_scan_args, _scan_call),
+    "selective_scan packed": (_packed_scan_args, _packed_scan_call),
     "selective_state_update": (_update_args, _update_call),
 }
 
@@ -413,6 +704,45 @@ def test_repeated_state_index_is_rejected_when_checked(provider: str, op: str, n
     with io.use(provider), io.checked_indices():
         out = call(**{state: states, name: torch.tensor([-1, -1], dtype=torch.int32)})
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(states, before)
+
+
+def _new_forms(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """final_states_out, the packed conv, the circular update and the packed scan (its three result forms);
+    returns every result and mutated tensor."""
+    buffer, states, circular = i["buffer"].clone(), i["states"].clone(), i["circular"].clone()
+    y, final = io.causal_conv1d(i["x"], i["w"], i["b"], None, None, True, buffer, "silu")
+    packed = io.causal_conv1d(i["px"], i["w"], i["b"], activation="silu", conv_states=states,
+                              query_start_loc=i["qsl"], has_initial_state=i["has_init"])
+    u = io.causal_conv1d_update(i["x"][:, :, 0], circular, i["w"], i["b"], "silu", i["pos"])
+    args = (i["sx"], i["sdt"], i["sA"], i["sB"], i["sC"], 4)
+    s1, v1 = io.selective_scan(*args, cu_seqlens=i["cu"], initial_states=i["init"], return_varlen_states=True)
+    s2, f2, v2 = io.selective_scan(*args, cu_seqlens=i["cu"], return_final_states=True, return_varlen_states=True)
+    s3, f3 = io.selective_scan(*args, cu_seqlens=i["cu"], return_final_states=True)
+    return [y, final, buffer, packed, states, u, circular, s1, v1, s2, f2, v2, s3, f3]
+
+
+def test_new_forms_are_custom_operators_for_compile_and_fake_tensors() -> None:
+    """torch.compile(fullgraph=True) traces the new argument forms with no graph break (one custom operator
+    each, the in-place states annotated) and matches eager; FakeTensor calls give the eager shapes."""
+    r = Rand(20)
+    i = {"x": r(2, 8, 6), "w": r(8, 4), "b": r(8), "buffer": r(2, 8, 3), "px": r(9, 8).t(), "states": r(3, 8, 3),
+         "qsl": torch.tensor([0, 4, 4, 9], dtype=torch.int32), "has_init": torch.tensor([True, False, True]),
+         "circular": r(2, 8, 5), "pos": torch.tensor([3, 9], dtype=torch.int32), "sx": r(1, 12, 2, 4),
+         "sdt": r(1, 12, 2), "sA": -torch.rand(2) - 0.1, "sB": r(1, 12, 1, 8), "sC": r(1, 12, 1, 8),
+         "cu": torch.tensor([0, 5, 12], dtype=torch.int32), "init": r(2, 2, 4, 8)}
+    with io.use("torch"):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(_new_forms)(i)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        torch._dynamo.reset()
+        compiled = torch.compile(_new_forms, fullgraph=True, backend="aot_eager")(i)
+        eager = _new_forms(i)
+    assert len(compiled) == len(eager)
+    for n, (got, want) in enumerate(zip(compiled, eager)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"output {n}")
+    with FakeTensorMode() as mode:
+        fake = _new_forms({k: mode.from_tensor(v) for k, v in i.items()})
+    assert [(f.shape, f.dtype, f.stride()) for f in fake] == [(e.shape, e.dtype, e.stride()) for e in eager]
 
 
 @pytest.mark.parametrize("op", list(_ENTRY_POINTS))

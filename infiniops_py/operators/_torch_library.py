@@ -13,6 +13,7 @@ Mutation annotations follow each contract: the caches of ``reshape_and_cache_fla
 only mutates returns nothing (the public function returns the mutated argument), since a custom operator's
 output must not alias an input. Entry points whose return type depends on a flag have one overload per
 form (``causal_conv1d.with_final_states``, ``selective_scan.with_final_states``, ``*.out``,
+``causal_conv1d.final_states_out``, ``selective_scan.with_varlen_states`` (whose last state is the final one),
 ``flash_attn_*.with_lse`` for ``return_softmax_lse=True``).
 
 Mechanism: the low-level ``torch.library.Library`` ``define``/``impl`` pair, not the
@@ -86,15 +87,20 @@ SCHEMAS: Final[dict[str, str]] = {
     "causal_conv1d.with_final_states": "causal_conv1d.with_final_states(Tensor x, Tensor weight, Tensor? bias, "
                                        "str? activation, Tensor? seq_idx, Tensor? initial_states) "
                                        "-> (Tensor, Tensor)",
+    "causal_conv1d.final_states_out": "causal_conv1d.final_states_out(Tensor x, Tensor weight, Tensor? bias, "
+                                      "str? activation, Tensor? seq_idx, Tensor? initial_states, "
+                                      "Tensor(a!) final_states_out) -> Tensor",
+    "causal_conv1d.varlen": "causal_conv1d.varlen(Tensor x, Tensor weight, Tensor? bias, str? activation, "
+                            "Tensor(a!) conv_states, Tensor query_start_loc, Tensor? cache_indices, "
+                            "Tensor? has_initial_state) -> Tensor",
     "causal_conv1d_update": "causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, "
-                            "str? activation, Tensor? conv_state_indices) -> Tensor",
-    "selective_scan": "selective_scan(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
-                      "Tensor? dt_bias, bool dt_softplus, float[] dt_limit, Tensor? initial_states, "
-                      "Tensor? seq_idx, int chunk_size) -> Tensor",
-    "selective_scan.with_final_states": "selective_scan.with_final_states(Tensor x, Tensor dt, Tensor A, Tensor B, "
-                                        "Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, "
-                                        "float[] dt_limit, Tensor? initial_states, Tensor? seq_idx, "
-                                        "int chunk_size) -> (Tensor, Tensor)",
+                            "str? activation, Tensor? conv_state_indices, Tensor? cache_seqlens) -> Tensor",
+    **{f"selective_scan{overload}": f"selective_scan{overload}(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+                                    "Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, float[] dt_limit, "
+                                    "Tensor? initial_states, Tensor? seq_idx, int chunk_size, Tensor? cu_seqlens) "
+                                    f"-> {result}"
+       for overload, result in (("", "Tensor"), (".with_final_states", "(Tensor, Tensor)"),
+                                (".with_varlen_states", "(Tensor, Tensor)"))},
     "selective_state_update": "selective_state_update(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, "
                               "Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, "
                               "Tensor? state_batch_indices) -> Tensor",
@@ -141,10 +147,19 @@ def _kernels() -> dict[str, Callable[..., Any]]:
         return cc.causal_conv1d(x, weight, bias, activation=activation, seq_idx=seq_idx,
                                 initial_states=initial_states, return_final_states=final)
 
-    def scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx, chunk_size, final=False):
-        return ss.selective_scan(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+    def conv_final_out(x, weight, bias, activation, seq_idx, initial_states, final_states_out):
+        return cc.causal_conv1d(x, weight, bias, seq_idx, initial_states, True, final_states_out, activation)[0]
+
+    def conv_varlen(x, weight, bias, activation, conv_states, query_start_loc, cache_indices, has_initial_state):
+        return cc.causal_conv1d(x, weight, bias, activation=activation, conv_states=conv_states,
+                                query_start_loc=query_start_loc, cache_indices=cache_indices,
+                                has_initial_state=has_initial_state)
+
+    def scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx, chunk_size, cu_seqlens,
+             final=False, varlen=False):
+        return ss.selective_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                  dt_limit=tuple(dt_limit), initial_states=initial_states, seq_idx=seq_idx,
-                                 return_final_states=final, chunk_size=chunk_size)
+                                 cu_seqlens=cu_seqlens, return_final_states=final, return_varlen_states=varlen)
 
     return {
         "gemm": gemm,
@@ -164,10 +179,14 @@ def _kernels() -> dict[str, Callable[..., Any]]:
         "flash_attn_with_kvcache.with_lse": lambda *args: tuple(kvcache(*args, lse=True)),
         "causal_conv1d": conv,
         "causal_conv1d.with_final_states": lambda *args: tuple(conv(*args, final=True)),
-        "causal_conv1d_update": lambda x, conv_state, weight, bias, activation, indices: cc.causal_conv1d_update(
-            x, conv_state, weight, bias, activation=activation, conv_state_indices=indices),
+        "causal_conv1d.final_states_out": conv_final_out,
+        "causal_conv1d.varlen": conv_varlen,
+        "causal_conv1d_update": lambda x, conv_state, weight, bias, activation, indices, cache_seqlens: (
+            cc.causal_conv1d_update(x, conv_state, weight, bias, activation=activation, cache_seqlens=cache_seqlens,
+                                    conv_state_indices=indices)),
         "selective_scan": scan,
         "selective_scan.with_final_states": lambda *args: tuple(scan(*args, final=True)),
+        "selective_scan.with_varlen_states": lambda *args: tuple(scan(*args, varlen=True)),
         "selective_state_update": lambda state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx: (
             ss.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                       state_batch_indices=idx)),
@@ -203,6 +222,10 @@ def _fake_conv_final(x: torch.Tensor, weight: torch.Tensor, *_: Any) -> tuple[to
     return _conv_out(x), x.new_empty((x.shape[0], x.shape[1], weight.shape[1] - 1))
 
 
+def _fake_conv_varlen(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    return _conv_out(x.unsqueeze(0))[0]  # x [D, T]: the output keeps its layout
+
+
 def _fake_conv_update(x: torch.Tensor, *_: Any) -> torch.Tensor:
     if x.dim() == 2:
         return x.new_empty(x.shape)
@@ -224,6 +247,14 @@ def _fake_scan_final(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torc
     return x.new_empty(x.shape), x.new_empty((bt, h, p, B.shape[-1]), dtype=_state_dtype(x))
 
 
+def _fake_scan_varlen(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, *args: Any
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    _, _, h, p = x.shape
+    sequences = args[-1].shape[0] - 1  # cu_seqlens [S + 1]
+    return x.new_empty(x.shape), x.new_empty((sequences, h, p, B.shape[-1]), dtype=_state_dtype(x))
+
+
+
 _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "gemm": _fake_gemm,
     "gemm.out": _none,
@@ -241,9 +272,12 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
                                                        _lse(q, (q.shape[0], q.shape[2], q.shape[1]))),
     "causal_conv1d": _fake_conv,
     "causal_conv1d.with_final_states": _fake_conv_final,
+    "causal_conv1d.final_states_out": _fake_conv,
+    "causal_conv1d.varlen": _fake_conv_varlen,
     "causal_conv1d_update": _fake_conv_update,
     "selective_scan": lambda x, *_: x.new_empty(x.shape),
     "selective_scan.with_final_states": _fake_scan_final,
+    "selective_scan.with_varlen_states": _fake_scan_varlen,
     "selective_state_update": lambda state, x, *_: x.new_empty(x.shape),
 }
 

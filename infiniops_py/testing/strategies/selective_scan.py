@@ -3,9 +3,14 @@
 After vLLM's ``test_mamba_ssm_ssd_single_example.py`` and mamba's ``test_selective_state_update.py``,
 scaled down: H {2, 4}, P {4, 8, 16}, N {8, 16}, G {1, 2}, L up to 160 with chunk sizes {16, 32, 64}
 (L often not a multiple, sequences shorter than a chunk), D [H] or [H, P], z, dt_bias, softplus,
-dt_limit, initial/final states, ``seq_idx`` with several runs; the update with slots gathered through
-indices with -1 padding and, as the peer's "tied" case, dt and D broadcast (stride 0) along a dim.
-dt is drawn like Mamba's: softplus of a small raw value plus an inverse-softplus bias in [1e-3, 0.1].
+dt_limit, initial/final states, ``seq_idx`` with several runs; mamba's packed row (``cu_seqlens``: up to
+5 sequences, empty ones included, with per-sequence or mamba's one-row initial states, varlen states,
+sometimes with a ``seq_idx`` that restarts inside a sequence too); the update with slots gathered through
+indices with -1 padding, as the peer's "tied" case dt and D broadcast (stride 0) along a dim, mamba's
+untied layouts (dt [B, H, P], A [H, P, N], dt_bias [H, P], each drawn separately, now and then as the
+stride-0 view of a per-head value), and states in the inputs' 16-bit dtype (mamba's test keeps the state
+in the input dtype). dt is drawn like Mamba's: softplus of a small raw value plus an inverse-softplus bias
+in [1e-3, 0.1]; without softplus, the update's steps may be negative (it never clamps).
 
 On `CaseContext.large` (GPU) runs, the Mamba-2 layer sizes: H up to 32 (24, Mamba-2-130m's, among them),
 P up to 128 (64 favored), N up to 128 (64 and 128 favored), G {1, 2, 4}, chunk sizes up to 256; one scan
@@ -20,8 +25,9 @@ import math
 import torch
 from hypothesis import strategies as st
 
+from infiniops_py.operators._base import dtype_name
 from infiniops_py.testing.case import Case, CaseContext, randn
-from infiniops_py.testing.strategies.causal_conv1d import padded_indices, segments
+from infiniops_py.testing.strategies.causal_conv1d import cut, padded_indices, segments
 
 __all__ = ["STRATEGIES"]
 
@@ -68,18 +74,21 @@ class _Draws:
     def uniform(self, *shape: int, low: float, high: float) -> torch.Tensor:
         return (low + (high - low) * torch.rand(*shape, generator=self.gen)).to(self.ctx.device)
 
-    def params(self, dt_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, dict[str, object]]:
-        """dt in the input dtype, A fp32, and the D / dt_bias / dt_softplus keyword arguments."""
+    def params(self, dt_shape: tuple[int, ...], low: float = 1e-3, bias_shape: tuple[int, ...] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, object]]:
+        """dt in the input dtype, A fp32, and the D / dt_bias / dt_softplus keyword arguments; `low`: the
+        smallest step without softplus, `bias_shape`: dt_bias's ([H] by default)."""
         h = self.heads
         if self.softplus:
             dt = self.rand(*dt_shape, scale=0.5)
-        else:  # already a step size: small and positive (dt_bias may push a few below 0: clamped)
-            dt = self.uniform(*dt_shape, low=1e-3, high=0.1).to(self.ctx.dtype)
+        else:  # already a step size: small (dt_bias may push a few below 0: the scan clamps them)
+            dt = self.uniform(*dt_shape, low=low, high=0.1).to(self.ctx.dtype)
         A = -torch.exp(self.rand(h, scale=0.5, dtype=torch.float32))
         kwargs: dict[str, object] = {"dt_softplus": self.softplus}
         if self.has_dt_bias:
-            step = self.uniform(h, low=1e-3, high=0.1)
-            kwargs["dt_bias"] = torch.log(torch.expm1(step)) if self.softplus else 0.01 * self.rand(h)
+            shape = bias_shape or (h,)
+            step = self.uniform(*shape, low=1e-3, high=0.1)
+            kwargs["dt_bias"] = torch.log(torch.expm1(step)) if self.softplus else 0.01 * self.rand(*shape)
         if self.has_D:
             shape = (h, self.head_dim) if self.ctx.draw(st.booleans()) else (h,)
             kwargs["D"] = self.rand(*shape, dtype=torch.float32)
@@ -107,6 +116,8 @@ def selective_scan_case(ctx: CaseContext) -> Case:
     chunk = ctx.pick("chunk_size", _LARGE_CHUNKS if ctx.large else _CHUNKS)
     has_seq_idx, has_init = ctx.pick("has_seq_idx", _FLAGS), ctx.pick("has_initial_states", _FLAGS)
     final = ctx.pick("return_final_states", _FLAGS)
+    if ctx.pick("varlen", _FLAGS):
+        return _packed_scan_case(ctx, d, chunk, has_seq_idx, has_init, final)
     batch, length = _batch_length(ctx, d.heads * d.head_dim)
     ctx.record("max_length", length)
     h, p, n, g = d.heads, d.head_dim, d.d_state, d.groups
@@ -131,9 +142,67 @@ def selective_scan_case(ctx: CaseContext) -> Case:
     return Case((x, dt, A, B, C), kwargs, note=note)
 
 
+def _packed_scan_case(ctx: CaseContext, d: _Draws, chunk: int, has_seq_idx: bool, has_init: bool,
+                      final: bool) -> Case:
+    """mamba's packed row: S sequences in one row cut by cu_seqlens, each with its own initial state."""
+    h, p, n, g = d.heads, d.head_dim, d.d_state, d.groups
+    _, length = _batch_length(ctx, h * p)
+    sequences = ctx.draw(st.integers(1, 5))
+    lengths = cut(d.gen, length, sequences)
+    ctx.record("max_length", max(lengths))
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(ctx.draw(st.sampled_from((torch.int32, torch.int64))))
+    x = d.rand(1, length, h, p)
+    dt, A, kwargs = d.params((1, length, h))
+    B, C = d.rand(1, length, g, n), d.rand(1, length, g, n)
+    kwargs |= {"chunk_size": chunk, "dt_limit": ctx.draw(st.sampled_from(_LIMITS)), "cu_seqlens": cu.to(ctx.device)}
+    note = f"packed lengths={lengths} chunk={chunk} {d.note()} dt_limit={kwargs['dt_limit']}"
+    if d.has_z:
+        kwargs["z"] = d.rand(1, length, h, p)
+    if has_init:
+        rows = 1 if ctx.draw(st.booleans()) else sequences  # mamba's one-row form: the first sequence's
+        kwargs["initial_states"] = d.rand(rows, h, p, n, dtype=torch.float32)
+        note += f" initial_states[{rows}]"
+    if has_seq_idx:  # a restart inside a sequence too (the sequences' own starts are restarts anyway)
+        kwargs["seq_idx"] = segments(d.gen, 1, length, ctx.draw(st.integers(1, 3)), False).to(ctx.device)
+        note += " seq_idx"
+    if final:
+        kwargs["return_final_states"] = True
+        note += " final_states"
+    if ctx.pick("return_varlen_states", _FLAGS):
+        kwargs["return_varlen_states"] = True
+        note += " varlen_states"
+    return Case((x, dt, A, B, C), kwargs, note=note)
+
+
+def _untied(d: _Draws, batch: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, object], str]:
+    """mamba's untied layouts, each argument drawn in its own form: per channel, the stride-0 view of a
+    per-head value (mamba's "tied" call, taken as per-head) or per head."""
+    h, p, n = d.heads, d.head_dim, d.d_state
+    forms = [d.ctx.draw(st.sampled_from(("untied", "expanded", "head"))) for _ in range(3)]
+    if "untied" not in forms:  # at least one really per channel (else the problem is the per-head one)
+        forms[d.ctx.draw(st.integers(0, 2))] = "untied"
+    if forms[2] == "untied" and not d.has_dt_bias:
+        forms[2] = "head"
+        forms[0] = "untied" if "untied" not in forms else forms[0]
+    low = -0.05 if not d.softplus else 1e-3  # the update never clamps: negative steps stay
+    dt, _, kwargs = d.params((batch, h, p) if forms[0] == "untied" else (batch, h), low=low,
+                             bias_shape=(h, p) if forms[2] == "untied" else (h,))
+    if forms[0] == "expanded":
+        dt = dt[:, :, None].expand(batch, h, p)
+    A = -torch.exp(d.rand(h, p, n, scale=0.5, dtype=torch.float32)) if forms[1] == "untied" else \
+        -torch.exp(d.rand(h, scale=0.5, dtype=torch.float32))
+    if forms[1] == "expanded":
+        A = A[:, None, None].expand(h, p, n)
+    if forms[2] == "expanded" and "dt_bias" in kwargs:
+        kwargs["dt_bias"] = kwargs["dt_bias"][:, None].expand(h, p)
+    return dt, A, kwargs, f" dt/A/dt_bias {'/'.join(forms)}"
+
+
 def selective_state_update_case(ctx: CaseContext) -> Case:
     d = _Draws(ctx)
     has_indices = ctx.pick("has_indices", _FLAGS)
+    untied = ctx.pick("untied", _FLAGS)
+    state_dtype = ctx.pick("state_dtype", tuple(dict.fromkeys(("float32", dtype_name(ctx.dtype)))))
     h, p, n, g = d.heads, d.head_dim, d.d_state, d.groups
     if ctx.large:
         most = max(1, _LARGE_ELEMENTS // (h * p * n))  # slots
@@ -143,15 +212,19 @@ def selective_state_update_case(ctx: CaseContext) -> Case:
         batch = ctx.draw(st.integers(1, 4))
         slots = batch + (ctx.draw(st.integers(0, 4)) if has_indices else 0)
     tied = ctx.draw(st.booleans())
-    dt, A, kwargs = d.params((batch, 1) if tied else (batch, h))
-    if tied:  # the peer's stride-0 case: one step size per row, broadcast over the heads
-        dt = dt.expand(batch, h)
-    state = d.rand(slots, h, p, n, dtype=torch.float32)
+    if untied:
+        dt, A, kwargs, forms = _untied(d, batch)
+    else:
+        dt, A, kwargs = d.params((batch, 1) if tied else (batch, h), low=-0.05 if not d.softplus else 1e-3)
+        forms = ""
+        if tied:  # the peer's stride-0 case: one step size per row, broadcast over the heads
+            dt = dt.expand(batch, h)
+    state = d.rand(slots, h, p, n, dtype=getattr(torch, state_dtype))
     x = d.rand(batch, h, p)
     B, C = d.rand(batch, g, n), d.rand(batch, g, n)
     if d.has_z:
         kwargs["z"] = d.rand(batch, h, p)
-    note = f"B={batch} slots={slots} {d.note()}{' tied dt' if tied else ''}"
+    note = f"B={batch} slots={slots} {d.note()}{' tied dt' if tied and not untied else ''}{forms} state {state_dtype}"
     if has_indices:
         index = padded_indices(d.gen, batch, slots, ctx.draw(st.sampled_from((0.0, 0.25, 0.5))))
         dtype = ctx.draw(st.sampled_from((torch.int32, torch.int64)))

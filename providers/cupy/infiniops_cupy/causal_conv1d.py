@@ -1,6 +1,7 @@
 """causal_conv1d_update (decode): one CUDA thread per (batch row, channel), state rolled in place.
 
-Only the decode step is served here; the full-sequence `causal_conv1d` is gated to other providers.
+Only the decode step with a rolling state is served here; the circular state (``cache_seqlens``) and the
+full-sequence `causal_conv1d` are gated to other providers.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     if batch == 0 or seqlen == 0:
         return
     weight = weight.float()
-    bias = None if bias is None else bias.float()
-    index = None if conv_state_indices is None else conv_state_indices.to(torch.int32)
+    bias = None if bias is None else bias.float().contiguous()  # the kernel reads bias and index with unit stride
+    index = None if conv_state_indices is None else conv_state_indices.to(torch.int32).contiguous()
     fn = module(_SOURCE, SCALAR_TYPES[x.dtype]).get_function("conv_update")
     i64 = np.int64
     threads = 128
@@ -79,6 +80,8 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
 
 IMPLEMENTATIONS = [
     Implementation("causal_conv1d_update", "cupy", "cupy.causal_conv1d_update",
-                   Capability(*base_constraints(), DTYPES, OneOf("width", (2, 3, 4))), PRIORITY,
+                   Capability(*base_constraints(), DTYPES, OneOf("width", (2, 3, 4)),
+                              OneOf("has_cache_seqlens", (False,), fix="use the triton or torch provider for a "
+                                                                       "circular state")), PRIORITY,
                    causal_conv1d_update),
 ]

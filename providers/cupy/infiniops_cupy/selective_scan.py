@@ -1,6 +1,8 @@
 """selective_state_update (Mamba-2 decode step): one CUDA block per (batch row, head), a warp per P row.
 
-Only the decode step is served here; the chunked prefill scan is gated to other providers.
+Only the decode step is served here, for float32 states and one step and decay per head (dt [B, H], A [H],
+dt_bias [H]); mamba's untied layouts and 16-bit or float64 states are gated to other providers, as is the
+chunked prefill scan. dt is not clamped (mamba's ``selective_state_update`` has no ``dt_limit``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import numpy as np
 import torch
 
 from infiniops_cupy._common import DTYPES, PRIORITY, SCALAR_TYPES, as_cupy, base_constraints, module, stream
-from infiniops_py import Capability, Implementation
+from infiniops_py import Capability, Implementation, OneOf
 
 __all__ = ["IMPLEMENTATIONS", "selective_state_update"]
 
@@ -17,7 +19,7 @@ _SOURCE = r"""
 extern "C" __global__ void state_update(
         float* __restrict__ state, long long st_b, long long st_h, long long st_p,    // n stride 1
         const SCALAR* __restrict__ x, long long x_b, long long x_h,                  // p stride 1
-        const SCALAR* __restrict__ dt, long long dt_b, long long dt_h,
+        const float* __restrict__ dt, long long dt_b, long long dt_h,                // fp32 copy: any dtype
         const float* __restrict__ A,
         const SCALAR* __restrict__ Bm, long long b_b, long long b_g,                 // n stride 1
         const SCALAR* __restrict__ Cm, long long c_b, long long c_g,
@@ -35,8 +37,7 @@ extern "C" __global__ void state_update(
         return;
     }
     float dtv = to_f(dt[b * dt_b + h * dt_h]) + (dt_bias ? dt_bias[h] : 0.0f);
-    if (softplus && dtv <= 20.0f) dtv = log1pf(expf(dtv));
-    dtv = fmaxf(dtv, 0.0f);                            // dt_limit (0, inf), as one step of the scan
+    if (softplus && dtv <= 20.0f) dtv = log1pf(expf(dtv));   // never clamped: a negative step stays
     const float dA = expf(dtv * A[h]);
     float* st = state + row * st_b + h * st_h;
     const SCALAR* bv = Bm + b * b_b + g * b_g;
@@ -69,15 +70,17 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
         return
     groups, d_state = B.shape[1], B.shape[2]
     d_f = None if D is None else (D.float() if D.dim() == 2 else D.float()[:, None].expand(heads, head_dim))
-    bias_f = None if dt_bias is None else dt_bias.float()
-    index = None if state_batch_indices is None else state_batch_indices.to(torch.int32)
+    # the kernel indexes A, dt_bias and the slots with unit stride, and reads dt as fp32 (any dtype may come)
+    bias_f = None if dt_bias is None else dt_bias.float().contiguous()
+    dt_f = dt.float()
+    index = None if state_batch_indices is None else state_batch_indices.to(torch.int32).contiguous()
     i64 = np.int64
     fn = module(_SOURCE, SCALAR_TYPES[x.dtype]).get_function("state_update")
     with stream(x.device):
         fn((batch, heads), (128,), (
             as_cupy(state), i64(state.stride(0)), i64(state.stride(1)), i64(state.stride(2)),
-            as_cupy(x), i64(x.stride(0)), i64(x.stride(1)), as_cupy(dt), i64(dt.stride(0)), i64(dt.stride(1)),
-            as_cupy(A.float()), as_cupy(B), i64(B.stride(0)), i64(B.stride(1)),
+            as_cupy(x), i64(x.stride(0)), i64(x.stride(1)), as_cupy(dt_f), i64(dt_f.stride(0)), i64(dt_f.stride(1)),
+            as_cupy(A.float().contiguous()), as_cupy(B), i64(B.stride(0)), i64(B.stride(1)),
             as_cupy(C), i64(C.stride(0)), i64(C.stride(1)),
             as_cupy(d_f), i64(0 if d_f is None else d_f.stride(0)), i64(0 if d_f is None else d_f.stride(1)),
             as_cupy(z), i64(0 if z is None else z.stride(0)), i64(0 if z is None else z.stride(1)),
@@ -87,5 +90,10 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
 
 IMPLEMENTATIONS = [
     Implementation("selective_state_update", "cupy", "cupy.selective_state_update",
-                   Capability(*base_constraints(), DTYPES), PRIORITY, selective_state_update),
+                   Capability(*base_constraints(), DTYPES,
+                              OneOf("untied", (False,), fix="use the triton or torch provider for a per-channel "
+                                                            "dt, A or dt_bias"),
+                              OneOf("state_dtype", ("float32",), fix="use the triton or torch provider for "
+                                                                     "16-bit states")),
+                   PRIORITY, selective_state_update),
 ]

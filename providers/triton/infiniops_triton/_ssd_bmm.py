@@ -22,10 +22,12 @@ def _chunk_cb_kernel(
     c_ptr,  # [Bt, L, G, N], any strides
     b_ptr,  # [Bt, L, G, N], any strides
     cb_ptr,  # out: [Bt, nchunks, G, CHUNK, CHUNK] fp32 contiguous (tiles above the diagonal untouched)
+    table_ptr,  # [4, nchunks] int32: chunk starts, then lengths (read when VARLEN)
     L, G, N, nchunks,
     stride_c_b, stride_c_l, stride_c_g, stride_c_n,
     stride_b_b, stride_b_l, stride_b_g, stride_b_n,
     CHUNK: tl.constexpr,
+    VARLEN: tl.constexpr,  # chunks from table_ptr, not c * CHUNK
     DOT_PRECISION: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr,  # >= N
@@ -40,8 +42,12 @@ def _chunk_cb_kernel(
         return
     b = (pid_bc // nchunks).to(tl.int64)
     c = pid_bc % nchunks
-    start = (c * CHUNK).to(tl.int64)
-    chunk_len = tl.minimum(CHUNK, L - c * CHUNK)
+    if VARLEN:
+        start = tl.load(table_ptr + c).to(tl.int64)
+        chunk_len = tl.load(table_ptr + nchunks + c)
+    else:
+        start = (c * CHUNK).to(tl.int64)
+        chunk_len = tl.minimum(CHUNK, L - c * CHUNK)
     offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
     offs_k = pid_k * BLOCK + tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK_N)
@@ -59,18 +65,21 @@ def _chunk_cb_kernel(
     tl.store(out, cb)
 
 
-def chunk_cb(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cb: torch.Tensor) -> None:
+def chunk_cb(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cb: torch.Tensor,
+             table: torch.Tensor | None = None) -> None:
     """Fill the on-or-below-diagonal tiles of `cb` ``[Bt, nchunks, G, chunk, chunk]`` fp32 with ``C B^T``.
 
-    `C`, `B` ``[Bt, L, G, N]`` with N <= 256.
+    `C`, `B` ``[Bt, L, G, N]`` with N <= 256; `table` (a packed row): the int32 ``[4, nchunks]`` chunk table
+    of `_ssd_chunk_state.chunk_state`.
     """
     bt, seqlen, ngroups, dstate = B.shape
     nchunks = cb.shape[1]
     block = min(64, chunk_size)
     grid = ((chunk_size // block) ** 2 * bt * nchunks, ngroups)
     _chunk_cb_kernel[grid](
-        C, B, cb, seqlen, ngroups, dstate, nchunks, *C.stride(), *B.stride(),
+        C, B, cb, table if table is not None else cb, seqlen, ngroups, dstate, nchunks, *C.stride(), *B.stride(),
         CHUNK=chunk_size,
+        VARLEN=table is not None,
         DOT_PRECISION=dot_precision(C.dtype),
         BLOCK=block,
         BLOCK_N=max(16, triton.next_power_of_2(dstate)),

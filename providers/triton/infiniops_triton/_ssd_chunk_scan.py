@@ -1,8 +1,9 @@
 """SSD step 3 of 3: each chunk's outputs from the state entering it and the chunk's own tokens.
 
 For token ``t`` of chunk ``c`` (head ``h``, group ``g``; ``cs``, ``dt``, ``seg`` from step 1, ``S`` the
-state entering the chunk: the initial state (or 0) for the first chunk, else the state step 2 left at the end of
-the chunk before; ``cb[t, s] = C[t] . B[s]`` from step 2b)::
+state entering the chunk: the initial state (or 0) for the first chunk (for a packed row: the sequence's own
+for each sequence's first chunk), else the state step 2 left at the end of the chunk before;
+``cb[t, s] = C[t] . B[s]`` from step 2b)::
 
     y[t] = exp(cs[t]) * [seg[t] == 0] * C[t] . S
          + sum_{s <= t, seg[s] == seg[t]} cb[t, s] * exp(cs[t] - cs[s]) * dt[s] * x[s]
@@ -98,6 +99,7 @@ def _chunk_scan_kernel(
     dt_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: processed dt
     cs_ptr,  # [Bt, H, nchunks, CHUNK] fp32 contiguous: chunk-relative cumsum of dt * A
     seg_ptr,  # [Bt, nchunks, CHUNK] int32 contiguous (read when HAS_SEQ_IDX)
+    table_ptr,  # [4, nchunks] int32: starts, lengths, first-of-a-sequence flags, sequences (read when VARLEN)
     L, H, G, P, N, nchunks, heads_per_group,
     stride_x_b, stride_x_l, stride_x_h, stride_x_p,
     stride_z_b, stride_z_l, stride_z_h, stride_z_p,
@@ -111,6 +113,7 @@ def _chunk_scan_kernel(
     HAS_Z: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
     HAS_INIT: tl.constexpr,
+    VARLEN: tl.constexpr,  # chunks from table_ptr; a sequence's first chunk starts from its initial state
     DOT_PRECISION: tl.constexpr,
     FACTORED: tl.constexpr,  # separable decays in the full blocks where the range allows
     PRESPLIT: tl.constexpr,  # read the entering state from hilo (split by step 2), not from states / init
@@ -130,12 +133,20 @@ def _chunk_scan_kernel(
     pid_bc = pid // (p_tiles * H * m_tiles)
     b = pid_bc // nchunks
     c = pid_bc % nchunks
-    start = c * CHUNK
-    chunk_len = tl.minimum(CHUNK, L - start)
+    b64 = b.to(tl.int64)
+    if VARLEN:  # the state entering a sequence's first chunk is that sequence's initial state (or zero)
+        start = tl.load(table_ptr + c)
+        chunk_len = tl.load(table_ptr + nchunks + c)
+        from_init = tl.load(table_ptr + 2 * nchunks + c) != 0
+        init_row = tl.load(table_ptr + 3 * nchunks + c).to(tl.int64)
+    else:  # the state entering chunk 0 is the row's initial state (or zero)
+        start = c * CHUNK
+        chunk_len = tl.minimum(CHUNK, L - start)
+        from_init = c == 0
+        init_row = b64
     if pid_m * BLOCK_M >= chunk_len:  # past the end of a short last chunk
         return
     g = h // heads_per_group
-    b64 = b.to(tl.int64)
     start64 = start.to(tl.int64)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -150,7 +161,7 @@ def _chunk_scan_kernel(
         seg_m = tl.load(seg_base + offs_m, mask=mask_m, other=0)
 
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-    has_state = c > 0  # the first chunk starts from the initial state, or from zero (no product at all)
+    has_state = ~from_init  # a chunk entered from no initial state starts from zero (no product at all)
     if HAS_INIT:
         has_state = c >= 0
     if has_state:
@@ -161,7 +172,7 @@ def _chunk_scan_kernel(
         st_base = states_ptr + ((b64 * nchunks + prev_chunk) * H + h) * P * N
         split_base = hilo_ptr + ((b64 * nchunks + c) * H + h) * 2 * P * N  # hi, then lo P * N further
         if HAS_INIT:
-            init_base = init_ptr + b64 * stride_init_b + h * stride_init_h
+            init_base = init_ptr + init_row * stride_init_b + h * stride_init_h
         for n0 in range(0, BLOCK_N, BLOCK_NS):
             offs_n = n0 + tl.arange(0, BLOCK_NS)
             mask_n = offs_n < N
@@ -178,7 +189,7 @@ def _chunk_scan_kernel(
                 st_ptrs = st_base + offs_np
                 if HAS_INIT:
                     init_ptrs = init_base + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n)
-                    st_ptrs = tl.where(c > 0, st_ptrs, init_ptrs)
+                    st_ptrs = tl.where(from_init, init_ptrs, st_ptrs)
                 st = tl.load(st_ptrs, mask=mask_np, other=0.0)
                 acc = dot_f32_right(cm, st, acc, DOT_PRECISION)
         acc *= fast_exp(cs_m)[:, None]
@@ -259,6 +270,7 @@ def chunk_scan(
     out: torch.Tensor,
     config: dict[str, int] | None = None,
     hilo: torch.Tensor | None = None,
+    table: torch.Tensor | None = None,
 ) -> None:
     """Launch step 3: write `out` ``[Bt, L, H, P]`` (x's dtype) from the buffers of steps 1, 2 and 2b.
 
@@ -268,6 +280,8 @@ def chunk_scan(
     optionally ``FACTORED``, ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py);
     BLOCK_M, BLOCK_K at most the chunk. `hilo` (16-bit inputs): the state entering each chunk split by
     `state_passing` (``[Bt, nchunks, H, 2, P, N]``), read instead of `states` and `initial_states`.
+    `table` (a packed row): the int32 ``[4, nchunks]`` chunk table of `_ssd_chunk_state.chunk_state`; then
+    `initial_states` is per sequence ``[S, H, P, N]`` and enters each sequence's first chunk (no `hilo`).
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = C.shape[2], C.shape[3]
@@ -289,7 +303,7 @@ def chunk_scan(
     kernel = _chunk_scan_kernel if config is None else _chunk_scan_kernel.fn
     kernel[grid](
         x, zt, out, C, cb, d, states, hilo if hilo is not None else C, init, dt_proc, cs,
-        seg if seg is not None else cs,
+        seg if seg is not None else cs, table if table is not None else cs,
         seqlen, nheads, ngroups, headdim, dstate, nchunks, nheads // ngroups,
         *x.stride(), *zt.stride(), *out.stride(), *C.stride(), *d_strides, *init_strides,
         (bt * nchunks * nheads).bit_length(),
@@ -298,6 +312,7 @@ def chunk_scan(
         HAS_Z=z is not None,
         HAS_SEQ_IDX=seg is not None,
         HAS_INIT=initial_states is not None,
+        VARLEN=table is not None,
         PRESPLIT=hilo is not None,
         DOT_PRECISION=dot_precision(x.dtype),
         BLOCK_N=block_n,

@@ -1,6 +1,7 @@
 """SSD step 1 of 3: per-chunk dt processing, decay cumsum and the chunk's own end state, in one kernel.
 
-For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` its last token):
+For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` its last token; the tokens
+``c * CHUNK ..``, or for a packed row those a chunk table names, each chunk within one sequence):
 
 - ``dt[t] = clamp(softplus(dt[t] + dt_bias[h]), lo, hi)`` (softplus passes values above 20 through);
 - ``cs[t] = sum_{u <= t, u in chunk} dt[u] * A[h]`` (the chunk-relative decay cumsum);
@@ -66,6 +67,7 @@ def _chunk_state_kernel(
     cs_out_ptr,  # out: [Bt, H, nchunks, CHUNK] fp32 contiguous, chunk-relative cumsum of dt * A
     seg_out_ptr,  # out: [Bt, nchunks, CHUNK] int32 contiguous (written when HAS_SEQ_IDX)
     carry_ptr,  # out: [Bt, H, nchunks] fp32 contiguous
+    table_ptr,  # [4, nchunks] int32 contiguous: start, length, first-of-a-sequence, sequence (read when VARLEN)
     L, H, P, N, nchunks, heads_per_group,
     stride_x_b, stride_x_l, stride_x_h, stride_x_p,
     stride_dt_b, stride_dt_l, stride_dt_h,
@@ -77,6 +79,7 @@ def _chunk_state_kernel(
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
+    VARLEN: tl.constexpr,  # chunks from table_ptr (each within one packed sequence), not c * CHUNK
     DOT_PRECISION: tl.constexpr,
     WEIGHT_X: tl.constexpr,  # the weight multiplies x (else B): a tuning choice, both exact in fp32
     BLOCK_P: tl.constexpr,
@@ -95,8 +98,13 @@ def _chunk_state_kernel(
     pid_p = pid_pn // n_tiles
     pid_n = pid_pn % n_tiles
     g = h // heads_per_group
-    start = c * CHUNK
-    chunk_len = tl.minimum(CHUNK, L - start)
+    if VARLEN:
+        start = tl.load(table_ptr + c)
+        chunk_len = tl.load(table_ptr + nchunks + c)
+        opens = tl.load(table_ptr + 2 * nchunks + c) != 0  # the chunk starts a sequence
+    else:
+        start = c * CHUNK
+        chunk_len = tl.minimum(CHUNK, L - start)
     first_tile = pid_pn == 0
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -138,6 +146,8 @@ def _chunk_state_kernel(
             # A change at token t: seq_idx[t] != seq_idx[t - 1] (never at the row's first token).
             cur = tl.load(si_base + tok * stride_si_l, mask=mask_k, other=0)
             prev_ok = mask_k & (start + tok > 0)
+            if VARLEN:  # a change at a sequence's first token is no restart: the sequence's state enters
+                prev_ok = prev_ok & ((tok > 0) | ~opens)
             prev = tl.load(si_base + (tok - 1) * stride_si_l, mask=prev_ok, other=0)
             change = (prev_ok & (cur != prev)).to(tl.int32)
             seg = seg_prefix + tl.cumsum(change, axis=0)
@@ -186,6 +196,7 @@ def chunk_state(
     seg_out: torch.Tensor,
     carry: torch.Tensor,
     config: dict[str, int] | None = None,
+    table: torch.Tensor | None = None,
 ) -> None:
     """Launch step 1 over every (chunk, row, head); fills `states`, `dt_out`, `cs_out`, `seg_out`, `carry`.
 
@@ -193,6 +204,8 @@ def chunk_state(
     ``[Bt, L]``; outputs fp32 as in the kernel's pointer comments (`seg_out` int32, unused without seq_idx).
     `config`: fixed ``BLOCK_P``, ``BLOCK_N``, ``BLOCK_K`` (at most the chunk), ``WEIGHT_X``, ``num_warps``,
     ``num_stages`` (optionally ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py).
+    `table` (a packed row, Bt == 1): int32 ``[4, nchunks]`` chunk starts, lengths, first-of-a-sequence
+    flags and sequences (`varlen_table`); chunk c is then tokens ``start[c] .. start[c] + length[c] - 1``.
     """
     bt, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
@@ -207,7 +220,7 @@ def chunk_state(
     kernel = _chunk_state_kernel if config is None else _chunk_state_kernel.fn
     kernel[grid](
         x, dt, A, B, dt_bias if dt_bias is not None else A, si,
-        states, dt_out, cs_out, seg_out, carry,
+        states, dt_out, cs_out, seg_out, carry, table if table is not None else seg_out,
         seqlen, nheads, headdim, dstate, nchunks, nheads // ngroups,
         *x.stride(), *dt.stride(), *B.stride(), *si_strides,
         float(dt_limit[0]), float(dt_limit[1]),
@@ -216,6 +229,7 @@ def chunk_state(
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_SEQ_IDX=seq_idx is not None,
+        VARLEN=table is not None,
         DOT_PRECISION=dot_precision(x.dtype),
         **(config or {}),
     )

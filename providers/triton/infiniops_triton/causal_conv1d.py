@@ -28,8 +28,12 @@ kernel, which reads either layout, is compiled twice, once per layout); the othe
 
 Decode: a program owns ``BLOCK_D`` channels of one row: it reads the slot's ``S`` state columns and the
 row's ``L`` new columns, writes the ``L`` outputs, then (after a barrier, since it overwrites what it
-read) the last ``S`` columns back into the slot. A negative or out-of-range slot outputs 0 and touches
-no state.
+read) the last ``S`` columns back into the slot; with ``cache_seqlens`` the slot is circular: the taps
+read the W-1 columns before the write position and the new columns are written from it on, mod S. A
+negative or out-of-range slot outputs 0 and touches no state.
+
+The packed form of the prefill (vLLM's, ``query_start_loc``) is not served here: the capability gates it
+(``varlen``) to the torch provider.
 """
 
 from __future__ import annotations
@@ -392,10 +396,11 @@ _conv_channel_first_tuned = triton.autotune(
 @triton.jit(do_not_specialize=["L", "S", "slots"])
 def _update_kernel(
     X,  # *dtype [B, D, L] new columns, any strides
-    STATE,  # *dtype [slots, D, S] rolling state, updated in place
+    STATE,  # *dtype [slots, D, S] rolling (or circular) state, updated in place
     WEIGHT,  # *float [D, W]
     BIAS,  # *float [D]; unused unless HAS_BIAS
     INDEX,  # *int [B] slot per row, < 0 for padding; unused unless HAS_INDEX
+    SEQLENS,  # *int [B] circular write position per row; unused unless CIRCULAR
     OUT,  # *dtype [B, D, L]
     D, L, S, slots,
     stride_xb, stride_xd, stride_xl,
@@ -406,6 +411,7 @@ def _update_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     HAS_INDEX: tl.constexpr,
+    CIRCULAR: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -422,14 +428,23 @@ def _update_kernel(
     x_row = X + b * stride_xb + d[:, None] * stride_xd
     state_row = STATE + slot * stride_cs + d[:, None] * stride_cd
     state_mask = valid & d_mask[:, None]
+    pos = 0  # circular: the write position mod S (a C remainder keeps the sign: shift negatives up)
+    if CIRCULAR:
+        pos = tl.load(SEQLENS + b).to(tl.int64) % S
+        pos = tl.where(pos < 0, pos + S, pos)
 
-    # outputs: column q of [state | x] is state column q (q < S) or x column q - S
+    # outputs: column q of [state | x] is state column q (q < S) or x column q - S; the circular state's
+    # column q is slot column (q + pos) mod S (the W-1 before the write position, for q >= S - (W-1))
     t = tl.arange(0, BLOCK_L)
     t_mask = t < L
     acc = tl.zeros((BLOCK_D, BLOCK_L), dtype=tl.float32)
     for j in tl.static_range(W):
         q = S + t - j
-        v_state = tl.load(state_row + q[None, :] * stride_cl, mask=state_mask & ((q < S) & t_mask)[None, :], other=0.0)
+        col = q
+        if CIRCULAR:
+            col = (q + pos) % S
+        v_state = tl.load(state_row + col[None, :] * stride_cl, mask=state_mask & ((q < S) & t_mask)[None, :],
+                          other=0.0)
         v_x = tl.load(x_row + (q - S)[None, :] * stride_xl, mask=d_mask[:, None] & ((q >= S) & t_mask)[None, :],
                       other=0.0)
         w = tl.load(WEIGHT + d * stride_wd + (W - 1 - j) * stride_ww, mask=d_mask, other=0.0).to(tl.float32)
@@ -442,15 +457,21 @@ def _update_kernel(
     out_ptrs = OUT + b * stride_ob + d[:, None] * stride_od + t[None, :] * stride_ol
     tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=d_mask[:, None] & t_mask[None, :])
 
-    # new state column c is column L + c of [state | x]: exact copies, no conversion
     c = tl.arange(0, BLOCK_S)
-    src = L + c
     c_mask = state_mask & (c < S)[None, :]
-    keep = tl.load(state_row + src[None, :] * stride_cl, mask=c_mask & (src < S)[None, :], other=0.0)
-    new = tl.load(x_row + (src - S)[None, :] * stride_xl, mask=c_mask & (src >= S)[None, :], other=0.0)
-    new = tl.where((src < S)[None, :], keep, new)
-    tl.debug_barrier()  # every read of the slot above happens before any write below
-    tl.store(state_row + c[None, :] * stride_cl, new, mask=c_mask)
+    if CIRCULAR:  # slot column c takes the last new column t with (pos + t) mod S == c, if any
+        first = (c - pos + S) % S
+        last = first + S * ((L - 1 - first) // S)
+        new = tl.load(x_row + last[None, :] * stride_xl, mask=c_mask & (first < L)[None, :], other=0.0)
+        tl.debug_barrier()  # every read of the slot above happens before any write below
+        tl.store(state_row + c[None, :] * stride_cl, new, mask=c_mask & (first < L)[None, :])
+    else:  # new state column c is column L + c of [state | x]: exact copies, no conversion
+        src = L + c
+        keep = tl.load(state_row + src[None, :] * stride_cl, mask=c_mask & (src < S)[None, :], other=0.0)
+        new = tl.load(x_row + (src - S)[None, :] * stride_xl, mask=c_mask & (src >= S)[None, :], other=0.0)
+        new = tl.where((src < S)[None, :], keep, new)
+        tl.debug_barrier()  # every read of the slot above happens before any write below
+        tl.store(state_row + c[None, :] * stride_cl, new, mask=c_mask)
 
 
 @dataclass(frozen=True)
@@ -582,8 +603,10 @@ def causal_conv1d_update(
     activation: str | None,
     conv_state_indices: torch.Tensor | None,
     out: torch.Tensor,
+    cache_seqlens: torch.Tensor | None = None,
 ) -> None:
-    """Decode step(s) against a rolling state (causal-conv1d's ``causal_conv1d_update``), fp32 arithmetic.
+    """Decode step(s) against a rolling state, or a circular one with `cache_seqlens` (causal-conv1d's
+    ``causal_conv1d_update``), fp32 arithmetic.
 
     Args:
         x: ``[B, D, L]`` float16/bfloat16/float32, any strides.
@@ -592,6 +615,7 @@ def causal_conv1d_update(
         conv_state_indices: int32/int64 ``[B]`` or None (row b uses slot b); negative or ``>= slots``
             (unchecked mode): output 0, state untouched.
         out: ``[B, D, L]`` to fill.
+        cache_seqlens: int ``[B]`` or None: the circular state's write position per row (taken mod S).
 
     Raises:
         ValueError: ``S > MAX_STATE_LEN`` (the capability gates it first).
@@ -605,13 +629,14 @@ def causal_conv1d_update(
     block_l = triton.next_power_of_2(length)
     block_s = triton.next_power_of_2(state_len)
     block_d = min(triton.next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
-    index = conv_state_indices if conv_state_indices is not None else out
+    index = conv_state_indices.contiguous() if conv_state_indices is not None else out  # read with unit stride
+    seqlens = cache_seqlens.contiguous() if cache_seqlens is not None else out
     _update_kernel[(batch, triton.cdiv(dim, block_d))](
-        x, conv_state, weight, bias if bias is not None else weight, index, out, dim, length, state_len, slots,
-        *x.stride(), *conv_state.stride(), *weight.stride(), *out.stride(),
+        x, conv_state, weight, bias if bias is not None else weight, index, seqlens, out, dim, length, state_len,
+        slots, *x.stride(), *conv_state.stride(), *weight.stride(), *out.stride(),
         W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation == "silu",
-        HAS_INDEX=conv_state_indices is not None, BLOCK_D=block_d, BLOCK_L=block_l, BLOCK_S=block_s,
-        num_warps=4,
+        HAS_INDEX=conv_state_indices is not None, CIRCULAR=cache_seqlens is not None, BLOCK_D=block_d,
+        BLOCK_L=block_l, BLOCK_S=block_s, num_warps=4,
     )
 
 
@@ -620,7 +645,10 @@ _WIDTH = Between("width", MIN_WIDTH, MAX_WIDTH)
 
 IMPLEMENTATIONS = [
     Implementation("causal_conv1d", "triton", "triton.causal_conv1d",
-                   Capability(*base_constraints(), _DTYPES, _WIDTH), PRIORITY, causal_conv1d),
+                   Capability(*base_constraints(), _DTYPES, _WIDTH,
+                              OneOf("varlen", (False,), fix="use the torch provider for vLLM's packed form "
+                                                            "(query_start_loc): not written in Triton yet")),
+                   PRIORITY, causal_conv1d),
     Implementation("causal_conv1d_update", "triton", "triton.causal_conv1d_update",
                    Capability(*base_constraints(), _DTYPES, _WIDTH,
                               Between("state_len", 1, MAX_STATE_LEN, fix="use the torch provider")),

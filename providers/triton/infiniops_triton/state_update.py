@@ -1,15 +1,19 @@
-"""`selective_state_update`: one Mamba-2 decode step on fp32 states gathered by slot, in place.
+"""`selective_state_update`: one Mamba-2 decode step on states gathered by slot, in place.
 
 For each row ``b`` with slot ``i = state_batch_indices[b]`` (or ``b``), head ``h`` (group ``g``)::
 
-    dt = max(softplus(dt[b, h] + dt_bias[h]), 0)  (softplus and bias when asked)
+    dt = softplus(dt[b, h] + dt_bias[h])  (softplus and bias when asked; never clamped)
     state[i, h] = exp(dt * A[h]) * state[i, h] + dt * x[b, h] (outer) B[b, g]
     out[b, h]   = state[i, h] @ C[b, g] + D[h] * x[b, h],  times silu(z[b, h]) when z is given
 
-It is one step of `selective_scan` (state-spaces/mamba's ``selective_state_update`` with scalar A per
-head). A row whose slot is negative (padding) or out of range (only possible with unchecked indices) reads
-and writes no state and gets a zero output. The state is read once and written once: the kernel is bound
-by those bytes, so each program streams one contiguous ``BLOCK_P x N`` fp32 tile of one (row, head).
+It is state-spaces/mamba's ``selective_state_update``: like it, dt is not clamped (a negative step stays
+negative), so for dt >= 0 it is one step of `selective_scan`. With mamba's untied layouts (``UNTIED``: dt
+[B, H, P], A [H, P, N], dt_bias [H, P], any of them, the per-head ones read through zero strides) each
+channel has its own step and each (channel, state) its own decay. The state may be float16, bfloat16 or
+float32 (mamba's kernel keeps any): it is read once, updated in fp32 and written once, rounded to its
+dtype; the output comes from the unrounded fp32 state. A row whose slot is negative (padding) or out of
+range (only possible with unchecked indices) reads and writes no state and gets a zero output. The kernel
+is bound by the state's bytes, so each program streams one contiguous ``BLOCK_P x N`` tile of one (row, head).
 """
 
 from __future__ import annotations
@@ -28,21 +32,23 @@ MAX_D_STATE = 256  # one program holds a whole state row (N values) in registers
 
 @triton.jit
 def _state_update_kernel(
-    state_ptr,  # [slots, H, P, N] fp32, updated in place; any strides
+    state_ptr,  # [slots, H, P, N] fp16/bf16/fp32, updated in place; any strides
     x_ptr,  # [B, H, P]
-    dt_ptr,  # [B, H]
-    a_ptr,  # [H] fp32
+    dt_ptr,  # [B, H] or [B, H, P]
+    a_ptr,  # [H] or [H, P, N] fp32
     b_ptr,  # [B, G, N]
     c_ptr,  # [B, G, N]
     d_ptr,  # [H] or [H, P] (read when HAS_D; stride_d_p is 0 for [H])
     z_ptr,  # [B, H, P] (read when HAS_Z)
-    dt_bias_ptr,  # [H] (read when HAS_DT_BIAS)
+    dt_bias_ptr,  # [H] or [H, P] (read when HAS_DT_BIAS)
     index_ptr,  # [B] int32/int64 slots (read when HAS_INDICES)
     out_ptr,  # out: [B, H, P] in x's dtype
     slots, H, P, N, heads_per_group,
     stride_s_slot, stride_s_h, stride_s_p, stride_s_n,
     stride_x_b, stride_x_h, stride_x_p,
-    stride_dt_b, stride_dt_h,
+    stride_dt_b, stride_dt_h, stride_dt_p,  # stride_dt_p: 0 for dt [B, H] (read when UNTIED)
+    stride_a_h, stride_a_p, stride_a_n,  # A [H] or [H, P, N]: 0 for the dims A lacks
+    stride_bias_h, stride_bias_p,  # dt_bias [H] or [H, P]: stride_bias_p 0 for [H]
     stride_b_b, stride_b_g, stride_b_n,
     stride_c_b, stride_c_g, stride_c_n,
     stride_d_h, stride_d_p,
@@ -54,6 +60,7 @@ def _state_update_kernel(
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     HAS_INDICES: tl.constexpr,
+    UNTIED: tl.constexpr,  # a step per (head, channel) and a decay per (head, channel, state)
     EVEN: tl.constexpr,  # BLOCK_P divides P and BLOCK_N == N: no masks on the state tile
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -78,22 +85,33 @@ def _state_update_kernel(
     mask = live if EVEN else mask_p[:, None] & mask_n[None, :] & live
     s_ptrs = (state_ptr + slot * stride_s_slot + h * stride_s_h
               + (offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n))
-    s = tl.load(s_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    s = tl.load(s_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
 
-    dt = tl.load(dt_ptr + b * stride_dt_b + h * stride_dt_h).to(tl.float32)
-    if HAS_DT_BIAS:
-        dt += tl.load(dt_bias_ptr + h).to(tl.float32)
+    if UNTIED:  # [BLOCK_P] steps, [BLOCK_P, BLOCK_N] decays (zero strides for the per-head arguments)
+        dt = tl.load(dt_ptr + b * stride_dt_b + h * stride_dt_h + offs_p * stride_dt_p, mask=mask_p,
+                     other=0.0).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt += tl.load(dt_bias_ptr + h * stride_bias_h + offs_p * stride_bias_p, mask=mask_p,
+                          other=0.0).to(tl.float32)
+    else:
+        dt = tl.load(dt_ptr + b * stride_dt_b + h * stride_dt_h).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt += tl.load(dt_bias_ptr + h * stride_bias_h).to(tl.float32)
     if DT_SOFTPLUS:
         dt = tl.where(dt <= 20.0, tl.log(1.0 + tl.exp(dt)), dt)
-    dt = tl.maximum(dt, 0.0, propagate_nan=tl.PropagateNan.ALL)  # the scan's default dt_limit (0, inf)
-    decay = tl.exp2(dt * tl.load(a_ptr + h).to(tl.float32) * 1.4426950408889634)  # exp via one ex2
+    if UNTIED:
+        a = tl.load(a_ptr + h * stride_a_h + offs_p[:, None] * stride_a_p + offs_n[None, :] * stride_a_n,
+                    mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        decay = tl.exp2(dt[:, None] * a * 1.4426950408889634)  # exp via one ex2
+    else:
+        decay = tl.exp2(dt * tl.load(a_ptr + h * stride_a_h).to(tl.float32) * 1.4426950408889634)
 
     x = tl.load(x_ptr + b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
     x = x.to(tl.float32)
     bv = tl.load(b_ptr + b * stride_b_b + g * stride_b_g + offs_n * stride_b_n, mask=mask_n, other=0.0)
     cv = tl.load(c_ptr + b * stride_c_b + g * stride_c_g + offs_n * stride_c_n, mask=mask_n, other=0.0)
     s = s * decay + (dt * x)[:, None] * bv.to(tl.float32)[None, :]
-    tl.store(s_ptrs, s, mask=mask)
+    tl.store(s_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask)
 
     y = tl.sum(s * cv.to(tl.float32)[None, :], axis=1)
     if HAS_D:
@@ -123,9 +141,10 @@ def selective_state_update(
 ) -> None:
     """One decode step: update `state` in place and write `out`, with the operator's calling convention.
 
-    Shapes: state fp32 ``[slots, H, P, N]``; x, z, out ``[B, H, P]``; dt ``[B, H]``; A ``[H]`` fp32;
-    B, C ``[B, G, N]``; D ``[H]`` or ``[H, P]``; dt_bias ``[H]``; state_batch_indices int ``[B]``. Any
-    strides, including zero strides (a "tied" dt, D or z).
+    Shapes: state fp16/bf16/fp32 ``[slots, H, P, N]``; x, z, out ``[B, H, P]``; dt ``[B, H]`` or
+    ``[B, H, P]``; A ``[H]`` or ``[H, P, N]`` fp32; B, C ``[B, G, N]``; D ``[H]`` or ``[H, P]``; dt_bias
+    ``[H]`` or ``[H, P]``; state_batch_indices int ``[B]``. Any strides, including zero strides (a "tied"
+    dt, D or z). dt is never clamped. Peer: mamba_ssm's ``selective_state_update``.
 
     Raises:
         ValueError: N above `MAX_D_STATE` (the capability gates it first).
@@ -158,17 +177,23 @@ def launch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     d, d_strides = (x, (0, 0)) if D is None else (D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0))
     zt = z if z is not None else x
     index = state_batch_indices if state_batch_indices is not None else dt
+    untied = dt.dim() == 3 or A.dim() == 3 or (dt_bias is not None and dt_bias.dim() == 2)
+    dt_strides = (*dt.stride(), 0) if dt.dim() == 2 else dt.stride()
+    a_strides = (A.stride(0), 0, 0) if A.dim() == 1 else A.stride()
+    bias = dt_bias if dt_bias is not None else A
+    bias_strides = (0, 0) if dt_bias is None else (dt_bias.stride(0), dt_bias.stride(1) if dt_bias.dim() == 2 else 0)
     grid = (triton.cdiv(headdim, block_p) * nheads * batch,)
     _state_update_kernel[grid](
-        state, x, dt, A, B, C, d, zt, dt_bias if dt_bias is not None else A, index, out,
+        state, x, dt, A, B, C, d, zt, bias, index, out,
         state.shape[0], nheads, headdim, dstate, nheads // ngroups,
-        *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *d_strides,
-        *zt.stride(), *out.stride(), index.stride(0),
+        *state.stride(), *x.stride(), *dt_strides, *a_strides, *bias_strides, *B.stride(), *C.stride(),
+        *d_strides, *zt.stride(), *out.stride(), index.stride(0),
         HAS_D=D is not None,
         HAS_Z=z is not None,
         HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus),
         HAS_INDICES=state_batch_indices is not None,
+        UNTIED=untied,
         EVEN=headdim % block_p == 0 and dstate == block_n,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
@@ -183,6 +208,8 @@ IMPLEMENTATIONS = [
             *base_constraints(),
             OneOf("dtype", ("float16", "bfloat16", "float32")),
             Between("d_state", 1, MAX_D_STATE, fix="use the torch provider for d_state > 256"),
+            OneOf("state_dtype", ("float16", "bfloat16", "float32"), fix="use the torch provider for float64 "
+                                                                         "states"),
         ),
         PRIORITY,
         selective_state_update,
