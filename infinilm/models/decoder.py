@@ -4,7 +4,8 @@ A `DecoderModel` is an embedding, `DecoderLayer`s (pre-norm attention, then pre-
 residual stream kept apart) and a final norm before the LM head. The families differ in data from
 `ModelConfig` (Qwen2's q/k/v bias, Qwen3's per-head q/k norms, Llama's optional attention and MLP biases, a
 head tied to the embedding), and a family module may subclass both classes: `DecoderModel.attention` gives a
-layer's attention (its window, softcap and scale), `DecoderModel.layer_class` the layer. Every Gemm, Add,
+layer's attention (its window, softcap and scale), `DecoderModel.layer_class` the layer (`SandwichLayer` adds a
+norm after each sub-block), `DecoderLayer.norm_class` every norm. Every Gemm, Add,
 RmsNorm, FusedQkNorm, cache write and attention runs through `infiniops_py`; RoPE, the embedding lookup and
 SiLU-and-multiply are plain PyTorch. Weights are allocated empty and filled by the loader through
 `targets()`, which maps each checkpoint tensor name to the view it loads into.
@@ -25,24 +26,25 @@ from infinilm.layers.norm import QKNorm, RMSNorm
 from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.family import GatePlan
 
-__all__ = ["DecoderLayer", "DecoderModel"]
+__all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer"]
 
 
 class DecoderLayer:
     """Pre-norm attention block then pre-norm SwiGLU MLP over ``[T, hidden]``, with the residual kept apart.
 
     `attention` and `mlp` are the two sub-blocks (without their norms), for subclasses that arrange the
-    norms otherwise.
+    norms otherwise; `norm_class` makes every norm of the layer (and the model's final one).
     """
 
     __slots__ = ("attn", "down_proj", "gate_up_proj", "input_layernorm", "kv", "o_proj", "post_attention_layernorm",
                  "qk_norm", "qkv_proj")
+    norm_class: ClassVar[type[RMSNorm]] = RMSNorm
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
                  device: torch.device) -> None:
         new = {"dtype": dtype, "device": device}
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **new)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **new)
+        self.input_layernorm = self.norm_class(c.hidden_size, c.rms_norm_eps, **new)
+        self.post_attention_layernorm = self.norm_class(c.hidden_size, c.rms_norm_eps, **new)
         self.qkv_proj = Linear(c.hidden_size, {"q_proj": c.q_size, "k_proj": c.kv_size, "v_proj": c.kv_size},
                                bias=c.qkv_bias, fuse_bias=plan.fused_bias, **new)
         self.o_proj = Linear(c.q_size, c.hidden_size, bias=c.o_bias, fuse_bias=plan.fused_bias, **new)
@@ -102,6 +104,41 @@ class DecoderLayer:
         return self.mlp(hidden), residual
 
 
+class SandwichLayer(DecoderLayer):
+    """`DecoderLayer` with a norm after the attention (`attn_out_norm`) and after the MLP (`mlp_out_norm`) too,
+    each before its residual add: ``h = x + attn_out_norm(attn(input_layernorm(x)))``, then
+    ``h + mlp_out_norm(mlp(post_attention_layernorm(h)))``.
+
+    `NORM_NAMES` maps each norm attribute to its checkpoint name (the families name them differently).
+    """
+
+    __slots__ = ("attn_out_norm", "mlp_out_norm")
+    NORM_NAMES: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__(c, plan, attn, dtype, device)
+        self.attn_out_norm = self.norm_class(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
+        self.mlp_out_norm = self.norm_class(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
+
+    def norms(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The four norms, under the checkpoint names of `NORM_NAMES`."""
+        return {f"{prefix}.{name}.weight": getattr(self, attr).weight for attr, name in self.NORM_NAMES}
+
+    def __call__(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_norm(hidden, residual)
+        hidden = self.attn_out_norm(self.attention(positions, hidden, rope, k_cache, v_cache, ctx))
+        hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
+        return self.mlp_out_norm(self.mlp(hidden)), residual
+
+
 class DecoderModel:
     """A causal LM: ``forward`` gives hidden states ``[T, H]``, ``logits`` the LM head's ``[B, V]``."""
 
@@ -113,7 +150,7 @@ class DecoderModel:
         self.embed = Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.layers = [self.layer_class(config, plan, self.attention(config, i), dtype, device)
                        for i in range(config.num_layers)]
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.norm = self.layer_class.norm_class(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
         head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
         self.lm_head = LMHead(head)
         self.rope = self.rotary(config, max_len, dtype, device)

@@ -16,12 +16,10 @@ from typing import Any, Final, cast
 import torch
 
 from infinilm.config import ModelConfig
-from infinilm.layers.attention import Attention, AttnContext
-from infinilm.layers.norm import RMSNorm
 from infinilm.layers.rotary import RotaryEmbedding, inverse_frequencies
-from infinilm.models.decoder import DecoderLayer, DecoderModel
+from infinilm.models.decoder import DecoderModel, SandwichLayer
 from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import Family, GatePlan
+from infinilm.models.family import Family
 
 __all__ = ["GLM4", "Glm4Config", "Glm4Layer", "Glm4Model", "InterleavedRotary"]
 
@@ -63,22 +61,12 @@ class InterleavedRotary(RotaryEmbedding):
         return torch.cat((pairs, rest), dim=-1)
 
 
-class Glm4Layer(DecoderLayer):
-    """`DecoderLayer` with a norm after the attention and after the MLP, each before its residual add."""
+class Glm4Layer(SandwichLayer):
+    """`SandwichLayer` under GLM-4's names, its gate and up projection loading from one ``mlp.gate_up_proj``."""
 
-    __slots__ = ("post_mlp_layernorm", "post_self_attn_layernorm")
-
-    def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        super().__init__(c, plan, attn, dtype, device)
-        self.post_self_attn_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
-        self.post_mlp_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, device=device)
-
-    def norms(self, prefix: str) -> dict[str, torch.Tensor]:
-        """The four norms, under transformers' names."""
-        return {**super().norms(prefix),
-                f"{prefix}.post_self_attn_layernorm.weight": self.post_self_attn_layernorm.weight,
-                f"{prefix}.post_mlp_layernorm.weight": self.post_mlp_layernorm.weight}
+    __slots__ = ()
+    NORM_NAMES = (("input_layernorm", "input_layernorm"), ("attn_out_norm", "post_self_attn_layernorm"),
+                  ("post_attention_layernorm", "post_attention_layernorm"), ("mlp_out_norm", "post_mlp_layernorm"))
 
     def targets(self, prefix: str) -> dict[str, torch.Tensor]:
         """`DecoderLayer.targets`, the packed gate and up projection loading from one ``mlp.gate_up_proj``."""
@@ -86,19 +74,6 @@ class Glm4Layer(DecoderLayer):
         del out[f"{prefix}.mlp.gate_proj.weight"], out[f"{prefix}.mlp.up_proj.weight"]
         out[f"{prefix}.mlp.gate_up_proj.weight"] = self.gate_up_proj.weight
         return out
-
-    def __call__(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer)."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_norm(hidden, residual)
-        hidden = self.post_self_attn_layernorm(self.attention(positions, hidden, rope, k_cache, v_cache, ctx))
-        hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
-        return self.post_mlp_layernorm(self.mlp(hidden)), residual
 
 
 class Glm4Model(DecoderModel):
