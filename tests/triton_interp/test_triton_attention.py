@@ -218,6 +218,62 @@ def test_kvcache_empty_batch() -> None:
     assert got.shape == (0, 1, 4, 64)
 
 
+# --- flash-attention's window rule and defaults ----------------------------------------------------------
+
+
+def _edge_case(entry: str) -> dict[str, Any]:
+    """Sq=20 queries over a max_seqlen_k of 8 (16 for the paged decode: one block), non-causal."""
+    gen = torch.Generator().manual_seed(len(entry))
+    sq, hq, hkv, d = 20, 2, 1, 32
+    sk = 16 if entry == "kvcache-paged" else 8
+    q = torch.randn(sq, hq, d, generator=gen).half()
+    k, v = (torch.randn(sk, hkv, d, generator=gen).half() for _ in range(2))
+    if entry.startswith("varlen"):
+        args: dict[str, Any] = {"q": q, "k": k, "v": v, "cu_seqlens_q": torch.tensor([0, sq], dtype=torch.int32),
+                                "cu_seqlens_k": torch.tensor([0, sk], dtype=torch.int32), "max_seqlen_q": sq,
+                                "max_seqlen_k": sk}
+        if entry == "varlen-paged":  # two 16-row blocks, the keys in block 1
+            args["k"], args["v"] = (torch.cat([torch.full((16, hkv, d), float("nan")).half(),
+                                               torch.cat([t, torch.zeros(16 - sk, hkv, d).half()])]).view(2, 16, hkv, d)
+                                    for t in (k, v))
+            args["block_table"] = torch.tensor([[1]], dtype=torch.int32)
+        return args
+    args = {"q": q[None], "k_cache": k[None].clone(), "v_cache": v[None].clone(),
+            "cache_seqlens": torch.tensor([sk], dtype=torch.int32)}
+    if entry == "kvcache-paged":
+        args["k_cache"], args["v_cache"] = k[None].clone(), v[None].clone()  # one block of 16
+        args["block_table"] = torch.tensor([[0]], dtype=torch.int32)
+    return args
+
+
+@pytest.mark.parametrize("entry", ["varlen", "varlen-paged", "kvcache", "kvcache-paged"])
+def test_a_window_side_left_unbounded_becomes_max_seqlen_k_when_the_other_is_bounded(entry: str) -> None:
+    """flash-attention's normalization: ``window_size=(0, 30)`` over max_seqlen_k 8 is ``(0, 8)``, so query i
+    sees keys ``[i - 12, i - 4]`` and the first four see none (all eight before the rule was matched)."""
+    op = "flash_attn_varlen" if entry.startswith("varlen") else "flash_attn_with_kvcache"
+    args = {**_edge_case(entry), "window_size": (0, 30)}
+    with infiniops_py.use("triton"):
+        got = getattr(infiniops_py, op)(**_copies(args))
+    rows = got if op == "flash_attn_varlen" else got[0]
+    if entry == "kvcache-paged":  # capacity 16, 16 keys: query 0 sees keys 0 to 12 (right = 16), not all 16
+        q, k, v = args["q"][0, 0].double(), args["k_cache"][0, :13, 0].double(), args["v_cache"][0, :13, 0].double()
+        want = torch.softmax(q @ k.T * q.shape[-1] ** -0.5, dim=-1) @ v
+        torch.testing.assert_close(rows[0].double(), want, rtol=0, atol=2e-3)
+    else:
+        assert bool((rows[:4] == 0).all()) and bool((rows[4:].abs().amax(-1) > 0).all())
+    _assert_close(op, got, args)
+
+
+def test_kvcache_is_not_causal_unless_asked() -> None:
+    args = _kvcache_args("paged 16, Sq 3, window, softcap", torch.float16, seed=4)
+    args.pop("causal")
+    with infiniops_py.use("triton"):
+        default = infiniops_py.flash_attn_with_kvcache(**_copies(args))
+        plain = infiniops_py.flash_attn_with_kvcache(**_copies(args), causal=False)
+        causal = infiniops_py.flash_attn_with_kvcache(**_copies(args), causal=True)
+    assert bits_equal(default, plain) and not torch.allclose(default.float(), causal.float())
+
+
 # --- gates, heuristics ------------------------------------------------------------------------------
 
 
@@ -231,6 +287,11 @@ def test_gates(op: str) -> None:
         with pytest.raises(GateError, match="dtype"):
             infiniops_py.resolve(op, device_type="cpu", dtype="float64")
         assert infiniops_py.resolve(op, device_type="cpu", dtype="float16", head_dim=59).provider == "triton"
+        gated = ("alibi", "return_softmax_lse", "fp8_kv",
+                 *(("seqused_k",) if op == "flash_attn_varlen" else ("cache_batch_idx", "cache_leftpad", "rotary")))
+        for field in gated:  # each with its reason, and the torch provider as the fix
+            with pytest.raises(GateError, match=f"{field}.*use the torch provider"):
+                infiniops_py.resolve(op, device_type="cpu", dtype="float16", **{field: True})
 
 
 def test_launcher_rejects_head_dim_over_256() -> None:
