@@ -1,6 +1,7 @@
 """Triton causal_conv1d and causal_conv1d_update on the CPU under the Triton interpreter: the conformance
 suite, then what its small shapes do not reach (several time tiles with sequence runs and final states
-crossing them, a weight in another dtype, unchecked out-of-range slots, gates)."""
+crossing them, a weight in another dtype, unchecked out-of-range slots, the circular state with more new
+columns than state columns and a strided index, gates: vLLM's packed form goes to the torch provider)."""
 
 from __future__ import annotations
 
@@ -154,9 +155,38 @@ def test_update_skips_out_of_range_slots_when_unchecked() -> None:
     assert torch.equal(got_state[[0, 1, 3]], state[[0, 1, 3]])
 
 
+@pytest.mark.parametrize("length", [1, 3, 7])
+def test_update_circular_state(length: int) -> None:
+    # causal-conv1d's cache_seqlens: positions past S and a negative one (unchecked: taken mod S), more
+    # new columns than state columns (L = 7 > S = 5: the later ones win), a strided index with padding
+    batch, dim, width, state_len = 4, 20, 4, 5
+    x = randn(batch, dim, length, dtype=torch.bfloat16, seed=12)
+    state = randn(6, dim, state_len, dtype=torch.bfloat16, seed=13)
+    weight, bias = randn(dim, width, dtype=torch.float32, seed=14), randn(dim, dtype=torch.float32, seed=15)
+    index = torch.tensor([3, 0, -1, 9, 5, 1, 2, 7], dtype=torch.int32)[::2]  # slots 3, -1, 5, 2
+    seqlens = torch.tensor([7, 12, 0, -3], dtype=torch.int32)
+    got_state = state.clone()
+    with infiniops_py.use("triton"), infiniops_py.unchecked_indices():
+        out = infiniops_py.causal_conv1d_update(x, got_state, weight, bias, "silu", seqlens, index)
+    ref_state = state.double()
+    with infiniops_py.use("reference"), infiniops_py.unchecked_indices():
+        ref = infiniops_py.causal_conv1d_update(x.double(), ref_state, weight.double(), bias.double(), "silu",
+                                                seqlens, index)
+    check("causal_conv1d_update", out, ref)
+    assert torch.equal(got_state.double(), ref_state)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
 def test_update_gates_states_too_long_for_registers() -> None:
     with infiniops_py.use("triton"), pytest.raises(GateError, match="state_len"):
         infiniops_py.resolve("causal_conv1d_update", device_type="cpu", dtype="bfloat16", state_len=1025)
+
+
+def test_packed_form_is_gated_to_the_torch_provider() -> None:
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="varlen"):
+        infiniops_py.resolve("causal_conv1d", device_type="cpu", dtype="bfloat16", varlen=True)
+    impl = infiniops_py.resolve("causal_conv1d", device_type="cpu", dtype="bfloat16", varlen=True)
+    assert impl.provider == "torch"
 
 
 def test_channel_first_autotune_candidates_fit_the_row() -> None:

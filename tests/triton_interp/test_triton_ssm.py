@@ -1,9 +1,11 @@
 """Triton selective_scan (chunked SSD) and selective_state_update on the CPU under the Triton interpreter.
 
 The conformance suite first, then what its small draws rarely reach: several chunks per row with a
-chunk-crossing restart of ``seq_idx`` (including a value that comes back), the head-dim tiling, the
-requested chunk sizes the kernels round, an inf kept inside its own sequence, unchecked out-of-range
-slots, the gates, and the GPU benchmark script's code paths at tiny sizes.
+chunk-crossing restart of ``seq_idx`` (including a value that comes back), a packed row whose sequences
+span several chunks (empty ones, per-sequence initial states, a seq_idx change on a sequence's first
+token), the head-dim tiling, the requested chunk sizes the kernels round, an inf kept inside its own
+sequence, unchecked out-of-range slots, the state update's untied layouts, 16-bit states and unclamped
+negative steps, the gates, and the GPU benchmark script's code paths at tiny sizes.
 """
 
 from __future__ import annotations
@@ -91,6 +93,51 @@ def test_scan_factored_decays_with_restarts_and_strong_decay(dtype: torch.dtype,
     check("selective_scan", final, ref_final)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scan_packed_sequences_across_chunks(dtype: torch.dtype) -> None:
+    # cu_seqlens: 70 tokens in chunks of 16, sequences of 20, 0, 33, 1 and 16 tokens (each starting a chunk of
+    # its own: 2 + 3 + 1 + 1 chunks of the 9 the bound allows); seq_idx restarts inside the third sequence and
+    # changes value on the first token of the fourth (a sequence start, not a second restart)
+    lengths = (20, 0, 33, 1, 16)
+    args, kwargs = _scan_inputs(1, sum(lengths), 2, 20, 1, 16, dtype)
+    seq_idx = torch.zeros(1, sum(lengths), dtype=torch.int32)
+    seq_idx[0, 40:] = 1
+    seq_idx[0, 53:] = 2
+    kwargs.update(seq_idx=seq_idx, chunk_size=16, cu_seqlens=torch.tensor([0, *lengths]).cumsum(0),
+                  initial_states=randn(len(lengths), 2, 20, 16, seed=10), return_varlen_states=True)
+    (out, final, varlen), (ref, ref_final, ref_varlen) = _run_scan(args, kwargs)
+    check("selective_scan", out, ref)
+    check("selective_scan", final, ref_final)
+    check("selective_scan", varlen, ref_varlen)
+    assert torch.equal(varlen[1], kwargs["initial_states"][1])  # the empty sequence keeps its initial state
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_state_update_untied_layouts_16bit_states_and_negative_steps(dtype: torch.dtype) -> None:
+    # mamba's untied dt [B, H, P], A [H, P, N], dt_bias [H, P] with negative steps (never clamped), the state
+    # in the inputs' dtype; P = 40 spans two programs of the tile
+    batch, heads, head_dim, d_state = 3, 2, 40, 16
+    state = randn(4, heads, head_dim, d_state, seed=11, dtype=dtype)
+    x = randn(batch, heads, head_dim, seed=12, dtype=dtype)
+    dt = (0.1 * randn(batch, heads, head_dim, seed=13) - 0.05).to(dtype)
+    A = -torch.exp(randn(heads, head_dim, d_state, seed=14, scale=0.5))
+    B = randn(batch, 1, d_state, seed=15, dtype=dtype)
+    C = randn(batch, 1, d_state, seed=16, dtype=dtype)
+    kwargs = {"D": randn(heads, head_dim, seed=17), "dt_bias": 0.05 * randn(heads, head_dim, seed=18),
+              "state_batch_indices": torch.tensor([2, -1, 0])}
+    got_state = state.clone()
+    with infiniops_py.use("triton"):
+        out = selective_state_update(got_state, x, dt, A, B, C, **kwargs)
+    ref_state = state.double()
+    with infiniops_py.use("reference"):
+        ref = selective_state_update(ref_state, x.double(), dt.double(), A, B.double(), C.double(),
+                                     **{k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()})
+    assert got_state.dtype == dtype and bool(((dt.float() + kwargs["dt_bias"]) < 0).any())
+    check("selective_state_update", out, ref)
+    check("selective_state_update", got_state, ref_state)
+    assert torch.equal(got_state[[1, 3]], state[[1, 3]])
+
+
 @pytest.mark.parametrize("initial", [True, False])
 def test_scan_one_chunk_without_final_states(initial: bool) -> None:
     # one chunk, no final states: the state passing runs only to split the initial state (16-bit inputs)
@@ -163,6 +210,8 @@ def test_gates_name_the_field() -> None:
         infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float32", d_state=300)
     with infiniops_py.use("triton"), pytest.raises(GateError, match="dtype"):
         infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float64")
+    with infiniops_py.use("triton"), pytest.raises(GateError, match="state_dtype"):
+        infiniops_py.resolve("selective_state_update", device_type="cpu", dtype="float32", state_dtype="float64")
 
 
 def test_gpu_benchmark_script_runs_end_to_end_at_small_sizes() -> None:
