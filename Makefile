@@ -7,31 +7,50 @@ BIN    := $(VENV)/bin
 #   TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 # (TORCH is passed to pip unquoted, so it may carry pip options).
 TORCH  ?= torch==2.13.0
-PROVIDERS := -e providers/torch -e providers/triton -e providers/cupy
+# CuPy only where a CUDA device is (nvidia-smi lists one), as the provider's extra for the driver's CUDA major
+# version (12, else 13); elsewhere the cupy provider installs without it and shows as unable to run.
+CUDA_MAJOR := $(shell nvidia-smi -L >/dev/null 2>&1 && nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1)
+CUPY_EXTRA := $(if $(CUDA_MAJOR),[cuda$(if $(filter 12,$(CUDA_MAJOR)),12,13)])
+PROVIDERS := -e providers/torch -e providers/triton -e "providers/cupy$(CUPY_EXTRA)"
 STAMP  := $(VENV)/.installed
+# setuptools says "Editable installation ... Please be careful with folders in your working directory" in a
+# box per editable package: information only, so it is filtered out of the installs.
+PIP    := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip
 
-.PHONY: install demo test lint matrix test-gpu check-gpu bench-gpu clean
+.PHONY: install demo test lint matrix chromium test-gpu check-gpu bench-gpu clean
 
 $(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e ".[llm,serve,test]" $(PROVIDERS)
-	touch $(STAMP)
+	@echo "installing into $(VENV) (the first time takes minutes)$(if $(CUPY_EXTRA), with CuPy $(CUPY_EXTRA),)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip setuptools wheel
+	@$(PIP) install -q $(TORCH)
+	@$(PIP) install -q -e ".[dev]" $(PROVIDERS)
+	@touch $(STAMP)
 
 install: $(STAMP)
 
 demo: install
 	$(BIN)/infiniops providers
-	$(BIN)/infiniops matrix --device cpu
+	$(BIN)/infiniops matrix --device cpu --op rms_norm --op flash_attn_varlen --op selective_scan
 	$(BIN)/infiniops explain flash_attn_varlen --device cuda --dtype float32 --head-dim 300 \
-		|| echo "(exit 1: no provider serves this problem, as intended: the gate error says why)"
+		|| echo "(exit 1: no provider serves this problem, as intended: the report says why)"
 	$(BIN)/infinilm demo
 
 lint: install
 	$(BIN)/ruff check .
 
-test: install lint
+# The browser test of the capability-matrix page needs Chromium: installed from the distribution's packages
+# when this runs as root with apt-get (CI); otherwise install it yourself, or the test skips saying so.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium (apt-get) for the matrix page's browser test"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null; \
+	else \
+		echo "no chromium: the matrix page's browser test will skip (apt-get install chromium as root)"; \
+	fi
+
+test: install lint chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 matrix: install
@@ -46,19 +65,19 @@ GPU_CHECK_BUDGET ?= 540
 GPU_CHECK_LOGS   ?= gpu-check-logs
 
 test-gpu:
-	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
+	PYTHONWARNINGS="ignore:Editable installation" python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
 	python3 -m pytest -q -p no:cacheprovider -m gpu tests
 	$(GPU_CHECK) --logs $(GPU_CHECK_LOGS) --budget $(GPU_CHECK_BUDGET)
 
 check-gpu:
-	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
+	PYTHONWARNINGS="ignore:Editable installation" python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
 	$(GPU_CHECK) --logs $(GPU_CHECK_LOGS) --budget $(GPU_CHECK_BUDGET)
 
 # The tables of one run; benchmarks/RESULTS.md is the curated, dated record of the runs quoted in issues.
 BENCH_OUT ?= bench-latest.md
 
 bench-gpu:
-	python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
+	PYTHONWARNINGS="ignore:Editable installation" python3 -m pip install -q --no-deps --no-build-isolation -e . $(PROVIDERS)
 	python3 benchmarks/ops.py --write $(BENCH_OUT)
 
 clean:

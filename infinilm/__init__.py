@@ -14,6 +14,7 @@ from infinilm.engine import Engine, StepOutput
 from infinilm.engine.loader import LoadError
 from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
 from infinilm.models.registry import read_config
+from infiniops_py import __version__ as __version__  # infinilm ships in the infiniops-py distribution
 
 __all__ = [
     "ConfigError",

@@ -1,5 +1,6 @@
 """The ``infiniops`` command: providers, the capability matrix, explanations and conformance checks.
 
+    infiniops --version
     infiniops providers
     infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR] [--wide]
                      [--all-providers]
@@ -29,11 +30,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
+from infiniops_py import __version__
 from infiniops_py._env import EnvValueError
+
+try:  # the cli extra: without it, the commands that print tables say what to install
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+except ImportError:
+    Console = Table = escape = None  # type: ignore[assignment,misc]
+
+_NO_RICH = "needs the cli extra (rich) to print its tables: pip install 'infiniops-py[cli]'"
 
 __all__ = ["main"]
 
@@ -66,6 +73,7 @@ def _positive(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infiniops", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"infiniops-py {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("providers", help="list the providers: version, source, loaded or the load error")
@@ -118,6 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     command = {"providers": _providers, "matrix": _matrix, "explain": _explain, "check": _check}[args.command]
+    tables = args.command in ("providers", "check") or (args.command == "matrix" and not args.write
+                                                         and args.format in (None, "table"))
+    if tables and Console is None:
+        print(f"infiniops {args.command}: {_NO_RICH}", file=sys.stderr)
+        return 2
     try:
         return command(args)
     except EnvValueError as err:  # an INFINIOPS_* switch holds a value no parser accepts: usage, not a crash
@@ -135,7 +148,9 @@ def _providers(args: argparse.Namespace) -> int:
         table.add_column(column)
     found = sorted(runtime.providers(), key=lambda p: (p.name == "reference", p.name))
     for p in found:
-        status = "[red]failed to load (below)[/red]" if p.error else "[green]loaded[/green]"
+        missing = _missing_imports(p)
+        status = ("[red]failed to load (below)[/red]" if p.error else
+                  f"[yellow]loaded; cannot run: {escape(missing)}[/yellow]" if missing else "[green]loaded[/green]")
         table.add_row(escape(p.name), escape(p.version), escape(p.source), str(len(p.implementations)), status)
     console = _console()
     console.print(table)
@@ -143,6 +158,25 @@ def _providers(args: argparse.Namespace) -> int:
         if p.error:  # one unwrapped line each: errors are long and get copied into bug reports
             console.print(f"[red]{escape(p.name)} failed to load:[/red] {escape(p.error)}", soft_wrap=True)
     return 0
+
+
+def _missing_imports(p: Any) -> str:
+    """What every implementation of a loaded provider needs and cannot import (``cupy is not importable (fix:
+    pip install ...)``), or '' (a provider whose package, such as CuPy, is simply not installed here)."""
+    from infiniops_py.capability import Requires
+    from infiniops_py.operators import OPERATORS
+
+    common: dict[str, str] | None = None
+    for impl in p.implementations:
+        spec = OPERATORS.get(impl.op)
+        problem = spec.problem() if spec is not None else None
+        found = {}
+        for c in impl.capability.constraints:
+            rejection = c.reject(problem) if isinstance(c, Requires) and problem is not None else None
+            if rejection is not None:
+                found[c.module] = f"{c.module} is not importable (fix: {rejection.fix})"
+        common = found if common is None else {k: v for k, v in common.items() if k in found}
+    return "; ".join((common or {}).values())
 
 
 # --- matrix ---------------------------------------------------------------------------------------------
@@ -314,7 +348,13 @@ def _print_progress(row: Any, seconds: float, note: str, outcome: str) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from infiniops_py.testing.conformance import NOTHING_RAN, run_conformance
+    try:
+        from infiniops_py.testing.conformance import NOTHING_RAN, run_conformance
+    except ImportError as err:
+        if err.name != "hypothesis":
+            raise
+        print("infiniops check: needs the test extra (hypothesis): pip install 'infiniops-py[test]'", file=sys.stderr)
+        return 2
 
     usage = _check_usage(args)
     if usage:

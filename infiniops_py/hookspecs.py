@@ -7,7 +7,7 @@ module implements::
 
     @hookimpl
     def infiniops_provider() -> Provider:
-        return Provider(name="mine", version="1.0", implementations=[...])
+        return Provider(name="mine", version="1.0", implementations=[...], api_version=1)
 
 registered as ``mine = my_package`` under that group: the provider's name must be the entry point's name,
 or the plugin is refused (no plugin can take another provider's name). The hook runs once, with
@@ -20,8 +20,11 @@ import pluggy
 
 from infiniops_py.registry import Provider
 
-__all__ = ["ENTRY_POINT_GROUP", "PROJECT", "hookimpl", "hookspec"]
+__all__ = ["ENTRY_POINT_GROUP", "PROJECT", "PROVIDER_API", "hookimpl", "hookspec"]
 
+# The provider API: the hook, `Provider`, `Implementation`, `Capability` and the calling conventions. A plugin
+# states the version it was built for (``Provider(api_version=1)``); one built for another is refused at load.
+PROVIDER_API = 1
 PROJECT = "infiniops"
 ENTRY_POINT_GROUP = "infiniops.providers"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -91,13 +91,20 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
             if not errors and check_name and found.name != name:
                 errors = [f"the provider is named {found.name!r}, but it is registered as {name!r}: a provider's "
                           "name must equal its entry point's name"]
+            if not errors and found.api_version is not None and found.api_version != hookspecs.PROVIDER_API:
+                from infiniops_py import __version__
+
+                return Provider(name=name, version=found.version or version, source=source, error=(
+                    f"built for provider API {found.api_version!r}, but infiniops-py {__version__} has provider "
+                    f"API {hookspecs.PROVIDER_API}: install a release of the provider built for it"))
             if errors:
                 own = found.name if _is_name(found.name) and not check_name else name
                 return Provider(name=own, version=version, source=source,
                                 error="invalid declarations: " + "; ".join(errors))
             # the source is where discovery found the plugin, never what the plugin says of itself
             return Provider(name=found.name, version=found.version or version, source=source or found.source,
-                            implementations=tuple(found.implementations), error=found.error)
+                            implementations=tuple(found.implementations), error=found.error,
+                            api_version=found.api_version)
     except BaseException as exc:  # a plugin must not end the host, nor break the other plugins
         return Provider(name=name, version=version, source=source, error=_summary(exc))
 

@@ -37,13 +37,18 @@ class Implementation:
 
 @dataclass
 class Provider:
-    """A provider plugin: its name, version, where it came from, and what it implements or why it failed."""
+    """A provider plugin: its name, version, where it came from, and what it implements or why it failed.
+
+    `api_version` is the provider API (``infiniops_py.hookspecs.PROVIDER_API``) the plugin was built for;
+    discovery refuses a plugin that declares another one. None (not declared) is accepted.
+    """
 
     name: str
     version: str = ""
     source: str = ""
     implementations: Sequence[Implementation] = field(default_factory=list)
     error: str = ""
+    api_version: int | None = None
 
     @property
     def loaded(self) -> bool:

@@ -251,3 +251,24 @@ print("ok")
     run = _python(site, code)
     assert run.returncode == 0 and run.stdout.rstrip().endswith("ok"), run.stdout + run.stderr
     assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_plugin_built_for_another_provider_api_fails_to_load_naming_both_versions() -> None:
+    from infiniops_py import hookspecs, plugins
+
+    class Built:
+        def __init__(self, api: int | None) -> None:
+            self.api = api
+
+        @hookimpl
+        def infiniops_provider(self) -> Provider:
+            impl = Implementation("add", "mine", "mine.add", cpu_capability(), 1, correct_add)
+            return Provider(name="mine", implementations=[impl], api_version=self.api)
+
+    other = plugins.load_plugin(Built(hookspecs.PROVIDER_API + 1), name="mine", source="test")
+    assert not other.loaded and not other.implementations
+    assert f"built for provider API {hookspecs.PROVIDER_API + 1}" in other.error
+    assert f"has provider API {hookspecs.PROVIDER_API}" in other.error and io.__version__ in other.error
+    for api in (hookspecs.PROVIDER_API, None):  # the same one, or none declared
+        assert plugins.load_plugin(Built(api), name="mine", source="test").loaded
+    assert {p.name: p.api_version for p in io.providers()}.get("torch") == hookspecs.PROVIDER_API

@@ -24,4 +24,4 @@ def infiniops_provider() -> Provider:
         ver = version("infiniops-provider-cupy")
     except PackageNotFoundError:
         ver = "0+unknown"
-    return Provider(name="cupy", version=ver, implementations=impls)
+    return Provider(name="cupy", version=ver, implementations=impls, api_version=1)  # hookspecs.PROVIDER_API

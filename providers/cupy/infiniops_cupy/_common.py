@@ -52,7 +52,7 @@ def base_constraints() -> tuple[Constraint, ...]:
     """Device, import and GPU constraints every CuPy implementation starts with."""
     return (
         OneOf("device_type", ("cuda",), fix="move the tensors to a CUDA device, or use the torch provider"),
-        Requires("cupy", "cupy-cuda13x"),
+        Requires("cupy", "'infiniops-provider-cupy[cuda13]' (or [cuda12] for CUDA 12)"),
         CudaAvailable(always=True),
     )
 

@@ -24,4 +24,4 @@ def infiniops_provider() -> Provider:
         ver = version("infiniops-provider-torch")
     except PackageNotFoundError:
         ver = "0+unknown"
-    return Provider(name="torch", version=ver, implementations=impls)
+    return Provider(name="torch", version=ver, implementations=impls, api_version=1)  # hookspecs.PROVIDER_API

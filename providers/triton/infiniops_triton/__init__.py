@@ -28,4 +28,4 @@ def infiniops_provider() -> Provider:
         ver = version("infiniops-provider-triton")
     except PackageNotFoundError:
         ver = "0+unknown"
-    return Provider(name="triton", version=ver, implementations=impls)
+    return Provider(name="triton", version=ver, implementations=impls, api_version=1)  # hookspecs.PROVIDER_API
