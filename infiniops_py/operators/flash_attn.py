@@ -478,7 +478,7 @@ def _seqlens_tensor(op: str, cache_seqlens: object, b: int, capacity: int, devic
                                                      "(as in flash-attention)")
         return torch.full((b,), capacity, dtype=torch.int32, device=device)
     if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
-        raise ContractError(op, "cache_seqlens", f"expected an int32 tensor, an int or None, got "
+        raise ContractError(op, "cache_seqlens", f"expected a torch.Tensor (int32), an int or None, got "
                                                  f"{type(cache_seqlens).__name__}")
     if not 0 <= cache_seqlens < 2**31:
         raise ContractError(op, "cache_seqlens", f"expected an int in [0, 2**31), got {cache_seqlens}")
