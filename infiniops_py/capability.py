@@ -242,28 +242,44 @@ class ComputeCapability(Constraint):
 def constraint_text(c: Constraint) -> str:
     """``c.describe()``, or the constraint's class name when a faulty plugin constraint's describe raises."""
     try:
-        return c.describe()
-    except Exception:  # describe() of a faulty plugin constraint may raise too
+        text = c.describe()
+    except BaseException:  # describe() of a faulty plugin constraint may raise anything (SystemExit too)
         return type(c).__name__
+    return text if type(text) is str else type(c).__name__
+
+
+def _exception_text(exc: BaseException) -> str:
+    """``Name: message``, or the name alone when the exception's own ``__str__`` raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except BaseException:
+        return type(exc).__name__
 
 
 def safe_reject(c: Constraint, problem: Problem) -> Rejection | None:
-    """``c.reject(problem)``, except that a check which raises (``SystemExit`` too), or which returns
-    something other than a `Rejection` or None, is a rejection of its own.
+    """``c.reject(problem)``, except that a check which raises anything (``SystemExit``, ``KeyboardInterrupt``
+    and exceptions whose message itself raises included), or which returns something other than None or a
+    `Rejection` whose texts are str, is a rejection of its own.
 
     The rejection reads ``<field>=<value> (constraint <name> raised ZeroDivisionError: division by zero)``
     (or ``... returned str, not a Rejection or None``) and carries no fix (nothing about the problem can fix
-    a faulty constraint), so the resolver never picks that candidate and the others still serve.
+    a faulty constraint), so the resolver never picks that candidate and the others still serve. A plugin's
+    constraint is foreign code: nothing it does may end or crash the caller, so a Ctrl-C that lands exactly
+    inside one is taken as its failure too.
     """
     try:
         found = c.reject(problem)
-    except (Exception, SystemExit) as exc:  # a plugin's constraint is foreign code: contain it
-        return Rejection("raised", c.field, problem.get(c.field),
-                         f"(constraint {constraint_text(c)} raised {type(exc).__name__}: {exc})")
-    if found is None or isinstance(found, Rejection):
-        return found
-    return Rejection("invalid", c.field, problem.get(c.field),
-                     f"(constraint {constraint_text(c)} returned {type(found).__name__}, not a Rejection or None)")
+        if found is None:
+            return None
+        if type(found) is Rejection and all(type(v) is str for v in (found.field, found.allowed, found.fix)):
+            return found
+        kind, why = "invalid", f"returned {type(found).__name__}, not a Rejection or None"
+        if type(found) is Rejection:
+            why = "returned a Rejection whose field, allowed or fix is not a str"
+    except BaseException as exc:  # foreign code: contain everything
+        kind, why = "raised", f"raised {_exception_text(exc)}"
+    field = c.field if type(c.field) is str else "?"
+    return Rejection(kind, field, problem.get(field), f"(constraint {constraint_text(c)} {why})")
 
 
 class Capability:

@@ -84,9 +84,7 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
             results = pm.hook.infiniops_provider()
             if not results:
                 raise TypeError(f"plugin {name!r} implements no infiniops_provider hook")
-            found = results[0]
-            if not isinstance(found, Provider):
-                raise TypeError(f"infiniops_provider() returned {type(found).__name__}, not Provider")
+            found = _snapshot(results[0])  # checked and kept: what the plugin returns is read once
             errors = declaration_errors(found)
             if not errors and check_name and found.name != name:
                 errors = [f"the provider is named {found.name!r}, but it is registered as {name!r}: a provider's "
@@ -103,14 +101,26 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
                                 error="invalid declarations: " + "; ".join(errors))
             # the source is where discovery found the plugin, never what the plugin says of itself
             return Provider(name=found.name, version=found.version or version, source=source or found.source,
-                            implementations=tuple(found.implementations), error=found.error,
+                            implementations=found.implementations, error=found.error,
                             api_version=found.api_version)
     except BaseException as exc:  # a plugin must not end the host, nor break the other plugins
         return Provider(name=name, version=version, source=source, error=_summary(exc))
 
 
+def _snapshot(found: object) -> Provider:
+    """A copy of the plugin's provider, each attribute read once, so that what is checked is what is kept
+    (a list subclass or a property could answer the checks one way and the registry another)."""
+    if type(found) is not Provider:
+        raise TypeError(f"infiniops_provider() returned {type(found).__name__}, not Provider")
+    impls = found.implementations
+    if type(impls) in (list, tuple):
+        impls = tuple(impls)
+    return Provider(name=found.name, version=found.version, source=found.source, implementations=impls,
+                    error=found.error, api_version=found.api_version)
+
+
 def _is_name(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip())
+    return type(value) is str and bool(value.strip())
 
 
 def declaration_errors(provider: Provider) -> list[str]:
@@ -133,10 +143,10 @@ def declaration_errors(provider: Provider) -> list[str]:
     errors = []
     for attr in ("version", "source", "error"):
         value = getattr(provider, attr)
-        if not isinstance(value, str):
+        if type(value) is not str:
             errors.append(f"the provider's {attr} is {type(value).__name__} {value!r}, not a str")
     impls = provider.implementations
-    if not isinstance(impls, (list, tuple)):
+    if type(impls) not in (list, tuple):
         return [*errors, f"implementations is a {type(impls).__name__}, not a list or tuple of Implementation"]
     names: set[str] = set()
     for n, impl in enumerate(impls):

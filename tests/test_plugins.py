@@ -272,3 +272,73 @@ def test_a_plugin_built_for_another_provider_api_fails_to_load_naming_both_versi
     for api in (hookspecs.PROVIDER_API, None):  # the same one, or none declared
         assert plugins.load_plugin(Built(api), name="mine", source="test").loaded
     assert {p.name: p.api_version for p in io.providers()}.get("torch") == hookspecs.PROVIDER_API
+
+
+def test_what_a_plugin_declares_is_read_once_so_what_is_checked_is_what_serves() -> None:
+    """A list subclass that yields valid declarations to the checks and another provider's implementation to
+    the registry is refused; the torch provider keeps serving add."""
+    from infiniops_py import plugins
+
+    def impostor(input: torch.Tensor, other: torch.Tensor, alpha: float, out: torch.Tensor) -> torch.Tensor:
+        return out.fill_(666.0)
+
+    class Shifty(list):
+        reads = 0
+
+        def __iter__(self) -> Iterator[Implementation]:
+            Shifty.reads += 1
+            if Shifty.reads == 1:
+                return iter([Implementation("add", "shifty", "shifty.add", cpu_capability(), 1, correct_add)])
+            return iter([Implementation("add", "torch", "torch.add", cpu_capability(), 10**6, impostor)])
+
+    class Plugin:
+        @hookimpl
+        def infiniops_provider(self) -> Provider:
+            return Provider(name="shifty", implementations=Shifty())
+
+    loaded = plugins.load_plugin(Plugin(), name="shifty", source="test")
+    assert not loaded.loaded and "not a list or tuple" in loaded.error
+    assert all(i.provider == "shifty" for i in loaded.implementations)
+    try:
+        io.register_provider(Plugin(), name="shifty")
+        with io.use("torch", op="add"):
+            assert io.add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]
+    finally:
+        io.unregister_provider("shifty")
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(7)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt(), SystemExit(3), GeneratorExit(), _Unprintable()],
+                         ids=["KeyboardInterrupt", "SystemExit", "GeneratorExit", "unprintable"])
+def test_a_constraint_that_raises_anything_when_checked_is_a_rejection_of_its_own(raised: BaseException) -> None:
+    from infiniops_py import Constraint
+    from infiniops_py.errors import Rejection
+
+    class Evil(Constraint):
+        field = "broadcast"
+        environmental = False
+
+        def reject(self, problem: object) -> Rejection | None:
+            raise raised
+
+        def describe(self) -> str:
+            return "evil"
+
+    class Plugin:
+        @hookimpl
+        def infiniops_provider(self) -> Provider:
+            cap = cpu_capability(Evil())
+            return Provider(name="evil", implementations=[Implementation("add", "evil", "evil.add", cap, 10**6,
+                                                                         correct_add)])
+
+    try:
+        assert io.register_provider(Plugin(), name="evil").loaded
+        assert io.add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]  # torch serves; evil rejects itself
+        report = io.explain("add", device_type="cpu", dtype="float32").render()
+        assert "constraint evil raised" in report and type(raised).__name__ in report
+    finally:
+        io.unregister_provider("evil")
