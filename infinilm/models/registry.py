@@ -14,6 +14,7 @@ from typing import Any, Final
 from infinilm.config import ConfigError, ModelConfig
 from infinilm.config_checks import field_problems, hf_error_reason, raise_problems, read_config_json
 from infinilm.models.family import Family
+from infinilm.models.gemma2 import GEMMA2
 from infinilm.models.glm4 import GLM4
 from infinilm.models.llama import LLAMA, QWEN2, QWEN3
 from infinilm.models.mamba2 import MAMBA2
@@ -28,6 +29,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
     MAMBA2,
     MISTRAL,
     GLM4,
+    GEMMA2,
 )
 
 

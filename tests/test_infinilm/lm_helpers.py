@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "glm4")
-SLIDING_WINDOW = 8  # Mistral's: shorter than most test prompts, and than every prompt with its continuation
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "glm4", "gemma2")
+SLIDING_WINDOW = 8  # Mistral's and Gemma 2's: shorter than most test prompts and than every prompt and continuation
+# Gemma 2's softcaps, small enough for the random weights' scores (a few tenths) and logits to reach them
+GEMMA2_SOFTCAPS: dict[str, object] = {"attn_logit_softcapping": 0.05, "final_logit_softcapping": 1.0}
 # a tiny Mamba2Config: 4 heads x head_dim 16 = expand 2 x hidden 32, d_state 16, conv width 4, chunks of 8
 MAMBA2_BASE: dict[str, object] = {
     "vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "state_size": 16, "expand": 2, "head_dim": 16,
@@ -21,8 +23,17 @@ MAMBA2_BASE: dict[str, object] = {
 
 def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
     """A small transformers config of `family` (llama with attention and MLP biases, to cover them; mistral with
-    a `SLIDING_WINDOW`; glm4 turning half of each head of 32; mamba2 from `MAMBA2_BASE`)."""
-    from transformers import Glm4Config, LlamaConfig, Mamba2Config, MistralConfig, Qwen2Config, Qwen3Config
+    a `SLIDING_WINDOW`; glm4 turning half of each head of 32; gemma2 with the window on its even layers and
+    `GEMMA2_SOFTCAPS`; mamba2 from `MAMBA2_BASE`)."""
+    from transformers import (
+        Gemma2Config,
+        Glm4Config,
+        LlamaConfig,
+        Mamba2Config,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     if family == "mamba2":
         return Mamba2Config(**{**MAMBA2_BASE, "tie_word_embeddings": tied, **overrides})
@@ -36,6 +47,9 @@ def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
         return LlamaConfig(**common, attention_bias=True, mlp_bias=True, rope_theta=10000.0)
     if family == "qwen2":
         return Qwen2Config(**common, rope_theta=1e6)
+    if family == "gemma2":
+        return Gemma2Config(**{"sliding_window": SLIDING_WINDOW, **GEMMA2_SOFTCAPS, **common}, head_dim=16,
+                            query_pre_attn_scalar=16, pad_token_id=0)
     if family == "glm4":
         return Glm4Config(**common, head_dim=32, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=0)
     if family == "mistral":

@@ -85,7 +85,8 @@ def test_a_head_dim_no_allowed_provider_serves_fails_the_gates(checkpoint: Check
 
 
 # family -> (the attention features its test checkpoint needs, the config.json changes that drop them)
-ATTENTION_FEATURES = {"mistral": (("local",), {"sliding_window": None})}
+ATTENTION_FEATURES = {"mistral": (("local",), {"sliding_window": None}),
+                      "gemma2": (("local", "softcap"), {"sliding_window": None, "attn_logit_softcapping": None})}
 
 
 @pytest.mark.parametrize("family", ATTENTION_FEATURES)
