@@ -32,12 +32,13 @@ __all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer"]
 class DecoderLayer:
     """Pre-norm attention block then pre-norm SwiGLU MLP over ``[T, hidden]``, with the residual kept apart.
 
-    `attention` and `mlp` are the two sub-blocks (without their norms), for subclasses that arrange the
-    norms otherwise; `norm_class` makes every norm of the layer (and the model's final one).
+    `attention` and `mlp` are the two sub-blocks (without their norms); `norm_class` makes every norm of the
+    layer (and the model's final one); `attn_out_norm` and `mlp_out_norm`, None here, are the norms a
+    `SandwichLayer` applies to each sub-block's output.
     """
 
-    __slots__ = ("attn", "down_proj", "gate_up_proj", "input_layernorm", "kv", "o_proj", "post_attention_layernorm",
-                 "qk_norm", "qkv_proj")
+    __slots__ = ("attn", "attn_out_norm", "down_proj", "gate_up_proj", "input_layernorm", "kv", "mlp_out_norm",
+                 "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
     norm_class: ClassVar[type[RMSNorm]] = RMSNorm
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
@@ -55,6 +56,8 @@ class DecoderLayer:
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, fuse_bias=plan.fused_bias, **new)
         self.attn = attn
         self.kv = (c.num_heads, c.num_kv_heads, c.head_dim)
+        self.attn_out_norm: RMSNorm | None = None
+        self.mlp_out_norm: RMSNorm | None = None
 
     def norms(self, prefix: str) -> dict[str, torch.Tensor]:
         """Checkpoint name -> weight of each norm of the layer."""
@@ -100,8 +103,11 @@ class DecoderLayer:
         else:
             hidden, residual = self.input_layernorm.add_norm(hidden, residual)
         hidden = self.attention(positions, hidden, rope, k_cache, v_cache, ctx)
+        if self.attn_out_norm is not None:
+            hidden = self.attn_out_norm(hidden)
         hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden = self.mlp(hidden)
+        return (hidden if self.mlp_out_norm is None else self.mlp_out_norm(hidden)), residual
 
 
 class SandwichLayer(DecoderLayer):
@@ -112,7 +118,7 @@ class SandwichLayer(DecoderLayer):
     `NORM_NAMES` maps each norm attribute to its checkpoint name (the families name them differently).
     """
 
-    __slots__ = ("attn_out_norm", "mlp_out_norm")
+    __slots__ = ()
     NORM_NAMES: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
@@ -124,19 +130,6 @@ class SandwichLayer(DecoderLayer):
     def norms(self, prefix: str) -> dict[str, torch.Tensor]:
         """The four norms, under the checkpoint names of `NORM_NAMES`."""
         return {f"{prefix}.{name}.weight": getattr(self, attr).weight for attr, name in self.NORM_NAMES}
-
-    def __call__(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer)."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_norm(hidden, residual)
-        hidden = self.attn_out_norm(self.attention(positions, hidden, rope, k_cache, v_cache, ctx))
-        hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
-        return self.mlp_out_norm(self.mlp(hidden)), residual
 
 
 class DecoderModel:
