@@ -53,6 +53,7 @@ __all__ = ["Explanation", "Fallback", "Override", "Resolver", "Settings", "use"]
 
 log = logging.getLogger("infiniops")
 REFERENCE = "reference"
+META = "meta"  # the built-in provider of meta problems: shapes only, outside every ranking
 
 
 def _per_op(text: str) -> dict[str | None, tuple[str, ...]]:
@@ -80,12 +81,14 @@ class Settings:
     def from_env(cls) -> Settings:
         """``INFINIOPS_PRIORITY``, ``INFINIOPS_DENY`` (both ``op=a,b;...`` or ``a,b``), ``INFINIOPS_PROVIDERS``
         (``a,b``), and the booleans ``INFINIOPS_STRICT`` and ``INFINIOPS_TRACE_CALLS`` (``1``/``0``,
-        ``true``/``false``, ``yes``/``no``, ``on``/``off``; unset or empty is off).
+        ``true``/``false``, ``yes``/``no``, ``on``/``off``; unset or empty is off); ``INFINIOPS_CHECK_INDICES``
+        is validated here too (the contracts read it).
 
         Raises:
             ValueError: a boolean variable set to anything else, naming the variable.
         """
         env = os.environ
+        env_flag("INFINIOPS_CHECK_INDICES")  # read per call by the contracts; a bad value is refused here, first
         return cls(
             priority=_per_op(env.get("INFINIOPS_PRIORITY", "")),
             deny=_per_op(env.get("INFINIOPS_DENY", "")),
@@ -330,7 +333,7 @@ class Resolver:
     # -- ranking ------------------------------------------------------------------------------------
     def _ranked(self, op: str, overrides: tuple[Override, ...]) -> _Ranking:
         """The candidates in order, the preferred providers, and what was excluded or is missing."""
-        impls = list(self.by_op.get(op, ()))
+        impls = [i for i in self.by_op.get(op, ()) if i.provider != META]
         denied = set(self.settings.for_op(self.settings.deny, op))
         forced: tuple[str, ...] = ()
         for ov in overrides:
@@ -392,7 +395,16 @@ class Resolver:
 
         A candidate whose constraint raises or returns something other than a `Rejection` or None is
         rejected for it (`capability.safe_reject`), so a faulty plugin never breaks the ranking.
+
+        A meta problem has one candidate, the built-in ``meta`` provider (its outputs hold no values, so there
+        is no provider to choose): no scope or setting applies to it, and it is never a fallback. The
+        ``meta`` provider is no candidate of any other problem.
         """
+        if problem.device_type == META:
+            metas = [i for i in self.by_op.get(problem.op, ()) if i.provider == META]
+            reports = [CandidateReport(i.provider, i.name, i.priority, i.capability.reasons(problem)) for i in metas]
+            served = next((i for i, r in zip(metas, reports) if not r.rejections), None)
+            return Explanation(problem, tuple(reports), served, None)
         ranking = self._ranked(problem.op, overrides)
         reports: list[CandidateReport] = []
         chosen: Implementation | None = None

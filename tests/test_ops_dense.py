@@ -557,3 +557,15 @@ def test_inputs_that_require_grad_are_rejected_before_any_kernel(op: str) -> Non
             call(**args)
         with FakeTensorMode() as mode, pytest.raises(ContractError, match=f": {name}: requires_grad"):
             call(**{k: mode.from_tensor(v) for k, v in args.items()})
+
+
+@pytest.mark.parametrize("call", ["add_alpha", "gemm_beta", "rms_norm_eps"])
+def test_a_scalar_beyond_the_float_range_is_a_contract_error(call: str) -> None:
+    x, w = torch.randn(2, 4), torch.rand(4) + 0.5
+    calls = {
+        "add_alpha": lambda: io.add(x, x, alpha=10**400),
+        "gemm_beta": lambda: io.gemm(x, x, c=x, beta=-(10**400), trans_b=True),
+        "rms_norm_eps": lambda: io.rms_norm(x, w, 10**400),
+    }
+    with pytest.raises(ContractError, match="finite"):
+        calls[call]()

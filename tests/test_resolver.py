@@ -324,3 +324,24 @@ def test_gate_report_of_several_problems_says_each_shared_reason_once() -> None:
 def test_explanation_render_says_the_most_likely_fix(two_fakes: None) -> None:
     text = io.explain("add", device_type="xpu", dtype="float16").render()
     assert text.splitlines()[-1] == "  most likely fix: use device_type=cpu (to use low)"
+
+
+def test_meta_calls_are_served_inside_any_provider_scope_and_meta_is_no_candidate_elsewhere() -> None:
+    meta = torch.device("meta")
+    x = torch.empty(4, 8, device=meta)
+    with io.use("torch"), io.use(deny="reference"):
+        assert io.add(x, x).shape == (4, 8)
+        assert io.rms_norm(x, torch.empty(8, device=meta)).is_meta
+    report = io.explain("add", device_type="meta")
+    assert [c.provider for c in report.candidates] == ["meta"] and report.chosen is not None
+    assert "meta" not in {c.provider for c in io.explain("add", device_type="cpu").candidates}
+
+
+def test_a_bad_index_check_switch_is_refused_when_the_runtime_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFINIOPS_CHECK_INDICES", "banana")
+    try:
+        with pytest.raises(ValueError, match="INFINIOPS_CHECK_INDICES"):
+            io.reload()
+    finally:
+        monkeypatch.delenv("INFINIOPS_CHECK_INDICES")
+        io.reload()

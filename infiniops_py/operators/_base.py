@@ -222,7 +222,9 @@ def unchecked_indices() -> contextlib.AbstractContextManager[None]:
     range-checked on the host, on any device; it belongs to the thread or asyncio task that enters it.
 
     Kernels still never read or write out of bounds: an out-of-range index is padding (its row is skipped,
-    its output is zero) instead of raising.
+    its output is zero) instead of raising. As with every `contextvars` scope, a generator that enters it
+    and then yields leaves its caller inside the scope until the generator resumes and exits it: keep the
+    scope around the calls, not around a ``yield``.
     """
     return _index_checks(False)
 
@@ -365,9 +367,13 @@ def check_real(op: str, name: str, value: object, *, low: float = -math.inf, low
     that is ``>= low`` (``> low`` when not `low_inclusive`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ContractError(op, name, f"expected a real number (int or float), got {type(value).__name__} {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond the float range (10**400)
+        v = math.inf
     if not math.isfinite(v):
-        raise ContractError(op, name, f"expected a finite number, got {value!r}")
+        shown = value if isinstance(value, float) or abs(value) < 10**30 else f"an int of {len(str(abs(value)))} digits"
+        raise ContractError(op, name, f"expected a finite number, got {shown}")
     if v < low or (v == low and not low_inclusive):
         bound = f">= {low:g}" if low_inclusive else f"> {low:g}"
         raise ContractError(op, name, f"expected a number {bound}, got {value!r}")
