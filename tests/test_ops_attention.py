@@ -895,3 +895,56 @@ def test_index_checks_default_per_device_and_a_scope_belongs_to_its_thread(monke
         worker.join(10)
     assert seen == {"checked": (True, True), "unchecked": (False, False), "plain": (True, False),
                     "out": torch.Size([5, 4, 16])}
+
+
+def test_the_new_arguments_compile_into_one_custom_operator_node_each() -> None:
+    """``return_softmax_lse`` (the ``with_lse`` overloads), ALiBi, seqused_k, an int cache_seqlens, rotary,
+    cache_batch_idx and an fp8 cache write go through torch.compile(fullgraph=True) and match eager."""
+    q, k, v = _randn(6, 4, 16, seed=190), _randn(6, 2, 16, seed=191), _randn(6, 2, 16, seed=192)
+    slopes, used = torch.rand(4, generator=_gen(193)), torch.tensor([2, 3], dtype=torch.int32)
+    angle = torch.rand(8, 4, generator=_gen(194))
+    kc, vc = _randn(3, 8, 2, 16, seed=195), _randn(3, 8, 2, 16, seed=196)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+
+    def run(kc: torch.Tensor, vc: torch.Tensor, cache: torch.Tensor) -> list[torch.Tensor]:
+        out, lse = flash_attn_varlen(q, k, v, _cu([3, 3]), _cu([3, 3]), 3, 3, causal=True, alibi_slopes=slopes,
+                                     seqused_k=used, return_softmax_lse=True)
+        out2, lse2 = flash_attn_with_kvcache(q.view(2, 3, 4, 16), kc, vc, k.view(2, 3, 2, 16), v.view(2, 3, 2, 16),
+                                             rotary_cos=angle.cos(), rotary_sin=angle.sin(), cache_seqlens=4,
+                                             cache_batch_idx=idx, causal=True, return_softmax_lse=True)
+        ip.reshape_and_cache_flash(k, v, cache, cache.clone(), torch.arange(6), "fp8", torch.tensor(0.1),
+                                   torch.tensor(0.1))
+        return [out, lse, out2, lse2, kc, cache.float()]
+
+    eager = run(kc.clone(), vc.clone(), _fp8(torch.zeros(2, 4, 2, 16)))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(run)(kc.clone(), vc.clone(), _fp8(torch.zeros(2, 4, 2, 16)))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(run, fullgraph=True)(kc.clone(), vc.clone(), _fp8(torch.zeros(2, 4, 2, 16)))
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_unchecked_out_of_range_new_indices_are_padding_never_read_or_written(provider: str) -> None:
+    """Unchecked: a cache_batch_idx out of range is a sequence that sees no key (output 0, lse +inf) and
+    writes nothing; a seqused_k past a sequence's keys is clamped to them; a cache_leftpad past the keys
+    leaves none."""
+    q, kc, vc = _randn(2, 1, 2, 16, seed=200), _randn(2, 6, 1, 16, seed=201), _randn(2, 6, 1, 16, seed=202)
+    kn, vn = _randn(2, 1, 1, 16, seed=203), _randn(2, 1, 1, 16, seed=204)
+    before = kc.clone(), vc.clone()
+    lens = torch.tensor([2, 3], dtype=torch.int32)
+    with ip.use(provider), ip.unchecked_indices():
+        out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, return_softmax_lse=True,
+                                           cache_batch_idx=torch.tensor([5, -1], dtype=torch.int32))
+        assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+        assert bool((out == 0).all()) and bool((lse == math.inf).all())
+        padded = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                         cache_leftpad=torch.tensor([9, 0], dtype=torch.int32))
+        assert bool((padded[0] == 0).all()) and bool((padded[1] != 0).any())
+        lq, lk = [1, 1], [3, 2]
+        qv, k, v = _randn(2, 2, 16, seed=205), _randn(5, 1, 16, seed=206), _randn(5, 1, 16, seed=207)
+        got = flash_attn_varlen(qv, k, v, _cu(lq), _cu(lk), 1, 9, seqused_k=torch.tensor([9, 1], dtype=torch.int32))
+    want0, _ = _attention(qv[:1], k[:3], v[:3], torch.ones(1, 3, dtype=torch.bool))
+    want1, _ = _attention(qv[1:], k[3:4], v[3:4], torch.ones(1, 1, dtype=torch.bool))
+    torch.testing.assert_close(got.double(), torch.cat([want0, want1]), rtol=1e-5, atol=1e-6)
