@@ -14,7 +14,8 @@ CUPY_EXTRA := $(if $(CUDA_MAJOR),[cuda$(if $(filter 12,$(CUDA_MAJOR)),12,13)])
 PROVIDERS := -e providers/torch -e providers/triton -e "providers/cupy$(CUPY_EXTRA)"
 STAMP  := $(VENV)/.installed
 # setuptools says "Editable installation ... Please be careful with folders in your working directory" in a
-# box per editable package: information only, so it is filtered out of the installs.
+# box per editable package: information only, so it is filtered out of the installs; -qq leaves pip's errors
+# only (not, say, a warning per missing folder of a machine's configured package index).
 PIP    := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip
 
 .PHONY: install demo test lint matrix chromium test-gpu check-gpu bench-gpu clean
@@ -22,9 +23,9 @@ PIP    := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip
 $(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
 	@echo "installing into $(VENV) (the first time takes minutes)$(if $(CUPY_EXTRA), with CuPy $(CUPY_EXTRA),)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(PIP) install -q --upgrade pip setuptools wheel
-	@$(PIP) install -q $(TORCH)
-	@$(PIP) install -q -e ".[dev]" $(PROVIDERS)
+	@$(PIP) install -qq --upgrade pip setuptools wheel
+	@$(PIP) install -qq $(TORCH)
+	@$(PIP) install -qq -e ".[dev]" $(PROVIDERS)
 	@touch $(STAMP)
 
 install: $(STAMP)

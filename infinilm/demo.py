@@ -94,6 +94,7 @@ def demo_checkpoint(root: Path | None = None) -> Path:
             full disk); the message names the directory and how it was chosen.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     base = root or cache_dir()
     final = base / DEMO_NAME
@@ -111,7 +112,13 @@ def demo_checkpoint(root: Path | None = None) -> Path:
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(Qwen3Config(**DEMO_CONFIG))
         _teach(model, [*tokenizer.encode(TEXT).ids, DEMO_CONFIG["eos_token_id"]])
-        model.save_pretrained(str(tmp))
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a one-file checkpoint
+        try:
+            model.save_pretrained(str(tmp))
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         tokenizer.save(str(tmp / "tokenizer.json"))  # written last: marks a complete build
         tmp.rename(final)
     except OSError as err:

@@ -1,6 +1,6 @@
 """The built-in last-resort provider ``reference``: each operator's literal PyTorch reference.
 
-It serves every operator on any device and float dtype, at the lowest priority, and is what the
+It serves every operator on cpu and cuda in every float dtype, at the lowest priority, and is what the
 conformance suite compares against (on float64 CPU copies of the inputs).
 """
 
