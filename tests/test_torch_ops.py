@@ -128,14 +128,29 @@ def test_compiled_graph_chooses_the_provider_when_it_runs() -> None:
         assert calls == ["mine"]
 
 
-def test_contract_errors_still_raise_from_a_compiled_graph() -> None:
-    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def test_contract_errors_raise_when_traced_and_when_the_graph_runs() -> None:
+    """Value-free checks (shapes, dtypes) run when the call is traced, on meta copies, under torch.compile and
+    FakeTensorMode alike; checks of index values run when the graph runs (CPU: checked by default)."""
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, w, 1e-6)
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True, backend="eager")
-    with pytest.raises(ops.ContractError, match="weight"):
-        compiled(torch.randn(3, 8), torch.randn(7))
+    with pytest.raises(Exception, match="rms_norm: weight: expected shape \\[8\\]"):
+        torch.compile(norm, fullgraph=True, backend="eager")(torch.randn(3, 8), torch.randn(7))
+    with FakeTensorMode(), pytest.raises(ops.ContractError, match="weight"):
+        norm(torch.empty(3, 8), torch.empty(7))
+
+    def write(k: torch.Tensor, kc: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        ops.reshape_and_cache_flash(k, k, kc, kc.clone(), slots)
+        return kc
+
+    k, kc = torch.randn(2, 1, 8), torch.zeros(2, 4, 1, 8)
+    compiled = torch.compile(write, fullgraph=True, backend="eager")
+    compiled(k, kc, torch.tensor([0, 5]))
+    before = kc.clone()
+    with pytest.raises(ops.ContractError, match="slot_mapping"):
+        compiled(k * 2, kc, torch.tensor([1, 8]))  # slot 8 is past the 2 x 4 slots: refused before any write
+    assert torch.equal(kc, before)
 
 
 class _DecoderLayer(torch.nn.Module):

@@ -30,11 +30,12 @@ kernel and reads no device.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from infiniops_py.operators._base import check_no_grad
 
@@ -50,8 +51,51 @@ def lowered(t: object) -> bool:
 
     ``torch.compiler.is_compiling()`` is the one test dynamo folds to True in every torch version; reading
     ``torch.compiler._is_compiling_flag`` directly is cheaper but is not set while torch 2.11's dynamo
-    traces (H200 machine, 2026-12-01: the trace reached the resolver)."""
-    return torch.compiler.is_compiling() or isinstance(t, FakeTensor)
+    traces (H200 machine, 2026-12-01: the trace reached the resolver). While a fake kernel runs the
+    contract on meta copies (`_check_on_meta`), nothing lowers."""
+    return (torch.compiler.is_compiling() and not getattr(_ON_META, "active", False)) or isinstance(t, FakeTensor)
+
+
+_ON_META = threading.local()  # set while a fake kernel runs the public function on meta copies
+
+
+def _meta_copy(t: torch.Tensor) -> torch.Tensor | None:
+    """A meta tensor of `t`'s shape, strides and dtype, or None when a size or stride is symbolic."""
+    if not all(type(n) is int for n in (*t.shape, *t.stride())):
+        return None
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+
+
+def _check_on_meta(kernel: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Run the public function behind `kernel` on meta copies of `args`: every check of the contract that
+    needs no values and no addresses (shapes, dtypes, strides, scalars), so a traced or fake call raises
+    the same `ContractError` as an eager one. Skipped when a size is symbolic (dynamic shapes: the checks
+    then run when the graph runs)."""
+    with unset_fake_temporarily():
+        copies = []
+        for a in args:
+            if isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+                return
+            if isinstance(a, torch.Tensor):
+                a = _meta_copy(a)
+                if a is None:
+                    return
+            copies.append(a)
+        _ON_META.active = True
+        try:
+            kernel(*copies)
+        finally:
+            _ON_META.active = False
+
+
+def _checked(fake: Callable[..., Any], kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """`fake`, after the contract's value-free checks (`_check_on_meta`)."""
+
+    def run(*args: Any) -> Any:
+        _check_on_meta(kernel, args)
+        return fake(*args)
+
+    return run
 
 
 # Schemas, by operator and overload. The argument names are the public functions' own.
@@ -301,8 +345,9 @@ def _no_backward(name: str) -> Callable[..., Any]:
 
 
 def register() -> None:
-    """Define every operator of `SCHEMAS` under ``torch.ops.infiniops``, with its kernel, fake kernel and
-    an Autograd kernel that refuses inputs requiring grad (`_no_backward`).
+    """Define every operator of `SCHEMAS` under ``torch.ops.infiniops``, with its kernel, fake kernel (after
+    the contract's value-free checks on meta copies) and an Autograd kernel that refuses inputs requiring
+    grad (`_no_backward`).
 
     Idempotent: a second call does nothing.
     """
@@ -313,7 +358,7 @@ def register() -> None:
     for name, schema in SCHEMAS.items():
         lib.define(schema)
         lib.impl(name, kernels[name], "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _checked(_FAKES[name], kernels[name]), lib=lib)
         lib.impl(name, _no_backward(name), "Autograd")
     _LIBRARY.append(lib)
 
