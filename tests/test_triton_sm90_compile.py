@@ -190,10 +190,11 @@ def test_conv_kernels_compile_with_every_flag() -> None:
                               **{k: v for k, v in flags.items() if k not in ("HAS_SEQ", "stride_sb", "stride_sl")})
     assert _count(_compile(causal_conv1d._conv_channel_last_kernel, last, 4), r"(ld|st)\.local") == 0
     update = {"X": _Ptr(BF16), "STATE": _Ptr(BF16), "WEIGHT": _Ptr(BF16), "BIAS": _Ptr(BF16),
-              "INDEX": _Ptr("*i32"), "OUT": _Ptr(BF16), "D": 4096, "L": 1, "S": 14, "slots": 80,
+              "INDEX": _Ptr("*i32"), "SEQLENS": _Ptr("*i32"), "OUT": _Ptr(BF16), "D": 4096, "L": 1, "S": 14,
+              "slots": 80,
               "stride_xb": 4096, "stride_xd": 1, "stride_xl": 1, "stride_cs": 14 * 4096, "stride_cd": 1,
               "stride_cl": 4096, "stride_wd": 4, "stride_ww": 1, "stride_ob": 4096, "stride_od": 1, "stride_ol": 1,
-              "W": 4, "HAS_BIAS": True, "SILU": True, "HAS_INDEX": True, "BLOCK_D": 256, "BLOCK_L": 1,
+              "W": 4, "HAS_BIAS": True, "SILU": True, "HAS_INDEX": True, "CIRCULAR": True, "BLOCK_D": 256, "BLOCK_L": 1,
               "BLOCK_S": 16}
     _compile(causal_conv1d._update_kernel, update, 4)
 
@@ -283,7 +284,7 @@ def test_float32_decode_scores_in_float64_fit_the_configuration_it_takes(d: int)
 _SSD_N = 128  # d_state
 _SSD_FLOATS = {"a_ptr", "dt_bias_ptr", "d_ptr", "states_ptr", "init_ptr", "final_ptr", "carry_ptr", "dt_out_ptr",
                "cs_out_ptr", "cb_ptr", "dt_ptr_f32", "cs_ptr", "state_ptr", "seg_out_ptr"}
-_SSD_INTS = {"seq_idx_ptr": "*i32", "seg_ptr": "*i32", "index_ptr": "*i64"}
+_SSD_INTS = {"seq_idx_ptr": "*i32", "seg_ptr": "*i32", "index_ptr": "*i64", "table_ptr": "*i32"}
 
 
 def _ssd(kernel: Any, dtype: str, consts: dict[str, Any], warps: int, stages: int, floats: tuple[str, ...] = (),
@@ -322,19 +323,20 @@ def _ssd_kernels() -> list[dict[str, Any]]:
         configs = slice(None) if dtype == "bf16" else slice(1)  # every tuned config in bf16, the first one else
         for cfg in _ssd_chunk_state._chunk_state_kernel.configs[configs]:
             out.append(_ssd(_ssd_chunk_state._chunk_state_kernel, dtype,
-                            {**state_flags, "HAS_SEQ_IDX": seq, "DOT_PRECISION": prec, **cfg.kwargs},
+                            {**state_flags, "HAS_SEQ_IDX": seq, "VARLEN": seq, "DOT_PRECISION": prec, **cfg.kwargs},
                             cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg))
         for cfg in _ssd_chunk_scan._chunk_scan_kernel.configs[configs]:
             flags = {**scan_flags, "HAS_Z": True, "HAS_SEQ_IDX": seq, "HAS_INIT": seq, "DOT_PRECISION": prec,
-                     "PRESPLIT": dtype != "fp32" and triton_scan.PRESPLIT, **cfg.kwargs}
+                     "VARLEN": seq, "PRESPLIT": dtype != "fp32" and triton_scan.PRESPLIT, **cfg.kwargs}
             out.append(_ssd(_ssd_chunk_scan._chunk_scan_kernel, dtype, flags, cfg.num_warps, cfg.num_stages,
                             floats=("dt_ptr",), maxnreg=cfg.maxnreg))
         out.append(_ssd(_ssd_bmm._chunk_cb_kernel, dtype, {"stride_c_n": 1, "stride_b_n": 1, "CHUNK": 256,
-                        "DOT_PRECISION": prec, "BLOCK": 64, "BLOCK_N": _SSD_N}, 4, 1))
+                        "VARLEN": seq, "DOT_PRECISION": prec, "BLOCK": 64, "BLOCK_N": _SSD_N}, 4, 1))
         block_p, warps = state_update.update_config(64, _SSD_N)
         out.append(_ssd(state_update._state_update_kernel, dtype,
                         {"stride_s_n": 1, "HAS_D": True, "HAS_Z": seq, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
-                         "HAS_INDICES": True, "EVEN": not seq, "BLOCK_P": block_p, "BLOCK_N": _SSD_N}, warps, 1))
+                         "HAS_INDICES": True, "UNTIED": seq, "EVEN": not seq, "BLOCK_P": block_p, "BLOCK_N": _SSD_N},
+                        warps, 1))
     for dtype, split in (("fp32", False), ("bf16", True)):  # in place (fp32 inputs), or split for the chunk scan
         out.append(_ssd(_ssd_state_passing._state_passing_kernel, dtype,
                         {"HAS_INIT": True, "HAS_FINAL": True, "SPLIT_OUT": split, "CHUNKS_PER_STEP": 8,
