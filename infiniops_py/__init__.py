@@ -7,6 +7,7 @@ Public API: the operators (`gemm`, `add`, `rms_norm`, ...), `use` (scoped provid
 
 from __future__ import annotations
 
+from infiniops_py._version import __version__ as __version__
 from infiniops_py.capability import (
     Between,
     Capability,
@@ -90,4 +91,3 @@ __all__ = [
     "use",
 ]
 
-__version__ = "0.1.0"

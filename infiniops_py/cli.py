@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infiniops_py import __version__
 from infiniops_py._env import EnvValueError
+from infiniops_py._version import __version__
 
 try:  # the cli extra: without it, the commands that print tables say what to install
     from rich.console import Console

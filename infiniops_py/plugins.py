@@ -35,6 +35,7 @@ import pluggy
 
 from infiniops_py import hookspecs
 from infiniops_py._env import env_flag, env_names
+from infiniops_py._version import __version__
 from infiniops_py.capability import Capability, Constraint
 from infiniops_py.operators import OPERATORS
 from infiniops_py.registry import Implementation, Provider
@@ -90,8 +91,6 @@ def load_plugin(plugin: ModuleType | Any, *, name: str, source: str, version: st
                 errors = [f"the provider is named {found.name!r}, but it is registered as {name!r}: a provider's "
                           "name must equal its entry point's name"]
             if not errors and found.api_version is not None and found.api_version != hookspecs.PROVIDER_API:
-                from infiniops_py import __version__
-
                 return Provider(name=name, version=found.version or version, source=source, error=(
                     f"built for provider API {found.api_version!r}, but infiniops-py {__version__} has provider "
                     f"API {hookspecs.PROVIDER_API}: install a release of the provider built for it"))

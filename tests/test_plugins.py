@@ -77,7 +77,7 @@ def test_allow_list_loads_only_the_named_plugins(site: Path) -> None:
     code = "import infiniops_py as io; print(sorted(p.name for p in io.providers()))"
     run = _python(site, code, INFINIOPS_PROVIDERS="example,broken")
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "['broken', 'example', 'reference']"
+    assert run.stdout.strip() == "['broken', 'example', 'meta', 'reference']"  # the built-ins always load
 
 
 def test_autoload_switch_leaves_only_the_reference_and_hand_registered(site: Path) -> None:
@@ -90,7 +90,7 @@ print(io.resolve("add", device_type="cpu", dtype="float16").provider)
 """
     run = _python(site, code, INFINIOPS_DISABLE_PLUGIN_AUTOLOAD="1")
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split("\n")[:3] == ["['reference']", "['example', 'reference']", "example"]
+    assert run.stdout.split("\n")[:3] == ["['meta', 'reference']", "['example', 'meta', 'reference']", "example"]
 
 
 def test_bad_plugins_registered_by_hand_carry_their_error() -> None:
@@ -144,7 +144,7 @@ def test_a_second_entry_point_under_a_taken_name_is_shown_as_a_clash(
     try:
         io.reload()
         found = {p.name: p for p in io.providers()}
-        assert sorted(found) == ["example", "example [infiniops-provider-example-clone]", "reference"]
+        assert sorted(found) == ["example", "example [infiniops-provider-example-clone]", "meta", "reference"]
         assert found["example"].loaded and found["example"].source.startswith("infiniops-provider-example 0.1.0")
         assert main(["providers"]) == 0
         out = capsys.readouterr().out

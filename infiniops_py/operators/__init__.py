@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Final
 
-from infiniops_py.operators import _torch_library
+from infiniops_py.operators import _torch_kernels, _torch_library
 from infiniops_py.operators import add as _add
 from infiniops_py.operators import causal_conv1d as _causal_conv1d
 from infiniops_py.operators import flash_attn as _flash_attn
@@ -29,4 +29,4 @@ _MODULES: Final[tuple[ModuleType, ...]] = (
 
 OPERATORS: Final[dict[str, OpSpec]] = {spec.name: spec for m in _MODULES for spec in m.SPECS}
 
-_torch_library.register()  # torch.ops.infiniops.<name>: must exist before any graph is traced
+_torch_library.register(_torch_kernels.kernels())  # torch.ops.infiniops.<name>: must exist before any graph is traced

@@ -31,7 +31,7 @@ kernel and reads no device.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
@@ -151,92 +151,6 @@ SCHEMAS: Final[dict[str, str]] = {
 }
 
 
-# --- kernels: the eager public functions -------------------------------------------------------------
-
-
-def _kernels() -> dict[str, Callable[..., Any]]:
-    """The run-time kernel of each operator: the public function, called eagerly (checks, then resolver)."""
-    from infiniops_py.operators import add as a
-    from infiniops_py.operators import causal_conv1d as cc
-    from infiniops_py.operators import flash_attn as fa
-    from infiniops_py.operators import fused_qk_norm as qk
-    from infiniops_py.operators import gemm as g
-    from infiniops_py.operators import paged_cache as pc
-    from infiniops_py.operators import rms_norm as rn
-    from infiniops_py.operators import selective_scan as ss
-
-    def gemm(a_, b, c, bias, alpha, beta, trans_a, trans_b):
-        return g.gemm(a_, b, c=c, bias=bias, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
-
-    def gemm_out(a_, b, c, bias, alpha, beta, trans_a, trans_b, out):
-        g.gemm(a_, b, c=c, bias=bias, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, out=out)
-
-    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, block_table, seqused_k, alibi,
-               k_descale, v_descale, lse=False):
-        return fa.flash_attn_varlen(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale=scale,
-                                    causal=causal, window_size=tuple(window), softcap=softcap, alibi_slopes=alibi,
-                                    return_softmax_lse=lse, block_table=block_table, seqused_k=seqused_k,
-                                    k_descale=k_descale, v_descale=v_descale)
-
-    def kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens, batch_idx, leftpad, block_table, scale, causal,
-                window, softcap, interleaved, alibi, k_descale, v_descale, lse=False):
-        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
-                                          cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx,
-                                          cache_leftpad=leftpad, block_table=block_table, softmax_scale=scale,
-                                          causal=causal, window_size=tuple(window), softcap=softcap,
-                                          rotary_interleaved=interleaved, alibi_slopes=alibi,
-                                          return_softmax_lse=lse, k_descale=k_descale, v_descale=v_descale)
-
-    def conv(x, weight, bias, activation, seq_idx, initial_states, final=False):
-        return cc.causal_conv1d(x, weight, bias, activation=activation, seq_idx=seq_idx,
-                                initial_states=initial_states, return_final_states=final)
-
-    def conv_final_out(x, weight, bias, activation, seq_idx, initial_states, final_states_out):
-        return cc.causal_conv1d(x, weight, bias, seq_idx, initial_states, True, final_states_out, activation)[0]
-
-    def conv_varlen(x, weight, bias, activation, conv_states, query_start_loc, cache_indices, has_initial_state):
-        return cc.causal_conv1d(x, weight, bias, activation=activation, conv_states=conv_states,
-                                query_start_loc=query_start_loc, cache_indices=cache_indices,
-                                has_initial_state=has_initial_state)
-
-    def scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx, chunk_size, cu_seqlens,
-             final=False, varlen=False):
-        return ss.selective_scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                 dt_limit=tuple(dt_limit), initial_states=initial_states, seq_idx=seq_idx,
-                                 cu_seqlens=cu_seqlens, return_final_states=final, return_varlen_states=varlen)
-
-    return {
-        "gemm": gemm,
-        "gemm.out": gemm_out,
-        "add": lambda input, other, alpha: a.add(input, other, alpha=alpha),
-        "add.out": lambda input, other, alpha, out: (a.add(input, other, alpha=alpha, out=out), None)[1],
-        "rms_norm": lambda x, weight, eps: rn.rms_norm(x, weight, eps),
-        "rms_norm.out": lambda x, weight, eps, out: (rn.rms_norm(x, weight, eps, out=out), None)[1],
-        "fused_add_rms_norm": lambda x, residual, weight, eps: (rn.fused_add_rms_norm(x, residual, weight, eps),
-                                                                None)[1],
-        "fused_qk_norm": lambda qkv, qw, kw, hq, hkv, d, eps: (
-            qk.fused_qk_norm(qkv, qw, kw, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, eps=eps), None)[1],
-        "reshape_and_cache_flash": lambda *args: (pc.reshape_and_cache_flash(*args), None)[1],
-        "flash_attn_varlen": varlen,
-        "flash_attn_varlen.with_lse": lambda *args: tuple(varlen(*args, lse=True)),
-        "flash_attn_with_kvcache": kvcache,
-        "flash_attn_with_kvcache.with_lse": lambda *args: tuple(kvcache(*args, lse=True)),
-        "causal_conv1d": conv,
-        "causal_conv1d.with_final_states": lambda *args: tuple(conv(*args, final=True)),
-        "causal_conv1d.final_states_out": conv_final_out,
-        "causal_conv1d.varlen": conv_varlen,
-        "causal_conv1d_update": lambda x, conv_state, weight, bias, activation, indices, cache_seqlens: (
-            cc.causal_conv1d_update(x, conv_state, weight, bias, activation=activation, cache_seqlens=cache_seqlens,
-                                    conv_state_indices=indices)),
-        "selective_scan": scan,
-        "selective_scan.with_final_states": lambda *args: tuple(scan(*args, final=True)),
-        "selective_scan.with_varlen_states": lambda *args: tuple(scan(*args, varlen=True)),
-        "selective_state_update": lambda state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx: (
-            ss.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                      state_batch_indices=idx)),
-    }
-
-
 # --- fake kernels: shapes, dtypes and strides, no values ---------------------------------------------------
 
 
@@ -344,17 +258,17 @@ def _no_backward(name: str) -> Callable[..., Any]:
     return kernel
 
 
-def register() -> None:
+def register(kernels: Mapping[str, Callable[..., Any]]) -> None:
     """Define every operator of `SCHEMAS` under ``torch.ops.infiniops``, with its kernel, fake kernel (after
     the contract's value-free checks on meta copies) and an Autograd kernel that refuses inputs requiring
     grad (`_no_backward`).
 
-    Idempotent: a second call does nothing.
+    `kernels` maps each name of `SCHEMAS` to its run-time kernel (`_torch_kernels.kernels`: the public
+    functions). Idempotent: a second call does nothing.
     """
     if _LIBRARY:
         return
     lib = torch.library.Library(NAMESPACE, "DEF")
-    kernels = _kernels()
     for name, schema in SCHEMAS.items():
         lib.define(schema)
         lib.impl(name, kernels[name], "CompositeExplicitAutograd")
