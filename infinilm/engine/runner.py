@@ -29,7 +29,7 @@ from infinilm.engine.scheduler import Batch
 from infinilm.engine.sequence import Sequence
 from infinilm.engine.state_pool import StatePool
 from infinilm.layers.attention import AttnContext
-from infinilm.layers.ssm import SsmContext, prefill_layout
+from infinilm.layers.ssm import SsmContext, prefill_starts
 from infiniops_py import Implementation
 
 __all__ = ["AttentionRunner", "RecurrentRunner", "Runner"]
@@ -195,11 +195,8 @@ class RecurrentRunner(Runner):
                 ids += s.tokens
                 last.append(len(ids) - 1)
             ctx.prefill_rows = self._tensor([self.pool.row(s) for s in batch.prefills], i64)
-            if len(batch.prefills) > 1:
-                gather, seq_idx, token_index = prefill_layout([len(s) for s in batch.prefills])
-                ctx.gather = self._tensor(gather, i64)
-                ctx.seq_idx = self._tensor(seq_idx, torch.int32)
-                ctx.token_index = self._tensor(token_index, i64)
+            if len(batch.prefills) > 1:  # one packed row: the packed conv and scan
+                ctx.cu_seqlens = self._tensor(prefill_starts([len(s) for s in batch.prefills]), torch.int32)
         return (self._tensor(ids, i64), ctx, self.pool), last
 
     def decode_rows(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[int]] | None]:

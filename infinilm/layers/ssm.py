@@ -6,7 +6,9 @@ gives ``[gate | xBC | dt]``; ``xBC`` goes through `causal_conv1d` with SiLU and 
 ``dt_bias``, softplus, ``dt_limit = time_step_limit`` and ``D``; the gated RmsNorm ``norm(y * silu(gate))``
 per group of ``d_inner / n_groups`` channels; ``out_proj``. Prefill leaves each request's conv and SSM states
 in its row of the state pool; decode advances them in place with `causal_conv1d_update` and
-`selective_state_update`.
+`selective_state_update`. The prompts of one step are packed in one row cut by ``cu_seqlens``: vLLM's packed
+`causal_conv1d` writes each prompt's conv state into its row, mamba's packed `selective_scan` returns each
+prompt's final SSM state (``return_varlen_states``).
 
 Decisions:
   - The gated norm is per group (mamba_ssm's ``RMSNormGated(group_size=d_inner // n_groups,
@@ -14,9 +16,10 @@ Decisions:
     the whole inner dim, which differs when ``n_groups > 1``. It runs as `rms_norm` over a ``[T, G, d_inner/G]``
     view, so the gates check ``hidden_size = d_inner / n_groups``. It runs in float32 and is cast to the model
     dtype before ``out_proj``.
-  - ``time_step_limit`` also clamps dt in decode. transformers' and mamba_ssm's decode steps skip the clamp;
-    applying it keeps a token's output independent of whether it was prefilled or decoded. The two agree
-    for the default ``(0, inf)`` (every published Mamba-2 checkpoint).
+  - ``time_step_limit`` also clamps dt in decode. transformers' and mamba_ssm's decode steps skip the clamp
+    (so does `selective_state_update`, like mamba's); applying it keeps a token's output independent of
+    whether it was prefilled or decoded. The two agree for the default ``(0, inf)`` (every published Mamba-2
+    checkpoint: softplus steps are never negative).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from infinilm.layers.linear import Linear
 from infiniops_py import causal_conv1d, causal_conv1d_update, rms_norm, selective_scan, selective_state_update
 from infiniops_py.operators.selective_scan import process_dt
 
-__all__ = ["NO_TIME_STEP_LIMIT", "Mamba2Mixer", "SsmContext", "StateRows", "prefill_layout"]
+__all__ = ["NO_TIME_STEP_LIMIT", "Mamba2Mixer", "SsmContext", "StateRows", "prefill_starts"]
 
-NO_TIME_STEP_LIMIT: Final = (0.0, math.inf)  # the dt clamp that clamps nothing: selective_state_update's own
+NO_TIME_STEP_LIMIT: Final = (0.0, math.inf)  # the dt clamp that clamps no softplus step (the default limit)
 
 
 class StateRows(Protocol):
@@ -52,42 +55,31 @@ class SsmContext:
     """Where a step's tokens read and write recurrent state (built by the recurrent runner, passed down).
 
     The step holds ``num_decode`` decode tokens first (one per request, advancing rows ``decode_rows``), then
-    the prompts. Prompts go one per row of a ``[P, L]`` grid, right-aligned (L: the longest prompt), with
-    ``seq_idx`` -1 on the left padding and 0 on the prompt: the conv outputs 0 on padding and the scan
-    restarts where the prompt begins, so each grid row's final states are its prompt's own (the operators
-    return final states per row, for its last sequence; that is why prompts are not packed several to a row).
-    A single prompt skips the grid: ``gather``, ``seq_idx`` and ``token_index`` are None.
+    the prompts, packed one after another. Several prompts run as one packed row cut by ``cu_seqlens``
+    (the packed conv and scan: each prompt starts from zero states and leaves its own final states); a
+    single prompt runs as a plain row, ``seq_idx`` marking the left padding of a prefill graph's bucket
+    (-1: the conv outputs 0 there and the scan restarts where the prompt begins).
 
     Attributes:
         decode_rows: int64 ``[num_decode]`` pool rows (-1: a padding row, skipped by the operators).
         prefill_rows: int64 ``[P]`` pool rows receiving each prompt's final states, or None without prompts.
-        gather: int64 ``[P, L]``: 1 + the index of the prompt token at each grid cell, 0 for padding.
-        seq_idx: int32 ``[P, L]``.
-        token_index: int64 ``[Tp]``: the flat grid cell of each prompt token, in step order.
+        cu_seqlens: int32 ``[P + 1]``: the prompts' token offsets (`prefill_starts`) when P > 1, else None.
+        seq_idx: int32 ``[1, L]`` for a padded single prompt (a prefill graph), else None.
     """
 
     num_decode: int = 0
     decode_rows: torch.Tensor | None = None
     prefill_rows: torch.Tensor | None = None
-    gather: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
     seq_idx: torch.Tensor | None = None
-    token_index: torch.Tensor | None = None
 
 
-def prefill_layout(lengths: list[int]) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """``gather``, ``seq_idx`` and ``token_index`` of `SsmContext` for prompts of `lengths`, packed in order."""
-    width = max(lengths)
-    gather: list[list[int]] = []
-    seq_idx: list[list[int]] = []
-    token_index: list[int] = []
-    offset = 0
-    for row, n in enumerate(lengths):
-        pad = width - n
-        gather.append([0] * pad + list(range(offset + 1, offset + n + 1)))
-        seq_idx.append([-1] * pad + [0] * n)
-        token_index.extend(range(row * width + pad, (row + 1) * width))
-        offset += n
-    return gather, seq_idx, token_index
+def prefill_starts(lengths: list[int]) -> list[int]:
+    """``cu_seqlens`` of `SsmContext` for prompts of `lengths` packed in order: 0, then each prompt's end."""
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    return starts
 
 
 class Mamba2Mixer:
@@ -160,7 +152,7 @@ class Mamba2Mixer:
         if s.time_step_limit == NO_TIME_STEP_LIMIT:
             y = selective_state_update(ssm_states, x, dt, self.a.get(), b, c, D=self.D, dt_bias=self.dt_bias,
                                        dt_softplus=True, state_batch_indices=ctx.decode_rows)
-        else:  # the operator clamps to (0, inf) only: pass dt already processed with the limit
+        else:  # the operator takes no limit (mamba's): pass dt already processed with it
             dt = process_dt(dt, self.dt_bias, True, s.time_step_limit, torch.float32)
             y = selective_state_update(ssm_states, x, dt, self.a.get(), b, c, D=self.D,
                                        state_batch_indices=ctx.decode_rows)
@@ -168,21 +160,28 @@ class Mamba2Mixer:
 
     def _prefill(self, zx: torch.Tensor, conv_states: torch.Tensor, ssm_states: torch.Tensor,
                  ctx: SsmContext) -> torch.Tensor:
-        """Every prompt in its own right-aligned row (see `SsmContext`); each row's final states go to its slot."""
+        """The step's prompts as one row (packed by ``ctx.cu_seqlens`` when several, see `SsmContext`); each
+        prompt's final states go to its pool row."""
         s = self.dims
-        tail = zx[:, s.intermediate_size:]  # [Tp, conv_dim + H]: xBC and dt
-        rows = tail.unsqueeze(0) if ctx.gather is None else F.pad(tail, (0, 0, 1, 0))[ctx.gather]
-        conv, conv_final = causal_conv1d(rows[..., : s.conv_dim].transpose(1, 2), self.conv_weight, self.conv_bias,
-                                         activation="silu", seq_idx=ctx.seq_idx, return_final_states=True)
-        x, b, c = self._split(conv.transpose(1, 2))
-        y, ssm_final = selective_scan(
-            x, rows[..., s.conv_dim:], self.a.get(), b, c, D=self.D, dt_bias=self.dt_bias, dt_softplus=True,
-            dt_limit=s.time_step_limit, seq_idx=ctx.seq_idx, return_final_states=True, chunk_size=s.chunk_size,
-        )
-        conv_states.index_copy_(0, ctx.prefill_rows, conv_final)
+        tail = zx[:, s.intermediate_size:].unsqueeze(0)  # [1, Tp, conv_dim + H]: xBC and dt
+        scan = {"D": self.D, "dt_bias": self.dt_bias, "dt_softplus": True, "dt_limit": s.time_step_limit}
+        if ctx.cu_seqlens is None:
+            conv, conv_final = causal_conv1d(tail[..., : s.conv_dim].transpose(1, 2), self.conv_weight,
+                                             self.conv_bias, activation="silu", seq_idx=ctx.seq_idx,
+                                             return_final_states=True)
+            x, b, c = self._split(conv.transpose(1, 2))
+            y, ssm_final = selective_scan(x, tail[..., s.conv_dim:], self.a.get(), b, c, s.chunk_size, **scan,
+                                          seq_idx=ctx.seq_idx, return_final_states=True)
+            conv_states.index_copy_(0, ctx.prefill_rows, conv_final)
+        else:  # the conv writes each prompt's state into its row; the scan returns each prompt's final state
+            conv = causal_conv1d(tail[0, :, : s.conv_dim].t(), self.conv_weight, self.conv_bias, activation="silu",
+                                 conv_states=conv_states, query_start_loc=ctx.cu_seqlens,
+                                 cache_indices=ctx.prefill_rows)
+            x, b, c = self._split(conv.t().unsqueeze(0))
+            y, ssm_final = selective_scan(x, tail[..., s.conv_dim:], self.a.get(), b, c, s.chunk_size, **scan,
+                                          cu_seqlens=ctx.cu_seqlens, return_varlen_states=True)
         ssm_states.index_copy_(0, ctx.prefill_rows, ssm_final)
-        y = y.view(-1, s.intermediate_size)
-        return y if ctx.token_index is None else y[ctx.token_index]
+        return y.view(-1, s.intermediate_size)
 
     def _gated_norm(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``rms_norm(y * silu(gate))`` per group of ``d_inner / G`` channels, in float32, cast to the model dtype."""

@@ -99,8 +99,10 @@ def gate_problems(c: ModelConfig, options: EngineOptions, base: Mapping[str, Any
                   plan: GatePlan) -> list[GateRequest]:
     """Every ``(operator, problem fields)`` a Mamba-2 model calls.
 
-    `base` holds ``device_type`` and the model ``dtype`` name. Prefill calls the conv and the scan with and
-    without ``seq_idx`` (several prompts or one) and the conv channel-last or not (a one-token prompt).
+    `base` holds ``device_type`` and the model ``dtype`` name. Prefill calls the conv and the scan packed
+    (several prompts: vLLM's packed conv, mamba's cu_seqlens scan with varlen states) or on one row, with
+    ``seq_idx`` (a prefill graph's padded bucket) or without, and the conv channel-last or not (a one-token
+    prompt).
 
     Raises:
         ConfigError: `c` is not a Mamba-2 config.
@@ -118,6 +120,8 @@ def gate_problems(c: ModelConfig, options: EngineOptions, base: Mapping[str, Any
     for channel_last, packed in product((True, False), repeat=2):
         out.append(("causal_conv1d", {**conv, "channel_last": channel_last, "has_seq_idx": packed,
                                       "has_initial_states": False, "return_final_states": True}))
+    out.append(("causal_conv1d", {**conv, "channel_last": True, "has_seq_idx": False, "has_initial_states": False,
+                                  "return_final_states": False, "varlen": True}))
     out.append(("causal_conv1d_update", {**conv, "state_len": s.conv_kernel - 1, "has_indices": True}))
     scan = {**base, "head_dim": s.head_dim, "d_state": s.state_size, "n_groups": s.n_groups, "has_D": True,
             "has_z": False}
@@ -125,6 +129,9 @@ def gate_problems(c: ModelConfig, options: EngineOptions, base: Mapping[str, Any
         out.append(("selective_scan", {**scan, "chunk_size": s.chunk_size, "has_dt_bias": True, "dt_softplus": True,
                                        "has_seq_idx": packed, "has_initial_states": False,
                                        "return_final_states": True}))
+    out.append(("selective_scan", {**scan, "chunk_size": s.chunk_size, "has_dt_bias": True, "dt_softplus": True,
+                                   "has_seq_idx": False, "has_initial_states": False, "return_final_states": False,
+                                   "varlen": True, "return_varlen_states": True}))
     raw_dt = s.time_step_limit == NO_TIME_STEP_LIMIT  # else decode passes dt already processed (the mixer)
     out.append(("selective_state_update", {**scan, "has_dt_bias": raw_dt, "dt_softplus": raw_dt,
                                            "has_indices": True}))

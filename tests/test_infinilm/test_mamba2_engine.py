@@ -16,7 +16,7 @@ from test_mamba2 import hf_mamba2, prompts
 from infinilm import Engine, EngineOptions, FinishReason, SamplingParams, read_config
 from infinilm.engine.graphs.decode import DecodeGraphs
 from infinilm.engine.state_pool import StatePool, state_bytes
-from infinilm.layers.ssm import prefill_layout
+from infinilm.layers import ssm
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,29 @@ def _alone(path: Path, batch: list[list[int]], params: list[SamplingParams]) -> 
     return [engine.generate([p], q)[0] for p, q in zip(batch, params)]
 
 
-def test_packed_prefill_layout() -> None:
-    gather, seq_idx, token_index = prefill_layout([3, 1, 2])
-    assert gather == [[1, 2, 3], [0, 0, 4], [0, 5, 6]]
-    assert seq_idx == [[0, 0, 0], [-1, -1, 0], [-1, 0, 0]]
-    assert token_index == [0, 1, 2, 5, 7, 8]
-    assert prefill_layout([4]) == ([[1, 2, 3, 4]], [[0, 0, 0, 0]], [0, 1, 2, 3])
+def test_several_prompts_prefill_as_one_packed_row(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of several prompts runs, per layer, one packed conv over the prompts' tokens (its states written
+    into the prompts' rows) and one cu_seqlens scan (their final states from return_varlen_states): no
+    padded grid; each prompt's logits are those of its own prefill."""
+    assert ssm.prefill_starts([3, 1, 2]) == [0, 3, 4, 6] and ssm.prefill_starts([4]) == [0, 4]
+    calls: list[tuple[str, list[int] | None]] = []
+
+    def spy(name: str, real: object, key: str) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            packed = kwargs.get(key)
+            calls.append((name, None if packed is None else packed.tolist()))
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(ssm, "causal_conv1d", spy("conv", ssm.causal_conv1d, "query_start_loc"))
+    monkeypatch.setattr(ssm, "selective_scan", spy("scan", ssm.selective_scan, "cu_seqlens"))
+    engine = _engine(path, 4)
+    batch = [[5, 9, 2, 7, 1], list(range(3, 12)), [4, 4]]
+    packed = engine.prefill_logits(batch)
+    layers = engine.cache.conv.shape[0]
+    assert calls == [("conv", [0, 5, 14, 16]), ("scan", [0, 5, 14, 16])] * layers
+    for prompt, logits in zip(batch, packed):
+        torch.testing.assert_close(logits, engine.prefill_logits([prompt])[0], rtol=1e-5, atol=1e-5)
 
 
 def test_pool_rows_and_state_size(path: Path) -> None:
