@@ -12,7 +12,8 @@ from 3.6 us before).
 
 Each figure is the median over `rounds` rounds of `calls` calls of this thread's CPU time (so other
 processes on a shared machine do not count; torch runs single-threaded here), rounds interleaving the
-three paths, with the garbage collector off. The target is at most 2 microseconds of overhead per call.
+three paths, with the garbage collector off. The targets: at most 2 microseconds of overhead per call for
+the dispatch path, 3 for the full public call.
 
     python benchmarks/dispatch.py [--rounds 20] [--calls 2000]
 
@@ -38,7 +39,8 @@ from infiniops_py import runtime
 from infiniops_py.operators import OpSpec
 from infiniops_py.operators._base import install_dispatcher
 
-TARGET_US = 2.0
+TARGET_US = 2.0  # the dispatch path (OpSpec.call) over the implementation
+FULL_TARGET_US = 3.0  # the whole public call (checks, lowering test, dispatch) over the implementation
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     table = Table(title=f"per-call overhead vs the implementation (median of {opts.rounds} x {opts.calls} calls, "
-                        f"target <= {TARGET_US:g} us)")
+                        f"targets: dispatch <= {TARGET_US:g} us, full call <= {FULL_TARGET_US:g} us)")
     for column in ("operator", "implementation", "path", "impl us", "path us", "overhead us", "verdict"):
         table.add_column(column, justify="right" if column.endswith("us") else "left")
     dispatch_ok = True
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         t = measure(call, opts.rounds, opts.calls)
         for path, label in (("dispatch", "dispatch (OpSpec.call)"), ("full", "full call (checks + dispatch)")):
             overhead = t[path] - t["direct"]
-            ok = overhead <= TARGET_US
+            ok = overhead <= (TARGET_US if path == "dispatch" else FULL_TARGET_US)
             dispatch_ok &= ok or path != "dispatch"
             verdict = "[green]ok[/green]" if ok else "[red]over[/red]"
             table.add_row(op, name, label, f"{t['direct']:.2f}", f"{t[path]:.2f}", f"{overhead:.2f}", verdict)
