@@ -214,6 +214,7 @@ def _prefill_args(d: int, ptr: str, precision: str, config: Any) -> dict[str, An
     return {"Q": _Ptr(ptr), "K": _Ptr(ptr), "V": _Ptr(ptr), "Out": _Ptr(ptr), "CuQ": _Ptr("*i32"),
             "CuK": _Ptr("*i32"), "BlockTable": _Ptr("*i32"), "stride_qt": 32 * d, "stride_qh": d, "stride_kt": 8 * d,
             "stride_vt": 8 * d, "stride_ot": 32 * d, "num_bh": 128, "max_seqlen_q": 4096, "GROUP": 8,
+            "SeqUsedK": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_h": 0, "HAS_SEQUSED": False, "HAS_LSE": False,
             **_attention_sizes(d, precision), **config.kwargs}
 
 
@@ -224,7 +225,9 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "stride_qb": 32 * d, "stride_qt": 32 * d, "stride_qh": d, "stride_kb": 4096 * 8 * d, "stride_kt": 8 * d,
             "stride_vb": 4096 * 8 * d, "stride_vt": 8 * d, "stride_ob": 32 * d, "stride_ot": 32 * d,
             "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
-            "BLOCK_M": 64, "SPLIT": True, **_attention_sizes(d, precision), **config.kwargs, **overrides}
+            "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
+            "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False,
+            **_attention_sizes(d, precision), **config.kwargs, **overrides}
 
 
 def _fp64_scores_fit(compiled: Any) -> None:

@@ -218,6 +218,65 @@ def test_kvcache_empty_batch() -> None:
     assert got.shape == (0, 1, 4, 64)
 
 
+# --- the log-sum-exp, seqused_k, cache_batch_idx ---------------------------------------------------------
+
+
+def _lse_check(op: str, got: tuple[torch.Tensor, torch.Tensor], args: dict[str, Any]) -> None:
+    """Output and log-sum-exp within the tolerance rule of the float64 reference (the lse: fp32, +inf
+    exactly where the reference has it)."""
+    fn = getattr(infiniops_py, op)
+    with infiniops_py.use("reference"):
+        ref, ref_lse = fn(**_copies(args, torch.float64))
+        low, low_lse = fn(**_copies(args))
+    rule = tolerance(op, str(got[0].dtype)[6:])
+    for label, g, r, lo in (("out", got[0], ref, low), ("lse", got[1], ref_lse, low_lse)):
+        _, failure = compare(f"{op} {label}", g, r, rule, low=lo)
+        assert failure is None, failure
+    assert got[1].dtype == torch.float32 and bool((got[1].isinf() == ref_lse.isinf()).all())
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_writes_the_log_sum_exp_and_takes_seqused_k(dtype: torch.dtype, tma: bool) -> None:
+    """16-row blocks (every key loop runs); sequence 0 uses 13 of its 40 keys, sequence 1 none of its 50,
+    sequence 2 all 17: its first rows see no key under the causal mask (lse +inf)."""
+    args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", dtype, seed=11)
+    args.update(seqused_k=torch.tensor([13, 0, 17], dtype=torch.int32), return_softmax_lse=True)
+    conv = _convention("flash_attn_varlen", args)
+    lse = torch.empty((args["q"].shape[1], args["q"].shape[0]), dtype=torch.float32)
+    got = tfa.flash_attn_varlen(*conv, seqused_k=args["seqused_k"], softmax_lse=lse,
+                                config={**SMALL_BLOCKS, "LAZY": True, "USE_TMA": tma})
+    _lse_check("flash_attn_varlen", (got, lse), args)
+    assert bool((lse[:, 40:43] == float("inf")).all())  # sequence 1 uses no key
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kvcache_writes_the_log_sum_exp_and_reads_the_cache_batch_idx_rows(dtype: torch.dtype, splits: int) -> None:
+    """Three sequences in cache rows 4, 0 and 6 (5 out of range: unchecked, it sees no key and writes nothing)
+    of a 7-row cache; the combine of 3 splits writes the log-sum-exp too."""
+    args = _kvcache_args("decode GQA 4, append", dtype, seed=12)
+    spare = torch.randn(7, *args["k_cache"].shape[1:], generator=torch.Generator().manual_seed(13)).to(dtype)
+    for name in ("k_cache", "v_cache"):
+        rows = spare.clone()
+        rows[[4, 0, 6]] = args[name]
+        args[name] = rows
+    args.update(cache_batch_idx=torch.tensor([4, 0, 6], dtype=torch.int32), return_softmax_lse=True)
+    for idx in ([4, 0, 6], [4, 9, 6]):
+        case = {**_copies(args), "cache_batch_idx": torch.tensor(idx, dtype=torch.int32)}
+        conv = _convention("flash_attn_with_kvcache", case)
+        lse = torch.empty((3, case["q"].shape[2], case["q"].shape[1]), dtype=torch.float32)
+        with unchecked_indices():
+            got = tfa.flash_attn_with_kvcache(*conv, cache_batch_idx=case["cache_batch_idx"], softmax_lse=lse,
+                                              splits=splits)
+            _lse_check("flash_attn_with_kvcache", (got, lse), case)
+            with infiniops_py.use("reference"):
+                low = _copies(case)
+                infiniops_py.flash_attn_with_kvcache(**low)
+        assert bits_equal(conv[1], low["k_cache"]) and bits_equal(conv[2], low["v_cache"])  # rows 4, 0/none, 6
+    assert bool((lse[1] == float("inf")).all()) and bool((got[1] == 0).all())
+
+
 # --- flash-attention's window rule and defaults ----------------------------------------------------------
 
 
@@ -287,11 +346,13 @@ def test_gates(op: str) -> None:
         with pytest.raises(GateError, match="dtype"):
             infiniops_py.resolve(op, device_type="cpu", dtype="float64")
         assert infiniops_py.resolve(op, device_type="cpu", dtype="float16", head_dim=59).provider == "triton"
-        gated = ("alibi", "return_softmax_lse", "fp8_kv",
-                 *(("seqused_k",) if op == "flash_attn_varlen" else ("cache_batch_idx", "cache_leftpad", "rotary")))
+        gated = ("alibi", "fp8_kv", *(() if op == "flash_attn_varlen" else ("cache_leftpad", "rotary")))
         for field in gated:  # each with its reason, and the torch provider as the fix
             with pytest.raises(GateError, match=f"{field}.*use the torch provider"):
                 infiniops_py.resolve(op, device_type="cpu", dtype="float16", **{field: True})
+        served = ("return_softmax_lse", "seqused_k" if op == "flash_attn_varlen" else "cache_batch_idx")
+        assert infiniops_py.resolve(op, device_type="cpu", dtype="float16", **dict.fromkeys(served, True)).provider \
+            == "triton"
 
 
 def test_launcher_rejects_head_dim_over_256() -> None:

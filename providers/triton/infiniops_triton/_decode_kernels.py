@@ -4,7 +4,9 @@ Decode reads the whole KV cache for a handful of queries, so it is bound by memo
 handles one (sequence, kv head, key split) and *all* the query rows of that kv head at once (the
 ``Hq // Hkv`` GQA heads times the ``Sq`` queries, packed as rows of one tile), so every K/V byte is read
 once. Long contexts are split over ``num_splits`` programs to fill the GPU; each writes its normalized
-partial output and its log-sum-exp (base 2), and `combine_kernel` merges them.
+partial output and its log-sum-exp (base 2), and `combine_kernel` merges them (and writes the natural
+log-sum-exp of the row when asked). ``HAS_BATCH_IDX`` reads (and appends to) cache row ``cache_batch_idx[b]``
+of sequence b; a row out of range is a sequence that sees no key and writes nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +16,26 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from infiniops_triton._flash_attn_kernels import NEG_BIG, SMEM_BUDGET, kv_offsets, scores, softcapped, weighted_values
+from infiniops_triton._flash_attn_kernels import (
+    LN2,
+    NEG_BIG,
+    SMEM_BUDGET,
+    kv_offsets,
+    natural_lse,
+    scores,
+    softcapped,
+    weighted_values,
+)
 
 __all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_split_tuned"]
 
 # Integer arguments that only carry sizes are not specialized (see _flash_attn_kernels._SIZES): a decode
 # workload changes them every step, and each "divisible by 16" / "equal to 1" change would be a compile.
-_APPEND_SIZES = ("stride_btb", "new_len", "num_heads_kv", "capacity", "max_blocks", "num_pages")
-_DECODE_SIZES = ("stride_btb", "num_heads_kv", "num_heads_q", "q_len", "kv_group", "new_len", "capacity",
-                 "max_blocks", "num_pages", "num_m_tiles", "num_splits", "window_left", "window_right")
-_COMBINE_SIZES = ("q_len", "num_heads_q", "num_splits")
+_APPEND_SIZES = ("stride_btb", "new_len", "num_heads_kv", "capacity", "max_blocks", "num_pages", "num_rows")
+_DECODE_SIZES = ("stride_btb", "stride_lse_b", "stride_lse_h", "num_heads_kv", "num_heads_q", "q_len", "kv_group",
+                 "new_len", "capacity", "max_blocks", "num_pages", "num_rows", "num_m_tiles", "num_splits",
+                 "window_left", "window_right")
+_COMBINE_SIZES = ("stride_lse_b", "stride_lse_h", "q_len", "num_heads_q", "num_splits")
 
 
 @triton.jit(do_not_specialize=_APPEND_SIZES)
@@ -32,19 +44,26 @@ def append_kv_kernel(
     KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D], written in place
     CacheSeqlens,  # int32 [B] tokens already cached: new token t of sequence b goes to position len_b + t
     BlockTable,  # int32 [B, max_blocks] (PAGED only)
+    CacheBatchIdx,  # int32 [B] cache row of each sequence (HAS_BATCH_IDX only; not PAGED)
     stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_btb,
-    new_len, num_heads_kv, capacity, max_blocks, num_pages,
+    new_len, num_heads_kv, capacity, max_blocks, num_pages, num_rows,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
 ):
-    """One program per new token: copies its Hkv x D keys and values; a position outside the cache is skipped."""
+    """One program per new token: copies its Hkv x D keys and values; a position outside the cache (or in a
+    cache row out of range) is skipped."""
     pid = tl.program_id(0)
     b = pid // new_len
     t = pid % new_len
     pos = tl.load(CacheSeqlens + b) + t
     ok = (pos >= 0) & (pos < capacity)
     pos = tl.where(ok, pos, 0)
+    row = b
+    if HAS_BATCH_IDX:
+        row = tl.load(CacheBatchIdx + b)
+        ok = ok & (row >= 0) & (row < num_rows)
+        row = tl.where(ok, row, 0)
     if PAGED:
         page = tl.load(BlockTable + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE, mask=ok, other=-1)
         ok = ok & (page >= 0) & (page < num_pages)
@@ -52,8 +71,8 @@ def append_kv_kernel(
         k_row = page * stride_kb + (pos % PAGE_SIZE) * stride_kt
         v_row = page * stride_vb + (pos % PAGE_SIZE) * stride_vt
     else:
-        k_row = b.to(tl.int64) * stride_kb + pos.to(tl.int64) * stride_kt
-        v_row = b.to(tl.int64) * stride_vb + pos.to(tl.int64) * stride_vt
+        k_row = row.to(tl.int64) * stride_kb + pos.to(tl.int64) * stride_kt
+        v_row = row.to(tl.int64) * stride_vb + pos.to(tl.int64) * stride_vt
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h[:, None] < num_heads_kv) & (offs_d[None, :] < HEAD_DIM)
@@ -71,16 +90,19 @@ def decode_split_kernel(
     KCache, VCache,  # [B, S_max, Hkv, D] or paged [num_pages, PAGE_SIZE, Hkv, D]
     CacheSeqlens,  # int32 [B]: sequence b attends to cache_seqlens[b] + new_len keys
     BlockTable,  # int32 [B, max_blocks] (PAGED only)
+    CacheBatchIdx,  # int32 [B] cache row of each sequence (HAS_BATCH_IDX only; not PAGED)
     Out,  # [B, Sq, Hq, D] output (not SPLIT)
     OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs (SPLIT)
     LsePart,  # fp32 [B, Sq, Hq, num_splits] partial log2-sum-exp2, -inf for a split that saw no key (SPLIT)
+    Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE and not SPLIT: the combine writes it)
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_ot, stride_oh, stride_btb,
-    num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_m_tiles, num_splits,
-    qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
+    stride_ob, stride_ot, stride_oh, stride_btb, stride_lse_b, stride_lse_h,
+    num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_rows, num_m_tiles,
+    num_splits, qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+    HAS_LSE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -90,6 +112,12 @@ def decode_split_kernel(
     h_kv = bh % num_heads_kv
 
     kv_len = tl.minimum(tl.maximum(tl.load(CacheSeqlens + b) + new_len, 0), capacity)
+    row = b  # the cache row of sequence b (contiguous caches)
+    if HAS_BATCH_IDX:
+        row = tl.load(CacheBatchIdx + b)
+        present = (row >= 0) & (row < num_rows)
+        kv_len = tl.where(present, kv_len, 0)  # a cache row out of range: the sequence sees no key
+        row = tl.where(present, row, 0)
     q_off = kv_len - q_len
 
     # Row r of the tile is query i = r % Sq of GQA head g = r // Sq of this kv head.
@@ -127,8 +155,8 @@ def decode_split_kernel(
         k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks,
                                          num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
         if not PAGED:
-            k_off += b.to(tl.int64) * stride_kb
-            v_off += b.to(tl.int64) * stride_vb
+            k_off += row.to(tl.int64) * stride_kb
+            v_off += row.to(tl.int64) * stride_vb
         k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
         v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
         s = softcapped(scores(q, k, PRECISION), qk_scale, softcap_scale, SOFTCAP)
@@ -150,6 +178,9 @@ def decode_split_kernel(
     if not SPLIT:
         o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
+        if HAS_LSE:
+            lse_ptrs = Lse + b.to(tl.int64) * stride_lse_b + h * stride_lse_h + i
+            tl.store(lse_ptrs, natural_lse(m_i, l_i), mask=row_ok)
     else:
         part = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * num_splits + split
         tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
@@ -162,10 +193,12 @@ def combine_kernel(
     OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs
     LsePart,  # fp32 [B, Sq, Hq, num_splits] their log2-sum-exp2 (-inf: the split saw no key)
     Out,  # [B, Sq, Hq, D] output
-    stride_ob, stride_ot, stride_oh, q_len, num_heads_q, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE only)
+    stride_ob, stride_ot, stride_oh, stride_lse_b, stride_lse_h, q_len, num_heads_q, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_LSE: tl.constexpr,
 ):
-    """One program per output row (b, i, h): ``out = sum_s w_s o_s / sum_s w_s``, ``w_s = exp2(lse_s - max)``."""
+    """One program per output row (b, i, h): ``out = sum_s w_s o_s / sum_s w_s``, ``w_s = exp2(lse_s - max)``;
+    the row's log-sum-exp is ``(max + log2(sum_s w_s)) * ln 2`` (+inf when no split saw a key)."""
     row = tl.program_id(0).to(tl.int64)
     h = row % num_heads_q
     i = (row // num_heads_q) % q_len
@@ -183,6 +216,9 @@ def combine_kernel(
     out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(Out + b * stride_ob + i * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
+    if HAS_LSE:
+        lse_row = tl.where(total > 0.0, (top + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("inf"))
+        tl.store(Lse + b * stride_lse_b + h * stride_lse_h + i, lse_row)
 
 
 # --- autotuning (CUDA; the interpreter runs one fixed configuration) --------------------------------
@@ -206,6 +242,6 @@ def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kw
 
 
 decode_split_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT"],
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE"],
     prune_configs_by={"early_config_prune": _prune_decode},
 )(decode_split_kernel)

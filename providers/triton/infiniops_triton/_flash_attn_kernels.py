@@ -8,6 +8,10 @@ sequence end (masked). The rescale of the accumulator is lazy (FlashAttention-4'
 when some row's running max grows by more than ``_RESCALE_LOG2`` (a factor 256), which fp32 accumulators
 absorb without loss; the final division by the row sum makes the result exact either way.
 
+The epilogue writes each row's log-sum-exp when asked (``HAS_LSE``: ``(m + log2(l)) * ln 2``, +inf for a
+row that saw no key); ``HAS_SEQUSED`` takes each sequence's key count from ``seqused_k`` (clamped to its
+``cu_seqlens_k`` rows, or to the block table's capacity when paged).
+
 Programs run longest first: within each group of ``GROUP`` (sequence, head) pairs, the program id walks
 the query blocks from the last (the most keys under a causal mask) to the first, and the heads of a group
 run side by side so their keys stay in L2.
@@ -22,22 +26,30 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["LOG2E", "SMEM_BUDGET", "attn_fwd_kernel", "attn_fwd_tuned", "kv_offsets", "scores", "softcapped", "tanh",
-           "tma_layout_ok", "weighted_values"]
+__all__ = ["LN2", "LOG2E", "SMEM_BUDGET", "attn_fwd_kernel", "attn_fwd_tuned", "kv_offsets", "natural_lse", "scores",
+           "softcapped", "tanh", "tma_layout_ok", "weighted_values"]
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): a log-sum-exp in log2 units times LN2 is the natural one
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory a configuration may plan for (H100/H200: 227 KB)
 # Integer arguments that only carry sizes: Triton would otherwise compile a new variant for every change of
 # "divisible by 16" or "equal to 1" among them (hundreds of compiles over a varlen workload); strides stay
 # specialized, since their alignment decides vectorized loads.
-_SIZES = ("stride_btb", "num_bh", "num_heads_q", "kv_group", "max_seqlen_q", "max_blocks", "num_pages",
-          "window_left", "window_right")
+_SIZES = ("stride_btb", "stride_lse_h", "num_bh", "num_heads_q", "kv_group", "max_seqlen_q", "max_blocks",
+          "num_pages", "window_left", "window_right")
 
 # Skip the accumulator rescale until some row's max grew by more than 2**8 (log2 units); fp32 holds it.
 _RESCALE_LOG2 = tl.constexpr(8.0)
 # A finite "minus infinity" for the running max: a row that has seen only masked keys keeps it, and
 # exp2(-inf - _NEG_BIG) == 0 instead of the NaN that exp2(-inf - (-inf)) would give.
 NEG_BIG = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def natural_lse(m_i, l_i):
+    """The log-sum-exp of a row from its online-softmax state in log2 units (``sum_j exp2(s_j - m_i) = l_i``),
+    +inf for a row that saw no key (flash-attention 2's value there)."""
+    return tl.where(l_i > 0.0, (m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0))) * LN2, float("inf"))
 
 
 @triton.jit
@@ -198,8 +210,10 @@ def attn_fwd_kernel(
     CuQ,  # int32 [B + 1] cumulative query lengths
     CuK,  # int32 [B + 1] cumulative key lengths (lengths only, when PAGED)
     BlockTable,  # int32 [B, max_blocks] pages of each sequence (PAGED only)
+    SeqUsedK,  # int32 [B] keys each sequence uses (HAS_SEQUSED only)
+    Lse,  # fp32 [Hq, total_q] natural log-sum-exp of each row (HAS_LSE only)
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_btb,
+    stride_ot, stride_oh, stride_btb, stride_lse_h,
     num_bh, num_heads_q, kv_group, max_seqlen_q, max_blocks, num_pages,
     qk_scale,  # log2 units: softmax_scale * log2(e), or softcap * log2(e) with SOFTCAP
     softcap_scale,  # softmax_scale / softcap (SOFTCAP only)
@@ -208,6 +222,8 @@ def attn_fwd_kernel(
     GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,  # load Q/K/V through per-sequence tensor descriptors (contiguous K/V, 16-byte aligned)
+    HAS_SEQUSED: tl.constexpr,  # sequence b attends to its first SeqUsedK[b] keys
+    HAS_LSE: tl.constexpr,  # write each row's log-sum-exp
 ):
     # Longest first, GROUP (sequence, head) pairs at a time.
     pid = tl.program_id(0)
@@ -228,6 +244,8 @@ def attn_fwd_kernel(
         return
     kv_start = tl.load(CuK + b).to(tl.int64)
     kv_len = (tl.load(CuK + b + 1) - kv_start).to(tl.int32)
+    if HAS_SEQUSED:  # clamped to the sequence's keys (its cu_seqlens_k rows, or the block table's capacity)
+        kv_len = tl.minimum(tl.maximum(tl.load(SeqUsedK + b), 0), max_blocks * PAGE_SIZE if PAGED else kv_len)
     q_off = kv_len - q_len  # bottom-right alignment
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -290,6 +308,8 @@ def attn_fwd_kernel(
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_ptrs = Out + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if HAS_LSE:
+        tl.store(Lse + h.to(tl.int64) * stride_lse_h + q_rows, natural_lse(m_i, l_i), mask=row_ok)
 
 
 # --- autotuning (CUDA; the interpreter runs one fixed configuration) --------------------------------
@@ -340,6 +360,6 @@ def _prefill_configs() -> list[triton.Config]:
 
 
 attn_fwd_tuned = triton.autotune(
-    _prefill_configs(), key=["HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "PAGED"],
+    _prefill_configs(), key=["HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP", "PAGED", "HAS_SEQUSED", "HAS_LSE"],
     prune_configs_by={"early_config_prune": _prune_prefill},
 )(attn_fwd_kernel)

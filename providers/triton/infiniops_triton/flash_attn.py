@@ -8,7 +8,10 @@ appends the new k/v into the cache, then runs the split-K decode kernel (all GQA
 program, so the cache is read once) and, when the batch alone cannot fill the GPU, the combine kernel.
 
 Both follow the contract of `infiniops_py.operators.flash_attn` (bottom-right causal mask, GQA head
-``h // (Hq // Hkv)``, windows, softcap, rows that see no key output 0, out-of-range block ids skipped).
+``h // (Hq // Hkv)``, windows as the contract normalizes them, softcap, rows that see no key output 0,
+out-of-range block ids skipped) and write the log-sum-exp when asked (``return_softmax_lse``); the prefill
+takes ``seqused_k``, the decode ``cache_batch_idx``. ALiBi, fp8 K/V, ``cache_leftpad`` and rotary are gated
+in the capabilities (the torch provider serves them).
 Tested: float16, bfloat16 and float32 (scores in float64, rounded once; p @ v in IEEE fp32), head dims `HEAD_DIMS`,
 paged block sizes `BLOCK_SIZES`, any GQA ratio. On CUDA the block sizes are autotuned (the first call of
 each head dim, dtype and flag set times a few configurations); under ``TRITON_INTERPRET=1`` one small
@@ -99,13 +102,15 @@ def _check_head_dim(op: str, d: int) -> int:
 def flash_attn_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_size: tuple[int, int],
-    softcap: float, block_table: torch.Tensor | None, out: torch.Tensor, *, config: dict[str, Any] | None = None,
+    softcap: float, block_table: torch.Tensor | None, out: torch.Tensor, *, seqused_k: torch.Tensor | None = None,
+    softmax_lse: torch.Tensor | None = None, config: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Varlen attention (flash-attention ``flash_attn_varlen_func``), the contract's calling convention.
 
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` or paged ``[num_pages, block_size, Hkv, D]`` with
     `block_table` int32 ``[B, max_blocks]``; cu_seqlens int32 ``[B + 1]``; writes and returns `out`
-    ``[total_q, Hq, D]``. `config` forces ``BLOCK_M``, ``BLOCK_N``, ``LAZY`` and optionally ``USE_TMA``,
+    ``[total_q, Hq, D]``, and `softmax_lse` fp32 ``[Hq, total_q]`` when given; `seqused_k` int32 ``[B]`` (keys
+    per sequence). `config` forces ``BLOCK_M``, ``BLOCK_N``, ``LAZY`` and optionally ``USE_TMA``,
     ``num_warps``, ``num_stages`` instead of autotuning; the interpreter always uses a small fixed one.
 
     Raises:
@@ -127,12 +132,16 @@ def flash_attn_varlen(
         kb, kt, kh, vb, vt, vh = 0, k.stride(0), k.stride(1), 0, v.stride(0), v.stride(1)
         table, stride_btb, max_blocks, num_pages, page = cu_seqlens_k, 0, 0, 0, 1
     num_bh = batch * num_heads_q
-    args = (q, k, v, out, cu_seqlens_q, cu_seqlens_k, table, q.stride(0), q.stride(1), kb, kt, kh, vb, vt, vh,
-            out.stride(0), out.stride(1), stride_btb, num_bh, num_heads_q, num_heads_q // k.shape[-2], max_seqlen_q,
-            max_blocks, num_pages, qk_scale, softcap_scale, left, right)
+    used = cu_seqlens_k if seqused_k is None else seqused_k  # a placeholder pointer when not used
+    lse = out if softmax_lse is None else softmax_lse
+    args = (q, k, v, out, cu_seqlens_q, cu_seqlens_k, table, used, lse, q.stride(0), q.stride(1), kb, kt, kh, vb,
+            vt, vh, out.stride(0), out.stride(1), stride_btb, 0 if softmax_lse is None else softmax_lse.stride(0),
+            num_bh, num_heads_q, num_heads_q // k.shape[-2], max_seqlen_q, max_blocks, num_pages, qk_scale,
+            softcap_scale, left, right)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": _GROUP, "HAS_LEFT": has_left, "HAS_RIGHT": has_right,
             "SOFTCAP": softcap > 0, "PAGED": paged, "PAGE_SIZE": page,
-            "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32"}
+            "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32", "HAS_SEQUSED": seqused_k is not None,
+            "HAS_LSE": softmax_lse is not None}
     if q.is_cuda:
         _ensure_allocator()
     if config is None and _interpreting():
@@ -141,7 +150,8 @@ def flash_attn_varlen(
         def grid(m: dict[str, Any]) -> tuple[int]:
             return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
 
-        key = (head_dim, has_left, has_right, softcap > 0, paged, q.dtype, k.dtype, cu_seqlens_q.dtype, table.dtype)
+        key = (head_dim, has_left, has_right, softcap > 0, paged, q.dtype, k.dtype, cu_seqlens_q.dtype, table.dtype,
+               seqused_k is not None, softmax_lse is not None)
         _PREFILL.launch(key, grid, *args, **meta)
         return out
     config = {"USE_TMA": False, **config}
@@ -175,15 +185,17 @@ def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int) -> int
 def flash_attn_with_kvcache(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
     block_table: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor | None, softmax_scale: float,
-    causal: bool, window_size: tuple[int, int], softcap: float, out: torch.Tensor, *, splits: int | None = None,
+    causal: bool, window_size: tuple[int, int], softcap: float, out: torch.Tensor, *,
+    cache_batch_idx: torch.Tensor | None = None, softmax_lse: torch.Tensor | None = None, splits: int | None = None,
 ) -> torch.Tensor:
     """Decode attention over a KV cache (flash-attention ``flash_attn_with_kvcache``), the contract's
     calling convention.
 
-    q ``[B, Sq, Hq, D]``; caches ``[B, S_max, Hkv, D]`` or paged ``[num_pages, block_size, Hkv, D]`` with
-    `block_table` int32 ``[B, max_blocks]``; `cache_seqlens` int32 ``[B]``; new `k`/`v` ``[B, Sq_new, Hkv, D]``
-    are first written at ``cache_seqlens[b] + t`` (in place, positions outside the cache skipped). Writes
-    and returns `out` ``[B, Sq, Hq, D]``. `splits` forces the split-K count (default: `num_splits`).
+    q ``[B, Sq, Hq, D]``; caches ``[B_cache, S_max, Hkv, D]`` (sequence b in row ``cache_batch_idx[b]``, b when
+    None) or paged ``[num_pages, block_size, Hkv, D]`` with `block_table` int32 ``[B, max_blocks]``;
+    `cache_seqlens` int32 ``[B]``; new `k`/`v` ``[B, Sq_new, Hkv, D]`` are first written at ``cache_seqlens[b] +
+    t`` (in place, positions outside the cache skipped). Writes and returns `out` ``[B, Sq, Hq, D]``, and
+    `softmax_lse` fp32 ``[B, Hq, Sq]`` when given. `splits` forces the split-K count (default: `num_splits`).
 
     Raises:
         ValueError: head_dim > 256, or `splits` < 1.
@@ -200,12 +212,13 @@ def flash_attn_with_kvcache(
         table, stride_btb, max_blocks, num_pages, page = cache_seqlens, 0, 0, 0, 1
         capacity = k_cache.shape[1]
     new_len = 0 if k is None else k.shape[1]
+    cache_rows = cache_seqlens if cache_batch_idx is None else cache_batch_idx  # a placeholder pointer when not given
     if k is not None and v is not None and batch * new_len > 0:
         append_kv_kernel[(batch * new_len,)](
-            k, v, k_cache, v_cache, cache_seqlens, table, *k.stride()[:3], *v.stride()[:3],
+            k, v, k_cache, v_cache, cache_seqlens, table, cache_rows, *k.stride()[:3], *v.stride()[:3],
             *k_cache.stride()[:3], *v_cache.stride()[:3], stride_btb, new_len, num_heads_kv, capacity, max_blocks,
-            num_pages, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads_kv), BLOCK_D=block_d, PAGED=paged,
-            PAGE_SIZE=page,
+            num_pages, k_cache.shape[0], HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads_kv),
+            BLOCK_D=block_d, PAGED=paged, PAGE_SIZE=page, HAS_BATCH_IDX=cache_batch_idx is not None,
         )
     if batch * q_len == 0:
         return out
@@ -227,23 +240,27 @@ def flash_attn_with_kvcache(
         lse_part = torch.empty((batch, q_len, num_heads_q, splits), dtype=torch.float32, device=q.device)
     else:
         o_part = lse_part = out
-    args = (q, k_cache, v_cache, cache_seqlens, table, out, o_part, lse_part, *q.stride()[:3],
-            *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, num_heads_kv, num_heads_q,
-            q_len, group, new_len, capacity, max_blocks, num_pages, num_m_tiles, splits, qk_scale, softcap_scale, left,
-            right)
+    lse = lse_part if softmax_lse is None else softmax_lse  # a placeholder pointer when not given
+    lse_b, lse_h = (0, 0) if softmax_lse is None else softmax_lse.stride()[:2]
+    args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, *q.stride()[:3],
+            *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv,
+            num_heads_q, q_len, group, new_len, capacity, max_blocks, num_pages, k_cache.shape[0], num_m_tiles, splits,
+            qk_scale, softcap_scale, left, right)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
-            "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32"}
+            "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
+            "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None}
     grid = (programs, splits)
     if interpreting:
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
-        key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype)
+        key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
+               cache_batch_idx is not None, softmax_lse is not None)
         _DECODE.launch(key, grid, *args, **meta)
     if splits > 1:
         combine_kernel[(batch * q_len * num_heads_q,)](
-            o_part, lse_part, out, *out.stride()[:3], q_len, num_heads_q, splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(splits),
+            o_part, lse_part, out, lse, *out.stride()[:3], lse_b, lse_h, q_len, num_heads_q, splits, HEAD_DIM=head_dim,
+            BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(splits), HAS_LSE=softmax_lse is not None,
         )
     return out
 
@@ -253,15 +270,12 @@ def flash_attn_with_kvcache(
 # Arguments the kernels do not implement yet, each with its reason; the torch provider serves them all.
 _GATED: Final = {
     "alibi": "the kernels add no ALiBi bias yet",
-    "return_softmax_lse": "the kernels do not write the log-sum-exp out yet",
     "fp8_kv": "the kernels read no float8_e4m3fn K/V yet (dequantization needs GPU tuning)",
-    "seqused_k": "the prefill kernel takes key lengths from cu_seqlens_k only",
-    "cache_batch_idx": "the decode kernels address cache row b of sequence b only",
     "cache_leftpad": "the decode kernels read every cache from row 0",
     "rotary": "the append and decode kernels apply no rotary embedding yet",
 }
-_VARLEN_GATED: Final = ("alibi", "return_softmax_lse", "fp8_kv", "seqused_k")
-_KVCACHE_GATED: Final = ("alibi", "return_softmax_lse", "fp8_kv", "cache_batch_idx", "cache_leftpad", "rotary")
+_VARLEN_GATED: Final = ("alibi", "fp8_kv")
+_KVCACHE_GATED: Final = ("alibi", "fp8_kv", "cache_leftpad", "rotary")
 
 
 def _capability(gated: tuple[str, ...]) -> Capability:
