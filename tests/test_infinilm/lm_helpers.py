@@ -48,10 +48,11 @@ def hf_config(family: str, *, tied: bool, **overrides: object) -> object:
     if family == "qwen2":
         return Qwen2Config(**common, rope_theta=1e6)
     if family == "gemma2":
-        return Gemma2Config(**{"sliding_window": SLIDING_WINDOW, **GEMMA2_SOFTCAPS, **common}, head_dim=16,
-                            query_pre_attn_scalar=16, pad_token_id=0)
+        return Gemma2Config(**{"sliding_window": SLIDING_WINDOW, **GEMMA2_SOFTCAPS, "head_dim": 16,
+                               "query_pre_attn_scalar": 16, "pad_token_id": 0, **common})
     if family == "glm4":
-        return Glm4Config(**common, head_dim=32, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=0)
+        return Glm4Config(**{"head_dim": 32, "partial_rotary_factor": 0.5, "attention_bias": True, "pad_token_id": 0,
+                             **common})
     if family == "mistral":
         return MistralConfig(**{"sliding_window": SLIDING_WINDOW, **common}, rope_theta=1e4)
     return Qwen3Config(**common, head_dim=32, rope_theta=1e6)
@@ -66,7 +67,9 @@ def hf_model(family: str, *, tied: bool, seed: int = 0, **overrides: object) -> 
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(family, tied=tied, **overrides)).eval()
+    # Gemma 2's softcapping needs transformers' eager attention (some versions' SDPA path drops it silently)
+    eager = {"attn_implementation": "eager"} if family == "gemma2" else {}
+    model = AutoModelForCausalLM.from_config(hf_config(family, tied=tied, **overrides), **eager).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -13,9 +13,10 @@ import copy
 
 import pytest
 import torch
-from lm_helpers import CheckpointFactory
+from lm_helpers import FAMILIES, CheckpointFactory
 
 from infinilm import Engine, EngineOptions, SamplingParams
+from infinilm.bench import compare_logits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -27,10 +28,15 @@ def _engine(path: object, **options: object) -> Engine:
         "device": "cuda", "block_size": 16, "num_blocks": 64, "max_model_len": 128, "max_num_seqs": 8, **options}))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+# head dim 32 (Triton attention): hidden 128 over 4 heads, or the family's own head_dim
+WIDE = {"llama": {"hidden_size": 128}, "qwen2": {"hidden_size": 128}, "qwen3": {"hidden_size": 128},
+        "mistral": {"hidden_size": 128}, "glm4": {"hidden_size": 128}, "gemma2": {"hidden_size": 128, "head_dim": 32}}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_graph_decode_equals_eager_and_logits_match_transformers(checkpoint: CheckpointFactory,
                                                                       family: str) -> None:
-    path, hf = checkpoint(family, hidden_size=128)  # head dim 32: Triton attention
+    path, hf = checkpoint(family, **WIDE[family])
     graphed, eager = _engine(path), _engine(path, cuda_graphs=False)  # float32, the checkpoint's dtype
     assert graphed.graph_status.startswith("cuda graphs: on"), graphed.graph_status
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
@@ -41,6 +47,21 @@ def test_cuda_graph_decode_equals_eager_and_logits_match_transformers(checkpoint
         with torch.no_grad():
             ref = reference(torch.tensor([prompt], device="cuda")).logits[0]
         torch.testing.assert_close(logits, ref, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_logits_follow_the_bf16_rule(checkpoint: CheckpointFactory, family: str) -> None:
+    """bf16 logits of the same weights against transformers' fp32 forward: infinilm's error within twice
+    transformers' own bf16 error (+ 0.01), its argmax as close to fp32's (`infinilm.bench.LogitsCheck`)."""
+    path, hf = checkpoint(family, **WIDE[family])
+    prompts = [*PROMPTS, torch.randint(0, 255, (100,), generator=torch.Generator().manual_seed(3)).tolist()]
+    ours = _engine(path, dtype=torch.bfloat16).prefill_logits(prompts)
+    fp32, bf16 = copy.deepcopy(hf).to("cuda"), copy.deepcopy(hf).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        theirs = [bf16(torch.tensor([p], device="cuda")).logits[0] for p in prompts]
+        reference = [fp32(torch.tensor([p], device="cuda")).logits[0] for p in prompts]
+    check = compare_logits(ours, theirs, reference)
+    assert check.ok, check.line(family)
 
 
 def test_bf16_engine_captures_and_generates(checkpoint: CheckpointFactory) -> None:
