@@ -1,5 +1,6 @@
-"""infinilm: Hugging Face checkpoints of the families in `infinilm.models.registry` (Llama, Qwen2, Qwen3 and
-Mamba-2) through `infiniops_py`, with a paged KV cache, or a recurrent state pool for Mamba-2.
+"""infinilm: Hugging Face checkpoints of the model families `infinilm.models.registry` lists (Llama-like
+attention decoders and the recurrent Mamba-2) through `infiniops_py`, with a paged KV cache, or a recurrent
+state pool for a recurrent model.
 
 Every Gemm, Add, RmsNorm, FusedQkNorm, paged-cache write and attention (for Mamba-2: causal conv and
 selective scan) of a model runs through the capability resolver; the operators a configuration needs are
