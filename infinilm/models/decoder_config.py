@@ -161,8 +161,10 @@ def attention_problems(config: ModelConfig, options: EngineOptions, base: Mappin
 
     `base` holds ``device_type`` and the model ``dtype`` name; `plan` says whether biases fuse into the Gemm
     and whether q/k norms are fused. A `window` (tokens a query sees, itself included) adds the local
-    attention problems: a step whose keys all lie within the window runs without one (flash-attention drops a
-    window side that spans every key). `softcap` asks for attention logit softcapping.
+    attention problems of each entry point whose keys can outnumber it: a call whose keys all lie within the
+    window runs without one (flash-attention drops a window side that spans every key; the bound is the
+    longest prompt for prefill, the cache capacity per sequence for decode). `softcap` asks for attention
+    logit softcapping.
     """
     d, bs = config.head_dim, options.block_size
     out = linear_problems(base, plan, bias=config.qkv_bias or config.o_bias or config.mlp_bias)
@@ -175,10 +177,12 @@ def attention_problems(config: ModelConfig, options: EngineOptions, base: Mappin
         out.append(("rms_norm", {**base, "hidden_size": d}))
     out.append(("reshape_and_cache_flash", {**base, "head_dim": d, "block_size": bs,
                                             "num_kv_heads": config.num_kv_heads}))
-    local = (False, True) if window is not None and window - 1 < options.model_len(config) else (False,)
-    for is_local in local:
-        attn = {**base, "head_dim": d, "gqa_ratio": config.num_heads // config.num_kv_heads, "causal": True,
-                "local": is_local, "softcap": softcap}
-        out.append(("flash_attn_varlen", {**attn, "paged": False, "block_size": 0}))
-        out.append(("flash_attn_with_kvcache", {**attn, "paged": True, "block_size": bs, "append": False}))
+    attn = {**base, "head_dim": d, "gqa_ratio": config.num_heads // config.num_kv_heads, "causal": True,
+            "softcap": softcap}
+    # the keys a call can see: a prefill's own prompt (at most model_len), a decode's cache capacity
+    for op, keys, fields in (("flash_attn_varlen", options.model_len(config), {"paged": False, "block_size": 0}),
+                             ("flash_attn_with_kvcache", options.blocks_per_seq(config) * bs,
+                              {"paged": True, "block_size": bs, "append": False})):
+        for local in (False, True) if window is not None and window - 1 < keys else (False,):
+            out.append((op, {**attn, "local": local, **fields}))
     return out
