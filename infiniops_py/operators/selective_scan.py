@@ -60,8 +60,8 @@ from infiniops_py.operators._base import (
 from infiniops_py.operators._torch_library import lowered
 from infiniops_py.operators.causal_conv1d import check_cu_seqlens
 
-__all__ = ["SPECS", "ScanVarlen", "process_dt", "selective_scan", "selective_state_update", "sequence_of_tokens",
-           "state_dtype", "untied_view"]
+__all__ = ["SPECS", "ScanVarlen", "process_dt", "selective_scan", "selective_state_update", "state_dtype",
+           "untied_view"]
 
 _SCAN = "selective_scan"
 _UPDATE = "selective_state_update"
@@ -100,14 +100,6 @@ def process_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool
     if dt_softplus:
         dt = F.softplus(dt, beta=1.0, threshold=20.0)
     return dt if dt_limit is None else dt.clamp(dt_limit[0], dt_limit[1])
-
-
-def sequence_of_tokens(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
-    """int64 [length]: the sequence of each token of a row packed by `cu_seqlens` [S + 1], the last i with
-    ``cu_seqlens[i] <= t`` (clamped to [0, S - 1]); computed on the device, without reading values."""
-    t = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    seq = torch.searchsorted(cu_seqlens[1:].contiguous(), t, right=True)
-    return seq.clamp_(max=max(cu_seqlens.shape[0] - 2, 0))
 
 
 # --- checks shared by both entry points ------------------------------------------------------------
