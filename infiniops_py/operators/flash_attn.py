@@ -689,14 +689,20 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, present: torch.Te
     heads = torch.arange(q.shape[1], device=q.device) // (q.shape[1] // k.shape[1])
     k, v = k[:, heads], v[:, heads]  # query head h reads kv head h // (Hq // Hkv)
     visible = _visible(sq, sk, causal, window, q.device) & present
-    bias = None
-    if slopes is not None:  # ALiBi: -slope * |i + Sk - Sq - j|
-        dist = (torch.arange(sq, device=q.device)[:, None] + (sk - sq) - torch.arange(sk, device=q.device)).abs()
-        bias = -slopes.to(q.dtype)[:, None, None] * dist.to(q.dtype)
     rows = max(1, _SCORES_PER_BLOCK // max(1, q.shape[1] * sk))
-    parts = [_attend_rows(q[i:i + rows], k, v, visible[i:i + rows], scale, softcap,
-                          None if bias is None else bias[:, i:i + rows]) for i in range(0, max(sq, 1), rows)]
+    parts = [_attend_rows(q[i:i + rows], k, v, visible[i:i + rows], scale, softcap, _alibi(slopes, i, rows, sq, sk))
+             for i in range(0, max(sq, 1), rows)]
     return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts], dim=1)
+
+
+def _alibi(slopes: torch.Tensor | None, first: int, rows: int, sq: int, sk: int) -> torch.Tensor | None:
+    """ALiBi's bias ``-slope * |i + Sk - Sq - j|`` ``[Hq, rows, Sk]`` of query rows ``first..first + rows``, in
+    the slopes' dtype (None without ALiBi)."""
+    if slopes is None:
+        return None
+    i = torch.arange(first, min(first + rows, sq), device=slopes.device)[:, None]
+    dist = (i + (sk - sq) - torch.arange(sk, device=slopes.device)).abs()
+    return -slopes[:, None, None] * dist.to(slopes.dtype)
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
@@ -763,7 +769,7 @@ def reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             sk = min(max(used[b], 0), sk if block_table is None else block_table.shape[1] * k.shape[1])
         keys, values, present = _sequence_kv(k, v, block_table, b, ck[b], sk, q.dtype, k_descale, v_descale)
         o, lse = _attend(q[cq[b]:cq[b + 1]], keys, values, present, softmax_scale, causal, window_size, softcap,
-                         None if alibi_slopes is None else alibi_slopes[b])
+                         None if alibi_slopes is None else alibi_slopes[b].to(q.dtype))
         out[cq[b]:cq[b + 1]] = o
         if softmax_lse is not None:
             softmax_lse[:, cq[b]:cq[b + 1]] = lse
@@ -852,7 +858,7 @@ def reference_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                 q.shape[1], dtype=torch.long, device=q.device)
             qb = _rotate(qb, n + offsets, rotary_cos, rotary_sin, rotary_interleaved)
         o, lse = _attend(qb, keys, values, present, softmax_scale, causal, window_size, softcap,
-                         None if alibi_slopes is None else alibi_slopes[b])
+                         None if alibi_slopes is None else alibi_slopes[b].to(q.dtype))
         out[b] = o
         if softmax_lse is not None:
             softmax_lse[b] = lse
