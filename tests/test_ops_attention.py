@@ -292,7 +292,7 @@ def _alibi_bias(slopes: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
     return -slopes.double()[:, None, None] * dist
 
 
-_EDGE_WINDOWS = {  # window_size -> flash-attention's normalization with max_seqlen_k = 4 (the case)
+_EDGE_WINDOWS = {  # window_size -> flash-attention's normalization with max_seqlen_k = 4 (Sq=6 queries over Sk=4 keys)
     (0, 6): (0, 4),  # right >= Sk is -1, then Sk: query 0 of 6 sees keys 0 to 2, not all four
     (2, -1): (2, 4),
     (9, 1): (4, 1),  # left >= Sk is -1, then Sk (which clips nothing)
