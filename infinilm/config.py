@@ -8,8 +8,10 @@ reads a checkpoint's); the differences between the Llama-like families are data 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -144,6 +146,49 @@ class ModelConfig:
         return self.ssm
 
 
+def _integer(name: str, value: object) -> int:
+    """`value` of option `name` as a Python int: an int or an integer scalar with ``__index__``.
+
+    Raises:
+        ConfigError: a bool, a float or anything else without ``__index__``.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise ConfigError(f"{name}={value!r} must be an int, not a {type(value).__name__}") from None
+
+
+def _sequence(name: str, value: object) -> tuple[object, ...]:
+    """`value` of option `name` as a tuple: a tuple or a list (a str, iterable as it is, is refused).
+
+    Raises:
+        ConfigError: `value` is not a tuple or a list.
+    """
+    if not isinstance(value, tuple | list):
+        raise ConfigError(f"{name}={value!r} must be a tuple (or a list), not a {type(value).__name__}")
+    return tuple(value)
+
+
+def _providers(value: object) -> tuple[tuple[str | None, str], ...]:
+    """The ``providers`` option as a tuple of ``(op or None, provider name)`` pairs of non-empty strs.
+
+    Raises:
+        ConfigError: not a tuple or list of such pairs, naming the first entry that is not one.
+    """
+    pairs = _sequence("providers", value)
+    for i, pair in enumerate(pairs):
+        ok = isinstance(pair, tuple | list) and len(pair) == 2
+        if ok:
+            op, name = pair
+            ok = (op is None or (isinstance(op, str) and op != "")) and isinstance(name, str) and name != ""
+        if not ok:
+            raise ConfigError(f"providers[{i}]={pair!r} must be a pair (operator name or None, provider name), "
+                              "e.g. (\"gemm\", \"torch\") or (None, \"torch\")")
+    return tuple((op, name) for op, name in pairs)  # type: ignore[misc]
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How the engine runs a model.
@@ -193,6 +238,29 @@ class EngineOptions:
     check_indices: bool | None = None
 
     def __post_init__(self) -> None:
+        """Check every option, and store each in its canonical form (dtype, ints, tuples).
+
+        An int option takes an int or an integer scalar with ``__index__`` (a NumPy integer); a bool or a
+        float (``16.0``) is refused, never truncated. A flag takes a bool only (``"no"`` would be true).
+
+        Raises:
+            ConfigError: an option of the wrong type or out of its range, naming the option and the value.
+        """
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+            object.__setattr__(self, name, _integer(name, getattr(self, name)))
+        for name in ("num_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _integer(name, getattr(self, name)))
+        for name, optional in (("cuda_graphs", False), ("progress", True), ("check_indices", True)):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (optional and value is None):
+                raise ConfigError(f"{name}={value!r} must be True or False{' (or None)' if optional else ''}")
+        lengths = _sequence("prefill_graph_lengths", self.prefill_graph_lengths)
+        object.__setattr__(self, "prefill_graph_lengths",
+                           tuple(_integer(f"prefill_graph_lengths[{i}]", n) for i, n in enumerate(lengths)))
+        object.__setattr__(self, "providers", _providers(self.providers))
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, Real):
+            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be a number in (0, 1]")
         if self.dtype is not None:  # a name becomes its torch.dtype; an unsupported one is refused here
             object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         try:
@@ -216,6 +284,8 @@ class EngineOptions:
                               f"max_num_batched_tokens={self.max_num_batched_tokens}]")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        if self.kv_cache_memory <= 0:
+            raise ConfigError(f"kv_cache_memory={self.kv_cache_memory} must be a positive number of bytes")
 
     def checks_indices(self, device: torch.device) -> bool:
         """Whether operator index checks run on `device`: `check_indices`, else on CPU only."""

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from lm_helpers import CheckpointFactory, hf_config
@@ -68,6 +69,36 @@ def test_options_are_checked() -> None:
         EngineOptions(block_size=0)
     with pytest.raises(ConfigError, match="qk_norm"):
         EngineOptions(qk_norm="sometimes")
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("cuda_graphs", "no", "cuda_graphs='no' must be True or False"),  # a truthy str turned graphs on
+    ("cuda_graphs", None, "cuda_graphs=None must be True or False"),
+    ("progress", "x", "progress='x' must be True or False (or None)"),
+    ("check_indices", 1, "check_indices=1 must be True or False (or None)"),
+    ("block_size", 16.0, "block_size=16.0 must be an int, not a float"),
+    ("num_blocks", True, "num_blocks=True must be an int, not a bool"),
+    ("max_num_seqs", 2.5, "max_num_seqs=2.5 must be an int, not a float"),
+    ("max_num_batched_tokens", "64", "max_num_batched_tokens='64' must be an int, not a str"),
+    ("max_model_len", 64.0, "max_model_len=64.0 must be an int, not a float"),
+    ("kv_cache_memory", 1.5, "kv_cache_memory=1.5 must be an int, not a float"),
+    ("kv_cache_memory", 0, "kv_cache_memory=0 must be a positive number of bytes"),
+    ("gpu_memory_utilization", "0.5", "gpu_memory_utilization='0.5' must be a number in (0, 1]"),
+    ("prefill_graph_lengths", "16", "prefill_graph_lengths='16' must be a tuple (or a list), not a str"),
+    ("prefill_graph_lengths", (16.0,), "prefill_graph_lengths[0]=16.0 must be an int, not a float"),
+    ("providers", "torch", "providers='torch' must be a tuple (or a list), not a str"),
+    ("providers", (("gemm", 5),), "providers[0]=('gemm', 5) must be a pair (operator name or None, provider name)"),
+])
+def test_engine_options_of_the_wrong_type_are_refused_naming_the_option(option: str, value: object,
+                                                                        message: str) -> None:
+    """Flags took any truthy value and int options any number (a float block size, a bool cache size)."""
+    with pytest.raises(ConfigError) as err:
+        EngineOptions(**{option: value})
+    assert str(err.value).startswith(message), err.value
+    canonical = EngineOptions(block_size=np.int64(8), num_blocks=np.int32(4), prefill_graph_lengths=[16],
+                              providers=[["gemm", "torch"]])  # integer scalars and lists are taken, as ints/tuples
+    assert canonical.block_size == 8 and type(canonical.block_size) is int and type(canonical.num_blocks) is int
+    assert canonical.prefill_graph_lengths == (16,) and canonical.providers == (("gemm", "torch"),)
 
 
 def test_a_cache_too_small_for_one_sequence_is_refused(checkpoint: CheckpointFactory) -> None:
