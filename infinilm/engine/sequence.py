@@ -39,12 +39,25 @@ class SamplingParams:
         """Check every field.
 
         Raises:
-            ValueError: a field out of its range, or an integer field that is not an int (a float or a bool).
+            ValueError: a field out of its range; an integer field that is not an int (a float or a bool); a
+                number field that is not an int or a float; ``ignore_eos`` that is not a bool;
+                ``stop_token_ids`` that is not a tuple or a list (a str is refused) of ints >= 0.
         """
         for name in ("max_new_tokens", "top_k", "seed"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f"{name}={value!r} must be an int")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name}={value!r} must be a number (an int or a float)")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos={self.ignore_eos!r} must be True or False")
+        stop = self.stop_token_ids
+        if not isinstance(stop, tuple | list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                         for t in stop):
+            raise ValueError(f"stop_token_ids={stop!r} must be a tuple (or a list) of token ids, ints >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(stop))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

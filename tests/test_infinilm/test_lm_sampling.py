@@ -74,3 +74,17 @@ def test_sampling_params_refuse_seeds_a_generator_cannot_take_and_non_integer_si
     for name, value in (("seed", 1.5), ("max_new_tokens", 2.5), ("top_k", True), ("top_k", 3.0)):
         with pytest.raises(ValueError, match=rf"{name}={value!r} must be an int"):
             SamplingParams(**{name: value})
+
+
+def test_sampling_params_refuse_a_str_or_other_wrong_kinds_for_sequences_flags_and_numbers() -> None:
+    """``stop_token_ids="x"`` passed (a str is iterable) and broke the first step (``int in "x"``); a str
+    temperature raised TypeError; ``ignore_eos="no"`` was true."""
+    for value in ("x", b"ab", 3, [1.5], [True], [-1], {1: 2}):
+        with pytest.raises(ValueError, match=r"stop_token_ids=.* must be a tuple \(or a list\) of token ids"):
+            SamplingParams(stop_token_ids=value)  # type: ignore[arg-type]
+    for name, value in (("temperature", "1"), ("top_p", "0.5"), ("top_p", True)):
+        with pytest.raises(ValueError, match=rf"{name}={value!r} must be a number"):
+            SamplingParams(**{name: value})
+    with pytest.raises(ValueError, match="ignore_eos='no' must be True or False"):
+        SamplingParams(ignore_eos="no")  # type: ignore[arg-type]
+    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # a list is taken, stored as a tuple
