@@ -189,13 +189,19 @@ class Engine:
         Uses (and frees) KV blocks; call it while no request is running.
 
         Raises:
-            ValueError: no prompt, an empty prompt, or a token id that is not an integer or is outside the
-                vocabulary. RuntimeError: requests are in flight. CacheError: the prompts need more blocks than
-                are free.
+            ValueError: no prompt, an empty prompt, a token id that is not an integer or is outside the
+                vocabulary, or a prompt longer than ``max_model_len`` (the positions the model was built for;
+                raised before any kernel runs). RuntimeError: requests are in flight. CacheError: the prompts
+                need more blocks than are free.
         """
         if not prompts:
             raise ValueError("prompts: needs at least one prompt")
         prompts = [check_prompt(p, self.config.vocab_size, f"prompts[{i}]") for i, p in enumerate(prompts)]
+        limit = self.options.model_len(self.config)
+        for i, p in enumerate(prompts):
+            if len(p) > limit:
+                raise ValueError(f"prompts[{i}]: {len(p)} tokens exceed max_model_len={limit} (the longest "
+                                 "sequence this engine was built for)")
         if self.has_work():
             raise RuntimeError("prefill_logits needs an idle engine")
         seqs = [Sequence(p, SamplingParams()) for p in prompts]

@@ -103,6 +103,19 @@ def test_requests_that_can_never_run_are_rejected_up_front(checkpoint: Checkpoin
     assert not engine.has_work()
 
 
+def test_prefill_logits_refuses_a_prompt_longer_than_max_model_len_before_any_kernel(
+    checkpoint: CheckpointFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """add_request refused such a prompt; prefill_logits ran it into an IndexError of the RoPE table."""
+    engine = _engine(checkpoint, num_blocks=32)  # blocks enough for 256 tokens: only the positions are short
+    assert len(engine.prefill_logits([[1] * 64])[0]) == 64  # max_model_len tokens fit: no room to generate needed
+    free = engine.cache.allocator.num_free
+    monkeypatch.setattr(engine.runner, "prefill_logits", lambda batch: pytest.fail("a kernel ran"))
+    with pytest.raises(ValueError, match=r"^prompts\[1\]: 65 tokens exceed max_model_len=64 "):
+        engine.prefill_logits([[1, 2], [1] * 65])
+    assert engine.cache.allocator.num_free == free and not engine.has_work()
+
+
 def test_prompts_whose_ids_are_not_vocabulary_integers_raise_value_error(checkpoint: CheckpointFactory) -> None:
     """prefill_logits used to raise IndexError from the embedding, and add_request took floats."""
     engine = _engine(checkpoint, num_blocks=8)
