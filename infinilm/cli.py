@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     _engine_args(gen)
     gen.add_argument("--prompt", required=True, help="text (or space-separated token ids without tokenizer.json)")
     _sampling_args(gen)
-    chk = sub.add_parser("check", help="the operator closure and its providers, or the gate report; reads no weights")
+    chk = sub.add_parser("check", help="the operator closure and its providers, or the gate report; then the "
+                         "checkpoint's index and tensor headers against the model; reads no tensor data")
     _engine_args(chk)
     bench = sub.add_parser("bench", help="prefill and decode throughput and latency")
     _engine_args(bench)
@@ -103,13 +104,16 @@ def _finite_float(text: str) -> float:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from infinilm.engine import Engine
     from infinilm.engine.checks import check_options, describe
 
     config = read_config(args.model)
     options = _options(args)
     check_options(config, options)
     gate_plan = plan(config, options)
-    print(f"{args.model}: {describe(config, options)}; every operator problem is served:")
+    checkpoint = Engine.check_checkpoint(args.model, config, options, gate_plan)  # headers only, as generate
+    print(f"{args.model}: {describe(config, options)}; the {len(checkpoint.headers)} tensor headers of "
+          f"{len(checkpoint.files)} safetensors file(s) fit the model; every operator problem is served:")
     print(gate_plan.render())
     return 0
 

@@ -25,7 +25,7 @@ import torch
 from infinilm.config import EngineOptions, ModelConfig
 from infinilm.engine.checks import cache_class, check_options, check_prompt, max_positions
 from infinilm.engine.gates import overrides, plan
-from infinilm.engine.loader import load_weights, read_checkpoint
+from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
 from infinilm.engine.sampling import sample
 from infinilm.engine.scheduler import Batch, Scheduler
@@ -102,14 +102,30 @@ class Engine:
         config = read_config(path)
         check_options(config, options)
         gate_plan = plan(config, options)
-        # the headers (names, shapes, dtypes) against the model's targets built on the meta device: a
-        # checkpoint that does not fit is refused before any weight is allocated or read
+        checkpoint = cls.check_checkpoint(path, config, options, gate_plan)
+        model = cls._build(config, options, gate_plan)
+        ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
+        load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
+        return cls(config, options, gate_plan, model)
+
+    @classmethod
+    def check_checkpoint(cls, path: str | Path, config: ModelConfig, options: EngineOptions,
+                         gate_plan: GatePlan) -> Checkpoint:
+        """Read the checkpoint's index and safetensors headers (names, shapes, dtypes) and compare them with
+        the tensors of the model built on the meta device; reads no tensor data and allocates nothing.
+
+        This is what `from_pretrained` checks before it allocates the model, and what ``infinilm check`` runs
+        after the gates.
+
+        Raises:
+            LoadError: every problem `infinilm.engine.loader.read_checkpoint` (the files, the index, the
+                headers) and `infinilm.engine.loader.Checkpoint.check` (missing, unexpected, mis-shaped or
+                not floating-point tensors) find, naming the file.
+        """
         ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
         checkpoint = read_checkpoint(path)
         checkpoint.check(cls._build(config, options, gate_plan, torch.device("meta")).targets(), ignored)
-        model = cls._build(config, options, gate_plan)
-        load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
-        return cls(config, options, gate_plan, model)
+        return checkpoint
 
     @staticmethod
     def _build(config: ModelConfig, options: EngineOptions, gate_plan: GatePlan,

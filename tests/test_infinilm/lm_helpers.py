@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -106,3 +107,58 @@ def replay_on_cpu(monkeypatch: pytest.MonkeyPatch, captured_steps: type) -> None
         return replayer, replayer.out
 
     monkeypatch.setattr(captured_steps, "_capture_one", capture)
+
+
+def zeros_checkpoint(src: Path, dst: Path, **config_changes: object) -> Path:
+    """A copy of checkpoint directory `src` (config.json, with `config_changes`, and one model.safetensors)
+    whose tensors have the names, shapes and dtypes of `src`'s but are all zeros: valid headers, values that
+    no test may depend on (``infinilm check`` reads the headers only)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for file in sorted(src.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt", device="cpu") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                tensors[name] = torch.zeros_like(st.get_tensor(name))
+    dst.mkdir()
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = {**json.loads((src / "config.json").read_text()), **config_changes}
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def headers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``safetensors.safe_open`` give the names, shapes and dtypes of the tensors and nothing else: a
+    test fails where any tensor data is read (``get_tensor``, or a slice read)."""
+    import safetensors
+
+    real = safetensors.safe_open
+
+    class Header:
+        def __init__(self, piece: Any) -> None:
+            self.get_shape, self.get_dtype = piece.get_shape, piece.get_dtype
+
+    class HeadersOnly:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.file = real(*args, **kwargs)
+
+        def __enter__(self) -> HeadersOnly:
+            self.st = self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.__exit__(*exc)
+
+        def keys(self) -> list[str]:
+            return self.st.keys()
+
+        def get_slice(self, name: str) -> Header:
+            return Header(self.st.get_slice(name))
+
+        def get_tensor(self, name: str) -> None:
+            pytest.fail(f"tensor data was read: {name}")
+
+    monkeypatch.setattr(safetensors, "safe_open", HeadersOnly)

@@ -14,7 +14,7 @@ import pytest
 from fakes import cpu_capability, registered
 from infiniops_torch.flash_attn import flash_attn_varlen as torch_flash_attn_varlen
 from infiniops_torch.flash_attn import flash_attn_with_kvcache as torch_flash_attn_with_kvcache
-from lm_helpers import CheckpointFactory
+from lm_helpers import CheckpointFactory, headers_only, zeros_checkpoint
 
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
@@ -42,18 +42,18 @@ def _run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_check_lists_the_closure_and_reads_no_weights(checkpoint: CheckpointFactory, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = checkpoint("qwen2")
-    bad = _corrupt_copy(path, tmp_path / "bad")
-    assert main(["check", "--model", str(bad), *SMALL]) == 0
+    zeros = zeros_checkpoint(path, tmp_path / "zeros")
+    headers_only(monkeypatch)  # reading any tensor's data fails the test
+    assert main(["check", "--model", str(zeros), *SMALL]) == 0
     out = capsys.readouterr().out
     for op in ("gemm", "rms_norm", "fused_add_rms_norm", "reshape_and_cache_flash", "flash_attn_varlen",
                "flash_attn_with_kvcache"):
         assert f"\n{op} " in out
     assert "torch." in out and "linear bias: fused into gemm" in out
-    # the same directory does not generate: the weights are read after the gates, and they are garbage
-    assert main(["generate", "--model", str(bad), "--prompt", "1 2 3", *SMALL]) == 2
-    assert "not a readable safetensors file" in capsys.readouterr().err
+    assert "the 27 tensor headers of 1 safetensors file(s) fit the model" in out
 
 
 def test_a_provider_forced_onto_a_device_it_does_not_serve_fails_the_gates(
@@ -110,7 +110,7 @@ def test_an_attention_feature_no_allowed_provider_serves_fails_the_gates(
         bad = _corrupt_copy(path, tmp_path / "gen")
         assert main(["generate", "--model", str(bad), "--prompt", "1 2", *forced]) == 1
         assert "not a readable safetensors file" not in capsys.readouterr().err  # the weights were never read
-        assert main(["check", "--model", str(_corrupt_copy(path, tmp_path / "plain", **without)), *forced]) == 0
+        assert main(["check", "--model", str(zeros_checkpoint(path, tmp_path / "plain", **without)), *forced]) == 0
     out = capsys.readouterr().out
     assert re.search(r"\nflash_attn_varlen +plain\.", out) and "local=True" not in out, out
 
@@ -200,6 +200,36 @@ def test_a_checkpoint_index_without_a_weight_map_or_a_vast_vocab_exits_2_naming_
                                                   "vocab_size": 2**40}))
     err = _exit_2(capsys, "generate", "--model", str(vast), "--prompt", "1 2", *SMALL)
     assert str(vast) in err and str(2**40) in err
+
+
+def test_check_refuses_every_checkpoint_generate_refuses_with_the_same_error(
+    checkpoint: CheckpointFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``check`` read config.json only, so it passed (exit 0) checkpoints whose index named shards outside the
+    directory, garbage weights and configs the weights do not fit; it now reads the index and the tensor
+    headers as ``generate`` does before allocating, and fails with generate's error, naming the file."""
+    path, _ = checkpoint("llama")
+    assert main(["check", "--model", str(path), *SMALL]) == 0  # the same options pass the good checkpoint
+    capsys.readouterr()
+    cases: dict[str, tuple[Path, str]] = {}
+    cases["garbage"] = (_corrupt_copy(path, tmp_path / "garbage"), "model.safetensors: not a readable safetensors")
+    for name, shard in (("parent", "../../other/model.safetensors"), ("absolute", "/etc/passwd"), ("empty", ""),
+                        ("int", 7), ("url", "file:///etc/passwd")):
+        bad = tmp_path / name
+        bad.mkdir()
+        shutil.copy(path / "config.json", bad)
+        (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
+        cases[name] = (bad, "model.safetensors.index.json")
+    vast = tmp_path / "vast"
+    shutil.copytree(path, vast)
+    (vast / "config.json").write_text(json.dumps({**json.loads((path / "config.json").read_text()),
+                                                  "vocab_size": 2**40}))
+    cases["vast"] = (vast, f"mis-shaped: model.embed_tokens.weight: checkpoint [256, 64], model expects [{2**40}, 64]")
+    for name, (bad, message) in cases.items():
+        checked = _exit_2(capsys, "check", "--model", str(bad), *SMALL)
+        generated = _exit_2(capsys, "generate", "--model", str(bad), "--prompt", "1 2", *SMALL)
+        assert str(bad) in checked and message in checked, (name, checked)
+        assert checked.removeprefix("infinilm check: ") == generated.removeprefix("infinilm generate: "), name
 
 
 def test_a_demo_cache_dir_that_cannot_hold_the_checkpoint_exits_2_naming_it(

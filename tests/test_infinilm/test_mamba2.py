@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from fakes import cpu_capability, registered
-from lm_helpers import MAMBA2_BASE
+from lm_helpers import MAMBA2_BASE, headers_only, zeros_checkpoint
 
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams, read_config
 from infinilm.cli import main
@@ -227,9 +227,10 @@ def test_unsupported_configs_are_refused(mamba2: Factory, tmp_path: Path) -> Non
 
 
 def test_check_reports_the_state_size_per_request_and_reads_no_weights(
-        mamba2: Factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        mamba2: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = mamba2()
-    bad = _copy(path, tmp_path / "bad")
+    bad = zeros_checkpoint(path, tmp_path / "bad")  # valid headers: check reads them, and no tensor data
+    headers_only(monkeypatch)
     assert main(["check", "--model", str(bad)]) == 0
     out = capsys.readouterr().out
     # conv: 2 layers x 96 channels x 3 columns x 4 bytes; SSM: 2 layers x 4 heads x 16 x 16 x 4 bytes
