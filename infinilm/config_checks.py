@@ -63,8 +63,9 @@ def read_config_json(file: Path) -> dict[str, Any]:
     """The JSON object of `file`.
 
     Raises:
-        ConfigError: the file cannot be read, is not UTF-8, is not valid JSON or is not a JSON object; the
-            message names the file (and the line and column of a syntax error).
+        ConfigError: the file cannot be read, is not UTF-8, is not valid JSON, nests arrays or objects
+            deeper than Python's recursion limit, or is not a JSON object; the message names the file (and
+            the line and column of a syntax error).
     """
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
@@ -74,6 +75,8 @@ def read_config_json(file: Path) -> dict[str, Any]:
         raise ConfigError(f"{file}: not UTF-8 text (expected a JSON object)") from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{file}: not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+    except RecursionError:  # json's decoder recurses once per nested array or object
+        raise ConfigError(f"{file}: nested too deeply to parse (expected a JSON object of config fields)") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: expected a JSON object, got a JSON {type(raw).__name__}")
     return raw

@@ -110,7 +110,8 @@ def _read_index(index: Path) -> dict[str, str]:
     """The ``weight_map`` of the index: tensor name -> shard name, each checked to be a relative path.
 
     Raises:
-        LoadError: unreadable or invalid JSON, no ``weight_map`` object, a tensor listed twice, or a shard
+        LoadError: unreadable or invalid JSON (or nested too deeply for Python's recursion limit), no
+            ``weight_map`` object, a tensor listed twice, or a shard
             name that is not a str, is empty, absolute or holds ``..`` (all listed).
     """
     try:
@@ -121,6 +122,8 @@ def _read_index(index: Path) -> dict[str, str]:
         raise LoadError(f"{index}: not UTF-8 text (expected a JSON object with a weight_map)") from None
     except json.JSONDecodeError as err:
         raise LoadError(f"{index}: not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+    except RecursionError:  # json's decoder recurses once per nested array or object
+        raise LoadError(f"{index}: nested too deeply to parse (expected a JSON object with a weight_map)") from None
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, _Object):
         raise LoadError(f"{index}: expected a JSON object with a weight_map object (tensor name -> shard file), "

@@ -89,7 +89,8 @@ def decoder_config(hf: Any, limits: ConfigLimits, *, qkv_bias: bool, o_bias: boo
                           "channels; need a positive even number (RoPE turns channel pairs)")
     if partial_rotary:
         extra["rotary_dim"] = rotary_dim
-    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    # transformers 5 keeps `dtype` (its `torch_dtype` property logs a deprecation warning), 4.x `torch_dtype`
+    dtype = hf.dtype if hasattr(hf, "dtype") else getattr(hf, "torch_dtype", None)
     config = config_class(
         model_type=mt, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
         num_layers=hf.num_hidden_layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from infinilm.config import ConfigError, ModelConfig
+import torch
+
+from infinilm.config import ConfigError, ModelConfig, parse_dtype
 from infinilm.config_checks import field_problems, hf_error_reason, raise_problems, read_config_json
 from infinilm.models.family import Family
 from infinilm.models.gemma2 import GEMMA2
@@ -53,14 +55,38 @@ def family_of(model_type: object) -> Family:
     raise ConfigError(f"model_type={model_type!r} is not supported; supported: {supported}")
 
 
+def _dtype_problems(raw: dict[str, Any]) -> list[str]:
+    """The problems of config.json's ``dtype`` and ``torch_dtype`` (None or absent: float32, not checked).
+
+    Each must be the name of a torch dtype the model layer runs (``float32``, ``bfloat16``, ``float16``, or
+    the torch aliases ``float`` and ``half``): transformers turns it into ``getattr(torch, name)``, and ends in
+    an AttributeError on any other name (``"banana"``, also ``"bf16"``). Returns one line per problem.
+    """
+    problems = []
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        dtype = getattr(torch, value, None) if isinstance(value, str) else None
+        try:
+            if not isinstance(dtype, torch.dtype):
+                raise ConfigError(key)
+            parse_dtype(dtype)
+        except ConfigError:
+            problems.append(f"{key}={value!r} is not supported; allowed: 'float32', 'bfloat16', 'float16' (torch "
+                            "dtype names)")
+    return problems
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The `ModelConfig` of checkpoint directory `path`, from ``<path>/config.json`` alone; every error names
     the file.
 
     Raises:
         ConfigError: `path` is not a directory or holds no config.json; a file that is not a JSON object; a
-            missing or unsupported ``model_type``; fields outside the family's limits (all listed in one
-            error); a value transformers rejects; whatever the family's translation refuses.
+            missing or unsupported ``model_type``; fields outside the family's limits, or a ``dtype`` /
+            ``torch_dtype`` that is not a supported torch dtype name (all listed in one error); a value
+            transformers rejects; whatever the family's translation refuses.
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
@@ -77,7 +103,7 @@ def read_config(path: str | Path) -> ModelConfig:
         family = family_of(raw.get("model_type"))
     except ConfigError as err:
         raise ConfigError(f"{file}: {err}") from None
-    raise_problems(family.model_type, field_problems(family.limits, raw), file)
+    raise_problems(family.model_type, field_problems(family.limits, raw) + _dtype_problems(raw), file)
     try:
         hf = AutoConfig.from_pretrained(str(path))
     except (StrictDataclassError, ValueError, TypeError, KeyError, ArithmeticError) as err:

@@ -30,7 +30,8 @@ def load_chat_template(path: str | Path) -> Callable[[list[dict[str, str]]], str
     the messages (templates call ``raise_exception`` for, e.g., roles out of order).
 
     Raises:
-        ConfigError: ``tokenizer_config.json`` is not a JSON object, or the template does not compile.
+        ConfigError: ``tokenizer_config.json`` cannot be read or is not a JSON object (invalid JSON, or
+            nested too deeply to parse), or the template does not compile.
     """
     path = Path(path)
     config_file, jinja_file = path / "tokenizer_config.json", path / "chat_template.jinja"
@@ -38,8 +39,10 @@ def load_chat_template(path: str | Path) -> Callable[[list[dict[str, str]]], str
     if config_file.is_file():
         try:
             config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{config_file}: not valid JSON ({err})") from None
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+            raise ConfigError(f"{config_file}: not valid JSON ({str(err)[:200]})") from None
+        except OSError as err:
+            raise ConfigError(f"{config_file}: cannot be read ({err.strerror or err})") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{config_file}: must be a JSON object")
     template = config.get("chat_template")

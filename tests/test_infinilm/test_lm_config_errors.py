@@ -15,11 +15,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from lm_helpers import hf_config
 
 from infinilm import ConfigError, EngineOptions, SamplingParams, read_config
 from infinilm.cli import main
 from infinilm.models.registry import config_from_hf, model_types
+from infinilm.serve.chat_template import load_chat_template
 
 SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
 
@@ -72,6 +74,38 @@ def test_config_json_that_is_not_json_names_the_file(tmp_path: Path, capsys: pyt
     (path / "config.json").write_bytes(bytes([0xFF, 0xFE, 0x80]) + random.randbytes(16))
     for err in _check_and_generate(capsys, path):
         assert "not UTF-8 text" in err
+
+
+def test_json_nested_too_deeply_to_parse_is_refused_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """json's decoder recurses per nested array: config.json, the safetensors index or tokenizer_config.json
+    nested 100000 deep ended in a RecursionError traceback (exit 1)."""
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path = _dir(tmp_path, "deep-config", deep)
+    for err in _check_and_generate(capsys, path):
+        assert f"{path / 'config.json'}: nested too deeply to parse" in err, err
+    path = _dir(tmp_path, "deep-index", {k: v for k, v in _valid().items() if v is not None})
+    (path / "model.safetensors.index.json").write_text(deep)
+    for err in _check_and_generate(capsys, path):
+        assert f"{path / 'model.safetensors.index.json'}: nested too deeply to parse" in err, err
+    (path / "tokenizer_config.json").write_text(deep)
+    with pytest.raises(ConfigError, match=r"tokenizer_config\.json: not valid JSON \(maximum recursion depth"):
+        load_chat_template(path)
+
+
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+def test_a_config_dtype_that_is_no_supported_torch_dtype_name_is_named(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers turns the name into ``getattr(torch, name)``: "banana" (or "bf16") ended in its
+    AttributeError traceback, exit 1."""
+    for value in ("banana", "bf16", "float64", 5):
+        path = _dir(tmp_path, f"{key}-{value}", {**_valid(), "dtype": None, key: value})
+        for err in _check_and_generate(capsys, path):
+            assert f"{path / 'config.json'}: the qwen3 model config has 1 problem(s)" in err, err
+            assert f"{key}={value!r} is not supported; allowed: 'float32', 'bfloat16', 'float16'" in err, err
+    assert read_config(_dir(tmp_path, f"{key}-half", {**_valid(), "dtype": None, key: "half"})).dtype is torch.float16
 
 
 def test_a_model_path_that_is_a_file_or_missing_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
