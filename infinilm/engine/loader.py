@@ -8,8 +8,9 @@ make the loader read the wrong bytes:
 - every shard, symlinks resolved, lies inside the checkpoint directory; the one exception is a Hugging Face
   hub cache snapshot (``<repo>/snapshots/<revision>/``), whose files are links into ``<repo>/blobs/``;
 - every shard exists and is a safetensors file (safetensors checks that the header's offsets cover the file
-  exactly, so a header that lies about sizes is refused), holds the tensors the index maps to it, and no
-  tensor is in two files.
+  exactly, so a header that lies about sizes is refused), holds the tensors the index maps to it and no
+  other (a tensor of a shard that the index leaves out is refused, not loaded behind the index's back), and
+  no tensor is in two files.
 
 `Checkpoint.check` then compares the headers with the model's ``targets()`` (which may be meta tensors, so
 that nothing is allocated yet): every missing, unexpected, mis-shaped and non-floating-point tensor goes
@@ -195,7 +196,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     Raises:
         LoadError: the files cannot be found or lie outside the directory (see `checkpoint_files`); a file
             that is not safetensors (including a header whose offsets do not cover the file); a tensor held
-            by two files, or one the index maps to a shard that does not hold it (all listed).
+            by two files, one the index maps to a shard that does not hold it, or one a shard holds that the
+            index does not list (all listed).
     """
     from safetensors import safe_open
 
@@ -214,10 +216,12 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                     headers[name] = TensorHeader(f, tuple(piece.get_shape()), piece.get_dtype())
         except Exception as err:  # safetensors raises its own SafetensorError (and OSError)
             raise LoadError(f"{f}: not a readable safetensors file ({type(err).__name__}: {err})") from err
-    if weight_map is not None:
+    if weight_map is not None:  # the index and its shards must agree both ways
         problems += [f"the index maps {name} to {shard}, which does not hold it"
                      for name, shard in weight_map.items()
                      if name not in headers or headers[name].file != path / shard]
+        problems += [f"{name} is in {h.file.name}, which the index does not map it to (the index must list every "
+                     "tensor of its shards)" for name, h in headers.items() if name not in weight_map]
     if problems:
         raise LoadError(f"{path}: the checkpoint is inconsistent ({len(problems)} problem(s)):\n  "
                         + "\n  ".join(problems))

@@ -163,6 +163,10 @@ def _bad_checkpoint(case: str, src: Path, root: Path) -> Path:
         data = (dst / "b.safetensors").read_bytes()
         (dst / "b.safetensors").write_bytes(data[:-4])
         return dst
+    if case == "not-in-the-index":  # b.safetensors holds model.norm.weight, which the index leaves out
+        index = {**dict.fromkeys(first, "a.safetensors"), **dict.fromkeys(second, "b.safetensors")}
+        del index["model.norm.weight"]
+        return _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": second}, index)
     if case == "missing-shard":
         return _write_sharded(dst, src, {"a.safetensors": first}, {**dict.fromkeys(first, "a.safetensors"),
                                                                    **dict.fromkeys(second, "b.safetensors")})
@@ -187,6 +191,8 @@ BAD_CHECKPOINTS = {  # case -> what the error says
                            r"model\.layers\.1\.input_layernorm\.weight: dtype C64"],
     "header-lies-about-sizes": [r"b\.safetensors: not a readable safetensors file \(SafetensorError: .*incomplete "
                                 r"metadata, file not fully covered"],
+    "not-in-the-index": [r"model\.norm\.weight is in b\.safetensors, which the index does not map it to \(the "
+                         r"index must list every tensor of its shards\)"],
     "missing-shard": [r"index\.json names missing shard\(s\): .*/b\.safetensors"],
     "mis-shaped": [r"mis-shaped: model\.layers\.1\.mlp\.down_proj\.weight: checkpoint \[64, 80\], model expects "
                    r"\[64, 96\]"],
@@ -197,7 +203,8 @@ BAD_CHECKPOINTS = {  # case -> what the error says
 def test_a_bad_checkpoint_is_refused_from_its_headers_before_the_model_is_allocated(
         case: str, checkpoint: CheckpointFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shards outside the directory (``..``, absolute, a symlink out), a weight_map value that is not a str, a
-    tensor listed twice or held by two shards, integer/bool/complex weights, a header whose offsets do not cover
+    tensor listed twice or held by two shards, a tensor of a shard the index does not list, integer/bool/complex
+    weights, a header whose offsets do not cover
     its file, a missing shard and a tensor of another shape: each is one LoadError naming the file and tensor,
     raised before any tensor is allocated on the device (only meta tensors are built) or read."""
     path, _ = checkpoint("qwen2")
