@@ -1,4 +1,4 @@
-"""causal_conv1d and its decode step (DESIGN.md operator 7, causal-conv1d semantics).
+"""causal_conv1d and its decode step (the causal-conv1d package's semantics).
 
 Implementation calling conventions:
   causal_conv1d: fn(x, weight, bias, activation, seq_idx, initial_states, out, final_states[, varlen]) -> None;

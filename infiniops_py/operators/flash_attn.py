@@ -1,4 +1,4 @@
-"""FlashAttention: varlen prefill and decode with a (paged) KV cache (DESIGN.md operator 6).
+"""FlashAttention: varlen prefill and decode with a (paged) KV cache (flash-attention semantics).
 
 Semantics follow flash-attention's ``flash_attn_varlen_func`` / ``flash_attn_with_kvcache`` (the flash_attn 2
 package's signatures and defaults; ``seqused_k``, ``return_softmax_lse`` and ``k_descale``/``v_descale`` of

@@ -1,4 +1,4 @@
-"""FusedQkNorm: per-head RmsNorm of the Q and K heads of a packed QKV, in place (DESIGN.md op 4).
+"""FusedQkNorm: per-head RmsNorm of the Q and K heads of a packed QKV, in place.
 
 Public: fused_qk_norm(qkv, q_weight, k_weight, *, num_q_heads, num_kv_heads, head_dim, eps=1e-6) -> qkv.
 Implementation calling convention: fn(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)

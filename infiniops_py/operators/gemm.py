@@ -1,4 +1,4 @@
-"""Gemm: y = alpha * op(a) @ op(b) + beta * c + bias (DESIGN.md operator 1).
+"""Gemm: y = alpha * op(a) @ op(b) + beta * c + bias (BLAS / ``torch.addmm`` semantics).
 
 Public: gemm(a, b, *, c=None, bias=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, out=None).
 Implementation calling convention: fn(a, b, c, bias, alpha, beta, trans_a, trans_b, out) -> out.

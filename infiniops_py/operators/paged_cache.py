@@ -1,4 +1,4 @@
-"""Paged-cache write, vLLM reshape_and_cache_flash semantics (DESIGN.md operator 5).
+"""Paged-cache write, vLLM reshape_and_cache_flash semantics.
 
 Public: reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
   k_scale=None, v_scale=None) -> None (vLLM's argument order).

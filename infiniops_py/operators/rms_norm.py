@@ -1,4 +1,4 @@
-"""RmsNorm and fused add + RmsNorm over the last dim (DESIGN.md operator 3).
+"""RmsNorm and fused add + RmsNorm over the last dim (vLLM's ``rms_norm`` semantics).
 
 Public: rms_norm(x, weight, eps=1e-6, *, out=None); fused_add_rms_norm(x, residual, weight, eps=1e-6).
 Implementation calling conventions:

@@ -1,4 +1,4 @@
-"""Selective scan with Mamba-2 SSD semantics, prefill and one decode step (DESIGN.md op 8).
+"""Selective scan with Mamba-2 SSD semantics, prefill and one decode step.
 
 Implementation calling conventions:
   selective_scan: fn(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx,

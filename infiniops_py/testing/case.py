@@ -61,10 +61,10 @@ class Case:
 class CaseContext:
     """What a strategy knows about the run: device, dtype, the implementation's declared limits, the scale.
 
-    `large` asks for GPU-scale cases (the conformance suite sets it on cuda): the sizes issue 3's GPU
-    acceptance names (head dims 64/128/256, GQA ratios 1/4/8, block sizes 16/256, sequences up to 8192
-    tokens, hidden sizes up to 8192, scans of 4096 steps), with each case's tensors still bounded (about
-    2**25 elements per input). Without it the draws stay CPU-sized (CI time).
+    `large` asks for GPU-scale cases (the conformance suite sets it on cuda): the GPU acceptance grid
+    (head dims 64/128/256, GQA ratios 1/4/8, block sizes 16/256, sequences up to 8192 tokens, hidden sizes
+    up to 8192, scans of 4096 steps), with each case's tensors still bounded (about 2**25 elements per input).
+    Without it the draws stay CPU-sized (CI time).
     """
 
     device: torch.device
@@ -79,8 +79,8 @@ class CaseContext:
     def pick(self, name: str, universe: Sequence[Any], favored: Sequence[Any] = ()) -> Any:
         """A value of problem field `name`: mostly one the implementation declares, else any in `universe`.
 
-        On `large` runs, half the declared draws come from the declared values among `favored` (the grid
-        issue 3's GPU acceptance names), so that each of them shows up within a few hundred examples.
+        On `large` runs, half the declared draws come from the declared values among `favored` (the GPU
+        acceptance grid), so that each of them shows up within a few hundred examples.
         """
         declared = [v for v in universe if self.declares(name, v)]
         explore = self.draw(st.floats(0, 1)) < self.explore

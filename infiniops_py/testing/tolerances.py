@@ -1,7 +1,7 @@
 """The one tolerance table of the conformance suite.
 
 Every output is compared against the operator's reference run on float64 CPU copies of the inputs.
-Each entry is no looser than the peer suite named beside it (``shared/PEERS.md``):
+Each entry is no looser than the peer suite named beside it (FlagGems, vLLM, flash-attention, causal-conv1d, mamba):
 
 - ``Allclose(rtol, atol)``: ``|out - ref| <= atol + rtol * |ref|`` elementwise, NaN never passes.
   ``atol_per_k`` adds ``atol_per_k * K`` (Gemm's reduction length), as FlagGems does.
@@ -35,7 +35,7 @@ EXACT: Final = Allclose(0.0, 0.0)
 
 _FP16, _BF16, _FP32 = "float16", "bfloat16", "float32"
 
-# (operator, dtype) -> tolerance. Sources: PEERS.md rows of the same operator.
+# (operator, dtype) -> tolerance. Sources: the peer test file named above each entry.
 TOLERANCES: Final[dict[tuple[str, str], Allclose | LowPrecisionRule]] = {
     # FlagGems test_addmm: rtol by dtype, atol 1e-4 x K.
     ("gemm", _FP16): Allclose(1e-3, 0.0, atol_per_k=1e-4),

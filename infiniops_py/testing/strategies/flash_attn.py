@@ -17,11 +17,11 @@ sequence uses 0 to all of its keys); kvcache's ``cache_batch_idx`` (a permutatio
 rows), ``cache_leftpad`` (0 to all of the cached tokens) and rotary tables (random angles, rotary_dim the
 whole head dim, half of it rounded to even, or 16; interleaved or NeoX).
 
-On `CaseContext.large` (GPU) runs, issue 3's grid: head dims 64, 128 and 256, GQA ratios 1, 4 and 8 and
+On `CaseContext.large` (GPU) runs, the GPU acceptance grid: head dims 64, 128 and 256, GQA ratios 1, 4 and 8 and
 block sizes 16 and 256 are favored (half the draws), block sizes 64 and 128 join, (Sq, Sk) pairs reach
 flash-attention's (512, 256), (1023, 1024) and (2048, 2048) with up to 8 sequences (8192 tokens), up to
 32 query heads, and kvcache decodes 1 to 16 queries over up to 4096 cached tokens, batches up to 16. One
-case in ten holds one long sequence (2048 to 8192 tokens, the maximum of the issue) beside up to three
+case in ten holds one long sequence (2048 to 8192 tokens, the grid's maximum) beside up to three
 short ones; it has at most 8 query heads and k/v caches of at most 2**25 elements, which bounds the
 float64 reference (see `reference_varlen`'s blocks of query rows) and the case's memory.
 """
@@ -44,7 +44,7 @@ _BLOCK_SIZES = (16, 32, 256)
 _VARLEN_SHAPES = ((1, 1), (1, 147), (3, 7), (8, 8), (17, 9), (40, 40), (64, 37), (113, 203), (128, 128))
 _CACHED = (0, 5, 20, 128, 147, 339)
 _MAX_TOKENS = 600
-# large (GPU) runs: issue 3's grid, favored; more and longer sequences; one long sequence in ten cases
+# large (GPU) runs: the GPU acceptance grid, favored; more and longer sequences; one long sequence in ten cases
 _GRID_HEAD_DIMS = (64, 128, 256)
 _GRID_GQA_RATIOS = (1, 4, 8)
 _GRID_BLOCK_SIZES = (16, 256)

@@ -9,8 +9,8 @@ The written caches must be exact and key/value untouched. An fp8 cache (float8_e
 element: vLLM's ``amax / 64``, or one small enough that some values saturate at 448; an "auto" cache is now and
 then passed vLLM's unused scales too.
 
-On `CaseContext.large` (GPU) runs, head dims 64, 128 and 256 and block sizes 16 and 256 (issue 3's grid;
-256 joins the peer's sizes) are favored, up to 2048 tokens (a prefill chunk) go into caches with up to
+On `CaseContext.large` (GPU) runs, head dims 64, 128 and 256 and block sizes 16 and 256 (the GPU
+acceptance grid; 256 joins the peer's sizes) are favored, up to 2048 tokens (a prefill chunk) go into caches with up to
 4096 spare slots, closer to the peer's 512+ blocks.
 """
 
