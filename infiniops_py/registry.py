@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from infiniops_py.capability import Capability
 
-__all__ = ["Implementation", "Provider"]
+__all__ = ["Implementation", "Provider", "provider_from_modules"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,3 +55,24 @@ class Provider:
     @property
     def loaded(self) -> bool:
         return not self.error
+
+
+def provider_from_modules(name: str, package: str, modules: Sequence[str], *, api_version: int,
+                          distribution: str | None = None) -> Provider:
+    """The `Provider` named `name` holding the ``IMPLEMENTATIONS`` of each module `package`.`m` of `modules`.
+
+    The modules are imported in the order given (a provider usually passes ``infiniops_py.operators.FAMILIES``
+    or a part of it) and their implementations kept in that order. The version is the installed version of the
+    distribution `distribution` (``infiniops-provider-<name>`` when None), ``0+unknown`` when it is not
+    installed (a source checkout on ``sys.path``). `api_version` is the provider API the plugin was built for
+    (``Provider.api_version``); it is never defaulted to the framework's current one, so that an old plugin
+    cannot claim a newer API. Whatever a module's import raises propagates (`ModuleNotFoundError` for a module
+    that does not exist, `AttributeError` for one without ``IMPLEMENTATIONS``): plugin discovery then records
+    the provider as a failed one.
+    """
+    impls = [impl for m in modules for impl in importlib.import_module(f"{package}.{m}").IMPLEMENTATIONS]
+    try:
+        ver = version(distribution or f"infiniops-provider-{name}")
+    except PackageNotFoundError:
+        ver = "0+unknown"
+    return Provider(name=name, version=ver, implementations=impls, api_version=api_version)

@@ -342,3 +342,32 @@ def test_a_constraint_that_raises_anything_when_checked_is_a_rejection_of_its_ow
         assert "constraint evil raised" in report and type(raised).__name__ in report
     finally:
         io.unregister_provider("evil")
+
+
+def test_provider_from_modules_gathers_each_module_in_order_with_the_installed_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper the bundled providers build themselves with: every module's IMPLEMENTATIONS in the order given,
+    the distribution's version (0+unknown when none is installed), the declared API; a missing module raises."""
+    from importlib.metadata import version
+
+    from infiniops_py.operators import FAMILIES
+    from infiniops_py.registry import provider_from_modules
+
+    package = tmp_path / "fake_provider_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for op in ("gemm", "add"):
+        (package / f"{op}.py").write_text(
+            "from fakes import correct_add, cpu_capability\nfrom infiniops_py import Implementation\n"
+            f"IMPLEMENTATIONS = [Implementation({op!r}, 'fake', 'fake.{op}', cpu_capability(), 1, correct_add)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    built = provider_from_modules("fake", "fake_provider_pkg", ["add", "gemm"], api_version=7)
+    assert [i.name for i in built.implementations] == ["fake.add", "fake.gemm"]
+    assert (built.name, built.version, built.api_version, built.error) == ("fake", "0+unknown", 7, "")
+    installed = provider_from_modules("fake", "fake_provider_pkg", [], api_version=1, distribution="pluggy")
+    assert installed.version == version("pluggy") and not installed.implementations
+    with pytest.raises(ModuleNotFoundError):
+        provider_from_modules("fake", "fake_provider_pkg", ["rms_norm"], api_version=1)
+    torch_provider = {p.name: p for p in io.providers()}["torch"]
+    assert sorted({i.op for i in torch_provider.implementations}) == sorted(io.OPERATORS)
+    assert FAMILIES[:2] == ("gemm", "add") and len(FAMILIES) == len(set(FAMILIES)) == 8

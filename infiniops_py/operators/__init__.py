@@ -2,7 +2,8 @@
 
 Each module holds the public function(s) (argument checks raising `ContractError`, then dispatch), the
 `OpSpec` naming the problem fields, and the literal PyTorch reference. `OPERATORS` maps each public
-entry point's name to its spec.
+entry point's name to its spec. `FAMILIES` names the family modules in order (``gemm``, ``add``, ...): the
+strategies and the bundled providers hold one module per family, named the same, and list theirs from it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from infiniops_py.operators import rms_norm as _rms_norm
 from infiniops_py.operators import selective_scan as _selective_scan
 from infiniops_py.operators._base import ContractError, OpSpec, Problem
 
-__all__ = ["OPERATORS", "ContractError", "OpSpec", "Problem"]
+__all__ = ["FAMILIES", "OPERATORS", "ContractError", "OpSpec", "Problem"]
 
 _MODULES: Final[tuple[ModuleType, ...]] = (
     _gemm, _add, _rms_norm, _fused_qk_norm, _paged_cache, _flash_attn, _causal_conv1d, _selective_scan,
 )
+
+FAMILIES: Final[tuple[str, ...]] = tuple(m.__name__.rpartition(".")[2] for m in _MODULES)
 
 OPERATORS: Final[dict[str, OpSpec]] = {spec.name: spec for m in _MODULES for spec in m.SPECS}
 

@@ -1,4 +1,7 @@
-"""Hypothesis strategies per operator family; `STRATEGIES` maps each operator name to its case builder."""
+"""Hypothesis strategies per operator family; `STRATEGIES` maps each operator name to its case builder.
+
+One module per family of ``infiniops_py.operators.FAMILIES``, named the same, each exporting its ``STRATEGIES``.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +9,15 @@ import importlib
 from collections.abc import Callable
 from typing import Final
 
+from infiniops_py.operators import FAMILIES
 from infiniops_py.testing.case import Case, CaseContext
 
 __all__ = ["STRATEGIES"]
 
-_FAMILIES: Final = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "flash_attn", "causal_conv1d",
-                    "selective_scan")
-
 
 def _collect() -> dict[str, Callable[[CaseContext], Case]]:
     out: dict[str, Callable[[CaseContext], Case]] = {}
-    for family in _FAMILIES:
+    for family in FAMILIES:
         out.update(importlib.import_module(f"infiniops_py.testing.strategies.{family}").STRATEGIES)
     return out
 

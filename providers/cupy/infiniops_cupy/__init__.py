@@ -7,21 +7,20 @@ CUDA stream. The provider imports without CuPy or a GPU: its implementations are
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import PackageNotFoundError, version
-
 from infiniops_py import Provider, hookimpl
+from infiniops_py.operators import FAMILIES
+from infiniops_py.registry import provider_from_modules
 
 __all__ = ["infiniops_provider"]
 
-_MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "causal_conv1d", "selective_scan")
+_UNSERVED = ("flash_attn",)  # families this provider has no module for
 
 
 @hookimpl
 def infiniops_provider() -> Provider:
-    impls = [impl for m in _MODULES for impl in importlib.import_module(f"infiniops_cupy.{m}").IMPLEMENTATIONS]
-    try:
-        ver = version("infiniops-provider-cupy")
-    except PackageNotFoundError:
-        ver = "0+unknown"
-    return Provider(name="cupy", version=ver, implementations=impls, api_version=1)  # hookspecs.PROVIDER_API
+    """The ``cupy`` provider: every family but FlashAttention, built for provider API 1.
+
+    Importing its modules needs neither CuPy nor a GPU (each module defers CuPy to its first call).
+    """
+    return provider_from_modules("cupy", "infiniops_cupy", [f for f in FAMILIES if f not in _UNSERVED],
+                                 api_version=1)
