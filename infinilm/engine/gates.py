@@ -24,10 +24,10 @@ from typing import Any, Final
 
 import torch
 
-from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
-from infiniops_py import GateError, explain, make_problem, resolve_closure, use
+from infiniops_py import OPERATORS, GateError, explain, make_problem, providers, resolve_closure, use
 from infiniops_py.operators._base import dtype_name
 
 __all__ = ["GatePlan", "gate_report", "overrides", "parse_provider_overrides", "plan", "problem_base"]
@@ -35,11 +35,24 @@ __all__ = ["GatePlan", "gate_report", "overrides", "parse_provider_overrides", "
 _REFERENCE: Final = "reference"
 
 
+def _override_problem(op: str | None, name: str) -> str | None:
+    """What is wrong with the override ``(op, name)``: an operator `infiniops_py` does not define, or a provider
+    it does not know (neither loaded nor failed to load: a typo, most likely), naming the known ones; None when
+    both are known. A provider that failed to load is known: the gate report then says why it cannot serve."""
+    if op is not None and op not in OPERATORS:
+        return f"unknown operator {op!r} (known: {', '.join(OPERATORS)})"
+    known = {p.name: p.loaded for p in providers()}
+    if name not in known:
+        return f"no provider is named {name!r} (known: {', '.join(sorted(n for n, ok in known.items() if ok))})"
+    return None
+
+
 def parse_provider_overrides(items: list[str] | tuple[str, ...]) -> tuple[tuple[str | None, str], ...]:
     """``["flash_attn_varlen=triton", "torch"]`` -> ``(("flash_attn_varlen", "triton"), (None, "torch"))``.
 
     Raises:
-        ValueError: an empty operator or provider name.
+        ValueError: an empty operator or provider name, an operator `infiniops_py` does not define, or a
+            provider name the runtime does not know (each naming ``--provider`` and the known names).
     """
     out: list[tuple[str | None, str]] = []
     for item in items:
@@ -47,6 +60,9 @@ def parse_provider_overrides(items: list[str] | tuple[str, ...]) -> tuple[tuple[
         op, name = (op.strip(), name.strip()) if sep else ("", op.strip())
         if not name or (sep and not op):
             raise ValueError(f"--provider {item!r}: expected OP=NAME or NAME")
+        problem = _override_problem(op or None, name)
+        if problem is not None:
+            raise ValueError(f"--provider {item!r}: {problem}")
         out.append((op or None, name))
     return tuple(out)
 
@@ -75,10 +91,15 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
     """Resolve every operator problem the family of `config` declares under `options`; reads no weights.
 
     Raises:
-        ConfigError: no family serves ``config.model_type``.
+        ConfigError: no family serves ``config.model_type``; a provider override (``options.providers``)
+            names an operator or a provider the runtime does not know.
         GateError: one error listing every problem that no (allowed) provider can serve.
     """
     family = family_of(config.model_type)
+    for i, (op, name) in enumerate(options.providers):
+        problem = _override_problem(op, name)
+        if problem is not None:
+            raise ConfigError(f"providers[{i}]={(op, name)!r}: {problem}")
     base = problem_base(config, options)
     with overrides(options):
         if options.qk_norm == "auto":
@@ -94,6 +115,30 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
     return dataclasses.replace(choices, chosen=chosen)
 
 
+def _one_reason(err: GateError) -> str | None:
+    """The reason that alone rejects every candidate of every problem of `err`, with its fixes (a fix that
+    another one extends is left out), or None when the problems have other reasons too (or a candidate was
+    excluded, or a problem has no candidate)."""
+    rejections = [r for _, candidates in err.gaps for c in candidates for r in c.rejections]
+    every = all(candidates and all(len(c.rejections) == 1 and not c.note for c in candidates)
+                for _, candidates in err.gaps)
+    if not every or len({r.reason() for r in rejections}) != 1:
+        return None
+    fixes = list(dict.fromkeys(r.fix for r in rejections if r.fix))
+    fixes = [f for f in fixes if not any(g != f and g.startswith(f) for g in fixes)]
+    return rejections[0].reason() + (f" (fix: {'; '.join(fixes)})" if fixes else "")
+
+
 def gate_report(err: GateError) -> str:
-    """The gate error as printed by the CLI."""
-    return f"gate check failed: this configuration cannot run\n{err.render()}"
+    """The gate error as printed by the CLI: the full report, or, when several problems are all rejected for
+    one reason alone (a ``cuda`` device on a machine without one), that reason once with the operators and
+    providers it blocks."""
+    head = "gate check failed: this configuration cannot run"
+    reason = _one_reason(err) if len(err.gaps) > 1 else None
+    if reason is None:
+        return f"{head}\n{err.render()}"
+    ops = ", ".join(dict.fromkeys(problem.op for problem, _ in err.gaps))
+    names = ", ".join(dict.fromkeys(c.provider for _, candidates in err.gaps for c in candidates))
+    lines = [head, *([err.headline] if err.headline else []),
+             f"every candidate ({names}) of every problem ({ops}) is rejected for one reason:", f"  {reason}"]
+    return "\n".join(lines)

@@ -20,7 +20,7 @@ from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
 from infinilm.demo import PROMPT, TEXT
 from infinilm.tokenizer import load_tokenizer
-from infiniops_py import OneOf
+from infiniops_py import OneOf, providers
 
 SMALL = ["--block-size", "16", "--num-blocks", "16", "--max-model-len", "64"]
 
@@ -142,6 +142,25 @@ def test_bad_arguments_exit_2(checkpoint: CheckpointFactory, capsys: pytest.Capt
     assert "has no tokenizer.json" in capsys.readouterr().err
     assert main(["bench", "--model", str(path), "--prefill-graph-lengths", "16", *SMALL]) == 2
     assert "prefill graphs serve recurrent (Mamba-2) models only, not llama" in capsys.readouterr().err
+
+
+def test_a_provider_override_naming_no_known_provider_or_operator_exits_2_naming_the_known_ones(
+    checkpoint: CheckpointFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--provider gemm=nobody`` (a typo) exited 1 with a gate report of every problem, as if the
+    configuration could not run; it is an argument error. The Python API's providers option is checked too."""
+    path, _ = checkpoint("llama")
+    capsys.readouterr()  # (saving the checkpoint may show a progress bar)
+    known = ", ".join(sorted(p.name for p in providers() if p.loaded))
+    for item, problem in (("gemm=nobody", f"no provider is named 'nobody' (known: {known})"),
+                          ("nobody", f"no provider is named 'nobody' (known: {known})"),
+                          ("notanop=torch", "unknown operator 'notanop' (known: gemm, add, rms_norm")):
+        for argv in (["check", "--model", str(path)], ["generate", "--model", str(path), "--prompt", "1 2"]):
+            err = _exit_2(capsys, *argv, "--provider", "gemm=torch", "--provider", item, *SMALL)
+            assert f"--provider {item!r}: {problem}" in err, err
+    with pytest.raises(ConfigError, match=rf"^providers\[1\]=\('gemm', 'nobody'\): no provider is named 'nobody' "
+                                          rf"\(known: {known}\)$"):
+        Engine.from_pretrained(path, EngineOptions(providers=((None, "torch"), ("gemm", "nobody"))))
 
 
 def _exit_2(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -6,7 +6,8 @@ import pytest
 from lm_helpers import CheckpointFactory
 
 from infinilm import EngineOptions, read_config
-from infinilm.engine.gates import plan
+from infinilm.engine.gates import gate_report, plan
+from infiniops_py import CandidateReport, GateError, Problem, Rejection, make_problem
 
 
 @pytest.mark.parametrize(("window", "varlen", "kvcache"), [(8, True, True), (45, False, True), (49, False, False)])
@@ -22,3 +23,27 @@ def test_local_attention_is_gated_where_the_keys_can_outnumber_the_window(
     assert local == {op for op, on in (("flash_attn_varlen", varlen), ("flash_attn_with_kvcache", kvcache)) if on}
     assert {p.op for p in chosen if p.op.startswith("flash_attn") and not p.fields["local"]} == {
         "flash_attn_varlen", "flash_attn_with_kvcache"}
+
+
+def test_problems_every_candidate_rejects_for_one_reason_alone_get_a_short_report() -> None:
+    """``--device cuda`` on a machine without CUDA printed a 20-line report whose every problem said the same
+    thing; it is now that reason once (still a gate report: the CLI exits 1). Other reasons keep the full one."""
+    no_cuda = "is not present on this machine (no CUDA device)"
+
+    def gap(op: str, extra: tuple[Rejection, ...] = ()) -> tuple[Problem, list[CandidateReport]]:
+        """A problem of `op` whose triton and torch candidates are rejected for the missing device (+ `extra`)."""
+        problem = make_problem(op, device_type="cuda", dtype="float32", hidden_size=64)
+        fixes = {"triton": "run on a machine with a CUDA GPU", "torch": "run on a machine with a CUDA GPU, or use cpu"}
+        return problem, [CandidateReport(name, f"{name}.{op}", 2 - i,
+                                         (Rejection("cuda", "device", "cuda", no_cuda, fix), *extra))
+                         for i, (name, fix) in enumerate(fixes.items())]
+
+    report = gate_report(GateError([gap("rms_norm"), gap("fused_add_rms_norm")], headline="2 problem(s)"))
+    assert report.splitlines() == [
+        "gate check failed: this configuration cannot run", "2 problem(s)",
+        "every candidate (triton, torch) of every problem (rms_norm, fused_add_rms_norm) is rejected for one reason:",
+        f"  device=cuda {no_cuda} (fix: run on a machine with a CUDA GPU, or use cpu)"]
+    wide = Rejection("hidden", "hidden_size", 64, "not in {128}")
+    mixed = GateError([gap("rms_norm"), gap("fused_add_rms_norm", (wide,))])
+    assert gate_report(mixed) == f"gate check failed: this configuration cannot run\n{mixed.render()}"
+    assert "hidden_size=64 not in {128}" in gate_report(mixed)
