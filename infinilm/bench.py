@@ -68,9 +68,13 @@ def check_bench_args(batch: int, input_len: int, output_len: int, seed: int) -> 
     """The arguments of `run_bench` that need no engine (the CLI checks them before loading the model).
 
     Raises:
-        ValueError: a size below 1, or a seed outside ``[0, 2**64)`` (what a `torch.Generator` takes).
+        ValueError: a size or seed that is not an int (a float or a bool), a size below 1, or a seed outside
+            ``[0, 2**64)`` (what a `torch.Generator` takes).
     """
     sizes = {"batch": batch, "input_len": input_len, "output_len": output_len}
+    for k, v in {**sizes, "seed": seed}.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{k}={v!r} must be an int")
     bad = [f"{k}={v}" for k, v in sizes.items() if v < 1]
     if bad:
         raise ValueError(f"{', '.join(bad)}: batch, input_len and output_len must be >= 1")

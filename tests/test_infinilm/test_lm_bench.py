@@ -67,6 +67,10 @@ def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: Check
         check_bench_args(1, 8, 4, 2**64)
     with pytest.raises(ValueError, match=r"batch=0, output_len=-1: batch, input_len and output_len must be >= 1"):
         check_bench_args(0, 8, -1, 0)
+    for args, message in (((2.5, 8, 4, 0), "batch=2.5 must be an int"), ((1, 8, True, 0), "output_len=True must be"),
+                          ((1, 8, 4, 1.0), "seed=1.0 must be an int")):  # floats and bools passed these checks
+        with pytest.raises(ValueError, match=message):
+            check_bench_args(*args)  # type: ignore[arg-type]
     path, _ = checkpoint("llama")
     engine = Engine.from_pretrained(path, EngineOptions(block_size=16, num_blocks=16, max_model_len=64))
     drawn: list[object] = []
