@@ -21,7 +21,7 @@ from infiniops_py.capability import (
 )
 from infiniops_py.errors import CandidateReport, ContractError, GateError, Rejection
 from infiniops_py.hookspecs import hookimpl
-from infiniops_py.operators import OPERATORS, OpSpec, Problem
+from infiniops_py.operators import OPERATORS
 from infiniops_py.operators._base import checked_indices, unchecked_indices
 from infiniops_py.operators.add import add
 from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
@@ -31,6 +31,7 @@ from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
+from infiniops_py.problem import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import use
 from infiniops_py.runtime import (

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from infiniops_py.errors import Rejection
-from infiniops_py.operators._base import Problem
+from infiniops_py.problem import Problem
 
 __all__ = [
     "Between",

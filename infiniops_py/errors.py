@@ -13,12 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infiniops_py.operators._base import ContractError
-
 if TYPE_CHECKING:
-    from infiniops_py.operators._base import Problem
+    from infiniops_py.problem import Problem
 
 __all__ = ["CandidateReport", "ContractError", "GateError", "Rejection", "likely_fix"]
+
+
+class ContractError(ValueError):
+    """An argument breaks an operator's contract.
+
+    The message names the argument, the value found and what the contract needs, e.g.
+    ``flash_attn_varlen: k: expected dtype torch.bfloat16 (same as q), got torch.float16``.
+    """
+
+    def __init__(self, op: str, argument: str, message: str) -> None:
+        self.op = op
+        self.argument = argument
+        super().__init__(f"{op}: {argument}: {message}")
 
 
 @dataclass(frozen=True)

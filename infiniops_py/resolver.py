@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 from infiniops_py._env import env_flag, split_names
 from infiniops_py.errors import CandidateReport, GateError, likely_fix
 from infiniops_py.operators import OPERATORS
-from infiniops_py.operators._base import OpSpec, Problem
+from infiniops_py.problem import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
 
 __all__ = ["Explanation", "Fallback", "Override", "Resolver", "Settings", "use"]

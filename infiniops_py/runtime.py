@@ -15,7 +15,7 @@ import torch
 
 from infiniops_py import plugins
 from infiniops_py.operators import OPERATORS
-from infiniops_py.operators._base import OpSpec, Problem, dtype_name, install_dispatcher
+from infiniops_py.problem import OpSpec, Problem, dtype_name, install_dispatcher
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import _OVERRIDES, Explanation, Fallback, Resolver, Settings, current_overrides
 

@@ -108,3 +108,16 @@ def test_no_import_cycle(package: str) -> None:
     assert sum(m.startswith(f"{package}.") for m in graph) > 10
     cycles = [c for c in _cycles(graph) if any(m == package or m.startswith(f"{package}.") for m in c)]
     assert not cycles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_only_the_operators_import_their_private_base() -> None:
+    """The framework types live in public modules (problem, memory, errors): outside ``infiniops_py.operators``
+    only the package's own ``__init__`` (for the index-check scopes) imports ``operators._base``, and the
+    framework modules that the operators build on import no operator module."""
+    modules = _modules()
+    graph = {name: _imports(name, file, modules) for name, file in modules.items()}
+    private = sorted(m for m, edges in graph.items() if "infiniops_py.operators._base" in edges
+                     and not m.startswith("infiniops_py.operators") and m != "infiniops_py")
+    assert not private, f"import infiniops_py.operators._base from outside the operators: {private}"
+    for framework in ("infiniops_py.problem", "infiniops_py.memory", "infiniops_py.errors"):
+        assert not {m for m in graph[framework] if m.startswith("infiniops_py.operators")}, framework

@@ -28,7 +28,7 @@ from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
 from infiniops_py import OPERATORS, GateError, explain, make_problem, providers, resolve_closure, use
-from infiniops_py.operators._base import dtype_name
+from infiniops_py.problem import dtype_name
 
 __all__ = ["GatePlan", "gate_report", "overrides", "parse_provider_overrides", "plan", "problem_base"]
 

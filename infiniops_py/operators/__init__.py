@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Final
 
+from infiniops_py.errors import ContractError
 from infiniops_py.operators import _torch_kernels, _torch_library
 from infiniops_py.operators import add as _add
 from infiniops_py.operators import causal_conv1d as _causal_conv1d
@@ -20,7 +21,7 @@ from infiniops_py.operators import gemm as _gemm
 from infiniops_py.operators import paged_cache as _paged_cache
 from infiniops_py.operators import rms_norm as _rms_norm
 from infiniops_py.operators import selective_scan as _selective_scan
-from infiniops_py.operators._base import ContractError, OpSpec, Problem
+from infiniops_py.problem import OpSpec, Problem
 
 __all__ = ["FAMILIES", "OPERATORS", "ContractError", "OpSpec", "Problem"]
 

@@ -1,11 +1,9 @@
-"""The contract layer's base: `ContractError`, `Problem`, `OpSpec` and the argument-check helpers.
+"""The operators' argument-check helpers, shared by every operator module.
 
-`Problem` is the metadata of one operator call that capabilities are checked against.
-
-A problem holds no tensors, only what decides which implementation can run it: the device type, the
-dtype and operator-specific fields (``head_dim``, ``block_size``, ``width``, layout flags). Each operator
-declares its fields and their defaults in an `OpSpec`, so a problem can also be built by hand (for
-`explain`, closures and the CLI) from a few fields, the rest taking their defaults.
+Each helper raises `ContractError` naming the operator, the argument, the value found and what is needed.
+The framework types these modules also use (`Problem`, `OpSpec`, the dtype names, the dispatcher slot, the
+overlap solver, `ContractError`) live in `infiniops_py.problem`, `infiniops_py.memory` and
+`infiniops_py.errors`; they are re-exported here for the operator modules.
 """
 
 from __future__ import annotations
@@ -15,13 +13,15 @@ import contextvars
 import functools
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, final
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Final
 
 import torch
 
 from infiniops_py._env import parse_flag
+from infiniops_py.errors import ContractError
+from infiniops_py.memory import byte_extent, overlaps, same_view
+from infiniops_py.problem import DTYPE_NAMES, OpSpec, Problem, dtype_name, install_dispatcher
 
 __all__ = [
     "DTYPE_NAMES",
@@ -54,134 +54,6 @@ __all__ = [
 
 FLOAT_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES: Final = (torch.int32, torch.int64)  # state/cache slot indices (vLLM, mamba)
-
-DTYPE_NAMES: Final[dict[torch.dtype, str]] = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.int32: "int32",
-    torch.int64: "int64",
-}
-_DTYPE_ALIASES: Final[dict[str, str]] = {
-    "fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",
-    "fp64": "float64", "double": "float64",
-}
-
-
-def dtype_name(dtype: torch.dtype | str) -> str:
-    """Canonical name of a dtype: ``torch.bfloat16``, ``"bf16"`` and ``"bfloat16"`` give ``"bfloat16"``."""
-    if isinstance(dtype, torch.dtype):
-        return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
-    name = dtype.removeprefix("torch.")
-    return _DTYPE_ALIASES.get(name, name)
-
-
-class ContractError(ValueError):
-    """An argument breaks an operator's contract.
-
-    The message names the argument, the value found and what the contract needs, e.g.
-    ``flash_attn_varlen: k: expected dtype torch.bfloat16 (same as q), got torch.float16``.
-    """
-
-    def __init__(self, op: str, argument: str, message: str) -> None:
-        self.op = op
-        self.argument = argument
-        super().__init__(f"{op}: {argument}: {message}")
-
-
-_Dispatcher = Callable[["OpSpec", tuple[Any, ...], tuple[Any, ...], dict[str, Any]], Any]
-_dispatcher: _Dispatcher | None = None
-
-
-def install_dispatcher(fn: _Dispatcher) -> None:
-    """Called once by the framework layer: route every `OpSpec.call` through the resolver."""
-    global _dispatcher
-    _dispatcher = fn
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """An operator as the framework sees it.
-
-    Attributes:
-        name: the public entry point's name (``flash_attn_varlen``).
-        fields: the problem fields after ``device_type`` and ``dtype``, with their defaults, in key order.
-        function: the public function (checks, then dispatch).
-        reference: the literal PyTorch reference, with the implementation calling convention.
-        doc: one line for the matrix.
-    """
-
-    name: str
-    fields: Mapping[str, Any]
-    function: Callable[..., Any]
-    reference: Callable[..., Any]
-    doc: str = ""
-
-    def problem(self, device_type: str = "cpu", dtype: torch.dtype | str = "float32", **fields: Any) -> Problem:
-        """Build a problem from named fields; missing fields take their defaults.
-
-        Raises:
-            ValueError: a field the operator does not have.
-        """
-        unknown = set(fields) - set(self.fields)
-        if unknown:
-            raise ValueError(
-                f"{self.name}: unknown problem field(s) {sorted(unknown)}; known: {sorted(self.fields)}"
-            )
-        values = {**self.fields, **fields}
-        return Problem(self.name, device_type, dtype_name(dtype), values)
-
-    def call(self, key: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
-        """Run the implementation the resolver picks for ``key = (device_type, dtype, *field values)``."""
-        if _dispatcher is None:
-            raise RuntimeError("infiniops_py did not install its dispatcher: import infiniops_py first")
-        return _dispatcher(self, key, args, kwargs)
-
-    def problem_from_key(self, key: tuple[Any, ...]) -> Problem:
-        """Build the problem behind a dispatch key ``(device_type, dtype, *field values)``."""
-        device_type, dtype, *rest = key
-        return Problem(self.name, device_type, dtype_name(dtype), dict(zip(self.fields, rest, strict=True)))
-
-
-@final
-class Problem:
-    """One operator call's metadata: ``op``, ``device_type``, ``dtype`` and the operator's fields."""
-
-    __slots__ = ("_hash", "device_type", "dtype", "fields", "op")
-
-    def __init__(self, op: str, device_type: str, dtype: str, fields: Mapping[str, Any]) -> None:
-        self.op = op
-        self.device_type = device_type
-        self.dtype = dtype
-        self.fields = dict(fields)
-        self._hash = hash((op, device_type, dtype, tuple(sorted(self.fields.items()))))
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """The value of a field; ``device_type`` and ``dtype`` are fields too."""
-        if name == "device_type":
-            return self.device_type
-        if name == "dtype":
-            return self.dtype
-        return self.fields.get(name, default)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "device_type": self.device_type, "dtype": self.dtype, **self.fields}
-
-    def describe(self) -> str:
-        parts = [f"device_type={self.device_type}", f"dtype={self.dtype}"]
-        parts += [f"{k}={v}" for k, v in self.fields.items()]
-        return "(" + ", ".join(parts) + ")"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Problem) and self.as_dict() == other.as_dict()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        return f"Problem({self.op}, {self.describe()[1:-1]})"
-
 
 # --- argument checks shared by every operator ------------------------------------------------------
 
@@ -397,87 +269,6 @@ def check_writable(op: str, name: str, t: torch.Tensor) -> None:
             raise ContractError(op, name, f"shape {list(t.shape)} with strides {list(t.stride())} has {what}: "
                                           "several elements share one address, and it is written in place")
         extent += st * (n - 1)
-
-
-_OVERLAP_WORK: Final = 4096  # search steps before `overlaps` answers "yes" without proof
-
-
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether some byte of an element of `a` is also a byte of an element of `b` (numpy's
-    ``shares_memory``): the two column halves of one matrix, or the key and value halves of one
-    ``[num_blocks, 2, ...]`` cache, do not overlap. An empty tensor overlaps nothing; on meta, where every
-    storage starts at address 0, tensors of different storages never overlap.
-
-    The answer is exact except for layouts so tangled that the search gives up after `_OVERLAP_WORK`
-    steps, which count as overlapping.
-    """
-    if not a.numel() or not b.numel():
-        return False
-    if (a.is_meta or b.is_meta) and a.untyped_storage()._cdata != b.untyped_storage()._cdata:  # no addresses
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    isa, isb = a.element_size(), b.element_size()
-    if a0 + _span(a) * isa <= b0 or b0 + _span(b) * isb <= a0:  # byte ranges apart: the common case
-        return False
-    # Solve  sum_i sa_i * i_i - sum_j sb_j * j_j + x - y = b0 - a0  over index vectors i, j in range and
-    # byte offsets x < a's element size, y < b's: terms (stride in bytes, lowest, highest multiple).
-    terms: dict[int, list[int]] = {1: [1 - isb, isa - 1]}
-    for t, sign, size in ((a, 1, isa), (b, -1, isb)):
-        for st, n in zip(t.stride(), t.shape):
-            if n > 1 and st:
-                lo_hi = terms.setdefault(st * size, [0, 0])
-                lo_hi[0 if sign < 0 else 1] += sign * (n - 1)
-    steps = sorted(((s, lo, hi) for s, (lo, hi) in terms.items()), reverse=True)
-    rest = [(0, 0)] * (len(steps) + 1)  # rest[k]: (min, max) of the terms after the k-th
-    for k in range(len(steps) - 1, -1, -1):
-        s, lo, hi = steps[k]
-        rest[k] = (rest[k + 1][0] + s * lo, rest[k + 1][1] + s * hi)
-    work = [_OVERLAP_WORK]
-    return _reachable(b0 - a0, steps, rest, 0, work)
-
-
-def _span(t: torch.Tensor) -> int:
-    """Elements from `t`'s first to its last element, both included (`t` not empty)."""
-    return 1 + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
-
-
-def byte_extent(t: torch.Tensor) -> int:
-    """The bytes from the first byte of `t`'s lowest element to the last byte of its highest: every element
-    lies in ``[t.data_ptr(), t.data_ptr() + byte_extent(t))`` (torch strides are never negative, so
-    ``data_ptr`` is the lowest address). ``t.nbytes`` for a contiguous tensor, 0 for an empty one.
-
-    Two tensors whose ranges are disjoint share no memory, whatever storage objects they belong to (two
-    ``torch.from_numpy`` of views of one array are distinct storages over one buffer); the operators' hot
-    paths compare these ranges and call `overlaps` only when they meet.
-    """
-    if not t.numel():
-        return 0
-    return _span(t) * t.element_size()
-
-
-def _reachable(d: int, steps: list[tuple[int, int, int]], rest: list[tuple[int, int]], k: int,
-               work: list[int]) -> bool:
-    """Whether ``d = sum s * m`` over the terms ``(s, lo, hi)`` from the k-th on, each ``lo <= m <= hi``."""
-    if not rest[k][0] <= d <= rest[k][1]:
-        return False
-    if k == len(steps):
-        return True
-    s, lo, hi = steps[k]
-    low_rest, high_rest = rest[k + 1]
-    first = max(lo, -((high_rest - d) // s))  # ceil((d - high_rest) / s)
-    last = min(hi, (d - low_rest) // s)
-    for m in range(first, last + 1):
-        work[0] -= 1
-        if work[0] < 0 or _reachable(d - s * m, steps, rest, k + 1, work):
-            return True
-    return False
-
-
-def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `a` and `b` are the same non-empty elements in the same order (``out=input`` in place)."""
-    if a.data_ptr() != b.data_ptr() or a.shape != b.shape or a.stride() != b.stride() or not a.numel():
-        return False
-    return not a.is_meta or a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
 
 def check_no_overlap(op: str, name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from infiniops_py.operators._base import OpSpec
+from infiniops_py.problem import OpSpec
 from infiniops_py.registry import Implementation
 
 __all__ = ["Case", "CaseContext", "Draw", "randn"]

@@ -51,7 +51,8 @@ from hypothesis.errors import HypothesisException
 
 from infiniops_py import runtime
 from infiniops_py.errors import GateError
-from infiniops_py.operators import OPERATORS, OpSpec
+from infiniops_py.operators import OPERATORS
+from infiniops_py.problem import OpSpec
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import use
 from infiniops_py.testing.case import Case, CaseContext, Draw

@@ -21,8 +21,8 @@ from typing import Any, Final
 
 import torch
 
-from infiniops_py.operators import _base
-from infiniops_py.operators._base import OpSpec, install_dispatcher, overlaps
+from infiniops_py.memory import overlaps
+from infiniops_py.problem import OpSpec, install_dispatcher, installed_dispatcher
 
 __all__ = [
     "GUARD_BYTES",
@@ -172,7 +172,7 @@ def recorded_calls() -> Iterator[list[Call]]:
     Raises:
         RuntimeError: no dispatcher is installed (infiniops_py was not imported).
     """
-    inner = _base._dispatcher
+    inner = installed_dispatcher()
     if inner is None:
         raise RuntimeError("infiniops_py did not install its dispatcher: import infiniops_py first")
     calls: list[Call] = []

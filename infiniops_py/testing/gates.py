@@ -17,7 +17,8 @@ from typing import Any, Final
 from infiniops_py import runtime
 from infiniops_py.capability import Between, Constraint, MultipleOf, OneOf
 from infiniops_py.errors import GateError
-from infiniops_py.operators import OPERATORS, OpSpec
+from infiniops_py.operators import OPERATORS
+from infiniops_py.problem import OpSpec
 from infiniops_py.registry import Implementation
 from infiniops_py.resolver import use
 

@@ -25,7 +25,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from infiniops_py.operators._base import dtype_name
+from infiniops_py.problem import dtype_name
 from infiniops_py.testing.case import Case, CaseContext, randn
 from infiniops_py.testing.strategies.causal_conv1d import cut, padded_indices, segments
 
