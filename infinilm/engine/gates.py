@@ -24,10 +24,11 @@ from typing import Any, Final
 
 import torch
 
+import infiniops_py
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
-from infiniops_py import OPERATORS, GateError, explain, make_problem, providers, resolve_closure, use
+from infiniops_py import GateError, explain, make_problem, providers, resolve_closure, use
 from infiniops_py.problem import dtype_name
 
 __all__ = ["GatePlan", "gate_report", "overrides", "parse_provider_overrides", "plan", "problem_base"]
@@ -39,8 +40,8 @@ def _override_problem(op: str | None, name: str) -> str | None:
     """What is wrong with the override ``(op, name)``: an operator `infiniops_py` does not define, or a provider
     it does not know (neither loaded nor failed to load: a typo, most likely), naming the known ones; None when
     both are known. A provider that failed to load is known: the gate report then says why it cannot serve."""
-    if op is not None and op not in OPERATORS:
-        return f"unknown operator {op!r} (known: {', '.join(OPERATORS)})"
+    if op is not None and op not in infiniops_py.OPERATORS:
+        return f"unknown operator {op!r} (known: {', '.join(infiniops_py.OPERATORS)})"
     known = {p.name: p.loaded for p in providers()}
     if name not in known:
         return f"no provider is named {name!r} (known: {', '.join(sorted(n for n, ok in known.items() if ok))})"
