@@ -12,7 +12,10 @@ takes every ``(operator, problem)`` the config's family declares its model calls
   Gemm then an in-place broadcast `add`.
 
 Provider overrides (``--provider OP=NAME``) apply as `infiniops_py.use` scopes, both here and while the
-engine runs (`overrides`), so the gates check exactly what will run.
+engine runs (`overrides`), so the gates check exactly what will run. An override naming an operator or a
+provider the runtime does not know is an argument error (a typo, most likely), refused before anything
+resolves, not a gate rejection. `gate_report` says a reason that alone rejects every candidate of every
+problem (a ``cuda`` device on a machine without one) once, instead of once per problem.
 """
 
 from __future__ import annotations
