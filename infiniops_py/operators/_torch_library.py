@@ -53,7 +53,12 @@ def lowered(t: object) -> bool:
     ``torch.compiler._is_compiling_flag`` directly is cheaper but is not set while torch 2.11's dynamo
     traces (H200 machine, 2026-12-01: the trace reached the resolver). While a fake kernel runs the
     contract on meta copies (`_check_on_meta`), nothing lowers."""
-    return (torch.compiler.is_compiling() and not getattr(_ON_META, "active", False)) or isinstance(t, FakeTensor)
+    if torch.compiler.is_compiling():
+        return not getattr(_ON_META, "active", False)
+    return type(t) is not _Tensor and isinstance(t, FakeTensor)  # a plain tensor skips FakeTensor's isinstance
+
+
+_Tensor: Final = torch.Tensor
 
 
 _ON_META = threading.local()  # set while a fake kernel runs the public function on meta copies
