@@ -57,7 +57,19 @@ def _console(*, pipe_width: int = 200) -> Console:
     """A console of ``COLUMNS`` columns when set, else the terminal's width, else (a pipe, a log)
     `pipe_width`: lines such as load errors then stay whole."""
     width = _columns() or (None if sys.stdout.isatty() else pipe_width)
-    return Console(width=width, highlight=False)
+    return _new_console(width)
+
+
+def _new_console(width: int | None) -> Console:
+    """A rich console whose broken pipe (the reader of stdout left) raises `BrokenPipeError` for `main`, where
+    rich's own handler would exit with status 1."""
+    console = Console(width=width, highlight=False)
+
+    def reader_left() -> None:
+        raise BrokenPipeError("stdout's reader left")
+
+    console.on_broken_pipe = reader_left  # type: ignore[method-assign]
+    return console
 
 
 def _positive(text: str) -> int:
@@ -132,10 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"infiniops {args.command}: {_NO_RICH}", file=sys.stderr)
         return 2
     try:
-        return command(args)
+        status = command(args)
+        sys.stdout.flush()  # here, so that a reader that left (`infiniops matrix | head`) is seen below
+        return status
     except EnvValueError as err:  # an INFINIOPS_* switch holds a value no parser accepts: usage, not a crash
         print(f"infiniops {args.command}: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout left early: not a failure of the command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
 
 
 # --- providers ------------------------------------------------------------------------------------------
@@ -230,7 +247,7 @@ def _matrix_tables(m: Any, *, wide: bool, every_row: bool) -> None:
     width limit). Rows serving nothing on the devices shown are left out unless `every_row`."""
     from rich import box
 
-    console = Console(width=100_000, highlight=False) if wide else _console(pipe_width=80)
+    console = _new_console(100_000) if wide else _console(pipe_width=80)
     shown = [r for r in m.rows if every_row or any(c.served for c in r.cells)]
     hidden = list(dict.fromkeys(r.provider for r in m.rows if r not in shown))
     if wide:

@@ -219,3 +219,21 @@ def test_explain_with_a_block_size_means_a_paged_cache(capsys: pytest.CaptureFix
     assert "paged=True, block_size=16" in capsys.readouterr().out
     main([*base, "--block-size", "16", "--field", "paged=false"])  # an explicit field wins
     assert "paged=False, block_size=16" in capsys.readouterr().out
+
+
+def test_a_reader_that_leaves_early_is_no_failure(tmp_path: Path) -> None:
+    """``infiniops matrix | head``: stdout's reader has gone before anything is written (a pipe whose read end
+    is closed), and the command still exits 0 with nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run([sys.executable, "-m", "infiniops_py.cli", "matrix", "--device", "cpu"], stdout=write,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr
