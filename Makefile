@@ -41,14 +41,15 @@ lint: install
 	$(BIN)/ruff check .
 
 # The browser test of the capability-matrix page needs Chromium: installed from the distribution's packages
-# when this runs as root with apt-get (CI); otherwise install it yourself, or the test skips saying so.
+# when this runs as root with apt-get (CI); otherwise `make test` stops here and says how to install it.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing chromium (apt-get) for the matrix page's browser test"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null; \
 	else \
-		echo "no chromium: the matrix page's browser test will skip (apt-get install chromium as root)"; \
+		echo "make test needs Chromium for the matrix page's browser test: run as root, or install it" \
+			"(Debian/Ubuntu: sudo apt-get install chromium)" >&2; exit 1; \
 	fi
 
 test: install lint chromium

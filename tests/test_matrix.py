@@ -55,7 +55,8 @@ def _chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no chromium binary found (Debian: apt-get install -y chromium; `make test` installs it as root)")
+    pytest.fail("no chromium binary found: the matrix page's browser test needs one (Debian: apt-get install -y "
+                "chromium; `make test` installs it as root)")
 
 
 def _browse(browser: str, page: Path, query: str, profile: Path, *extra: str) -> str:
