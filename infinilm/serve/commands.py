@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from collections.abc import Callable
 from typing import Final
 
 from infinilm.config import ConfigError, EngineOptions
@@ -18,34 +19,27 @@ __all__ = ["add_bench_serve_args", "add_serve_args", "run_bench_serve", "run_ser
 _SERVE_EXTRA: Final = ("aiohttp", "prometheus_client")  # the `serve` extra of pyproject.toml
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+def _number(convert: Callable[[str], float], noun: str, ok: Callable[[float], bool],
+            rule: Callable[[str, float], str]) -> Callable[[str], float]:
+    """An argparse type: `text` through `convert` (else "not <noun>"), then `ok` (else `rule`'s message)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(rule(text, value))
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not in [0, 65535] (0: any free port)")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
+_positive_int = _number(int, "an integer", lambda v: v >= 1, lambda t, v: f"{v} must be >= 1")
+_port = _number(int, "a port number", lambda v: 0 <= v <= 65535,
+                lambda t, v: f"{v} is not in [0, 65535] (0: any free port)")
+_seconds = _number(float, "a number of seconds", lambda v: math.isfinite(v) and v >= 0,
+                   lambda t, v: f"{t!r} must be a finite number >= 0")
 
 
 def _rate(text: str) -> float:
