@@ -23,7 +23,15 @@ from infiniops_py.problem import OpSpec
 from infiniops_py.resolver import use
 from infiniops_py.testing.case import Case, Draw
 from infiniops_py.testing.compare import bits_equal, compare
-from infiniops_py.testing.effects import Snapshot, check_result, check_returns, convention_of, guarded, recorded_calls
+from infiniops_py.testing.effects import (
+    Snapshot,
+    check_result,
+    check_returns,
+    convention_of,
+    guarded,
+    map_tensors,
+    recorded_calls,
+)
 from infiniops_py.testing.tolerances import EXACT, Allclose, LowPrecisionRule
 
 __all__ = ["allowed_share", "check_case", "copies", "cpu_copies", "first_line", "poisoned"]
@@ -80,16 +88,7 @@ def copies(tree: Any, float_dtype: torch.dtype | None, device: torch.device) -> 
             base = bases[key] = flat.detach().to(device, target, copy=True)
         return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
-    def walk(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return copy(x)
-        if isinstance(x, (tuple, list)):
-            return type(x)(walk(v) for v in x)
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        return x
-
-    return walk(tree)
+    return map_tensors(tree, copy)
 
 
 def _argument(spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any], key: int | str) -> Any:

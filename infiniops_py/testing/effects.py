@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import torch
@@ -73,16 +73,18 @@ def guarded(tree: Any) -> Any:
         moved[id(t)] = view
         return view
 
-    def walk(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return move(x)
-        if isinstance(x, (tuple, list)):
-            return type(x)(walk(v) for v in x)
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        return x
+    return map_tensors(tree, move)
 
-    return walk(tree)
+
+def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`tree` (tensors inside tuples, lists and dicts) with every tensor replaced by ``fn(tensor)``."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(map_tensors(v, fn) for v in tree)
+    if isinstance(tree, dict):
+        return {k: map_tensors(v, fn) for k, v in tree.items()}
+    return tree
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
