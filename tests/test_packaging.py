@@ -76,9 +76,9 @@ def test_core_dependencies_are_what_the_runtime_imports() -> None:
     core = _names(project["dependencies"])
     package = ROOT / "infiniops_py"
     runtime = [p for p in package.rglob("*.py")
-               if not {"testing", "integrations"} & set(p.relative_to(package).parts) and p.name != "cli.py"]
+               if not {"testing", "integrations", "cli"} & set(p.relative_to(package).parts)]
     assert {DISTRIBUTIONS[m] for m in _imports(runtime)} == core - {"numpy"}  # numpy: torch warns without it
-    assert {DISTRIBUTIONS[m] for m in _imports([package / "cli.py"])} <= core | extras["cli"]
+    assert {DISTRIBUTIONS[m] for m in _imports(list((package / "cli").rglob("*.py")))} <= core | extras["cli"]
     assert {DISTRIBUTIONS[m] for m in _imports(list((package / "testing").rglob("*.py")))} <= core | extras["test"]
     assert "rich" not in core and "hypothesis" not in core
     llm = list((ROOT / "infinilm").rglob("*.py")) + list((package / "integrations").rglob("*.py"))
