@@ -7,6 +7,12 @@ dtype and operator-specific fields (``head_dim``, ``block_size``, ``width``, lay
 declares its fields and their defaults in an `OpSpec`, so a problem can also be built by hand (for
 `explain`, closures and the CLI) from a few fields, the rest taking their defaults.
 
+A problem may also carry a *size bucket*: the classes of the sizes that decide which implementation is
+fastest (Gemm's M, N and K, an attention's query tokens and context length), each the power of two at or
+above the size (`size_class`). Each operator names its bucket entries in ``OpSpec.buckets``, beside its
+fields; the hot path appends their classes to the dispatch key, so measured resolution stays one dict lookup
+per call. Capabilities never read the bucket: it ranks, it does not gate.
+
 `OpSpec.call` hands a call to the dispatcher that `install_dispatcher` sets (the runtime's resolver, once
 ``infiniops_py`` is imported).
 """
@@ -19,7 +25,7 @@ from typing import Any, Final, final
 
 import torch
 
-__all__ = ["DTYPE_NAMES", "OpSpec", "Problem", "dtype_name", "install_dispatcher", "installed_dispatcher"]
+__all__ = ["DTYPE_NAMES", "OpSpec", "Problem", "dtype_name", "install_dispatcher", "installed_dispatcher", "size_class"]
 
 DTYPE_NAMES: Final[dict[torch.dtype, str]] = {
     torch.float16: "float16",
@@ -41,6 +47,14 @@ def dtype_name(dtype: torch.dtype | str) -> str:
         return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
     name = dtype.removeprefix("torch.")
     return _DTYPE_ALIASES.get(name, name)
+
+
+def size_class(n: int) -> int:
+    """The size class of `n` >= 0: the smallest power of two >= `n` (1 -> 1, 3 -> 4, 100 -> 128), 0 for 0.
+
+    The classes of a size bucket (``OpSpec.buckets``); cheap enough for the hot path (two int operations).
+    """
+    return n and 1 << (n - 1).bit_length()
 
 
 _Dispatcher = Callable[["OpSpec", tuple[Any, ...], tuple[Any, ...], dict[str, Any]], Any]
@@ -68,6 +82,9 @@ class OpSpec:
         function: the public function (checks, then dispatch).
         reference: the literal PyTorch reference, with the implementation calling convention.
         doc: one line for the matrix.
+        buckets: the names of the size-bucket entries, appended to the dispatch key after the fields, in order;
+            each is the `size_class` of one size of the call (the operator module documents which). Empty:
+            the operator's speed has no size bucket.
     """
 
     name: str
@@ -75,20 +92,35 @@ class OpSpec:
     function: Callable[..., Any]
     reference: Callable[..., Any]
     doc: str = ""
+    buckets: tuple[str, ...] = ()
 
     def problem(self, device_type: str = "cpu", dtype: torch.dtype | str = "float32", **fields: Any) -> Problem:
         """Build a problem from named fields; missing fields take their defaults.
 
+        Sizes named by `buckets` (``m=100`` for Gemm) give the problem its size bucket, each size becoming its
+        `size_class` (``m=100`` -> class 128); they come all together or not at all (no bucket).
+
         Raises:
-            ValueError: a field the operator does not have.
+            ValueError: a field the operator does not have; some of the bucket's sizes but not all, or a size
+                that is negative. TypeError: a size that is not an int (a bool is not one).
         """
+        sizes = {name: fields.pop(name) for name in self.buckets if name in fields}
         unknown = set(fields) - set(self.fields)
         if unknown:
-            raise ValueError(
-                f"{self.name}: unknown problem field(s) {sorted(unknown)}; known: {sorted(self.fields)}"
-            )
+            known = sorted(self.fields) + [f"{b} (size)" for b in self.buckets]
+            raise ValueError(f"{self.name}: unknown problem field(s) {sorted(unknown)}; known: {known}")
+        if sizes and len(sizes) != len(self.buckets):
+            missing = [b for b in self.buckets if b not in sizes]
+            raise ValueError(f"{self.name}: the size bucket needs {', '.join(self.buckets)}; got "
+                             f"{', '.join(sizes)}, missing {', '.join(missing)}")
+        for name, n in sizes.items():
+            if not isinstance(n, int) or isinstance(n, bool):
+                raise TypeError(f"{self.name}: size {name}={n!r} must be an int, got {type(n).__name__}")
+            if n < 0:
+                raise ValueError(f"{self.name}: size {name}={n} must be >= 0")
         values = {**self.fields, **fields}
-        return Problem(self.name, device_type, dtype_name(dtype), values)
+        bucket = {name: size_class(sizes[name]) for name in self.buckets} if sizes else {}
+        return Problem(self.name, device_type, dtype_name(dtype), values, bucket)
 
     def call(self, key: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
         """Run the implementation the resolver picks for ``key = (device_type, dtype, *field values)``."""
@@ -97,39 +129,58 @@ class OpSpec:
         return _dispatcher(self, key, args, kwargs)
 
     def problem_from_key(self, key: tuple[Any, ...]) -> Problem:
-        """Build the problem behind a dispatch key ``(device_type, dtype, *field values)``."""
+        """Build the problem behind a dispatch key ``(device_type, dtype, *field values, *bucket classes)``."""
         device_type, dtype, *rest = key
-        return Problem(self.name, device_type, dtype_name(dtype), dict(zip(self.fields, rest, strict=True)))
+        n = len(self.fields)
+        return Problem(self.name, device_type, dtype_name(dtype), dict(zip(self.fields, rest[:n], strict=True)),
+                       dict(zip(self.buckets, rest[n:], strict=True)))
 
 
 @final
 class Problem:
-    """One operator call's metadata: ``op``, ``device_type``, ``dtype`` and the operator's fields."""
+    """One operator call's metadata: ``op``, ``device_type``, ``dtype``, the operator's fields, and the size
+    bucket (``bucket``: the `size_class` of each size named by ``OpSpec.buckets``; empty when not known)."""
 
-    __slots__ = ("_hash", "device_type", "dtype", "fields", "op")
+    __slots__ = ("_hash", "bucket", "device_type", "dtype", "fields", "op")
 
-    def __init__(self, op: str, device_type: str, dtype: str, fields: Mapping[str, Any]) -> None:
+    def __init__(self, op: str, device_type: str, dtype: str, fields: Mapping[str, Any],
+                 bucket: Mapping[str, int] | None = None) -> None:
         self.op = op
         self.device_type = device_type
         self.dtype = dtype
         self.fields = dict(fields)
-        self._hash = hash((op, device_type, dtype, tuple(sorted(self.fields.items()))))
+        self.bucket = dict(bucket or {})
+        self._hash = hash((op, device_type, dtype, tuple(sorted(self.fields.items())),
+                           tuple(sorted(self.bucket.items()))))
 
     def get(self, name: str, default: Any = None) -> Any:
-        """The value of a field; ``device_type`` and ``dtype`` are fields too."""
+        """The value of a field; ``device_type`` and ``dtype`` are fields too (the bucket is not)."""
         if name == "device_type":
             return self.device_type
         if name == "dtype":
             return self.dtype
         return self.fields.get(name, default)
 
+    def without_bucket(self) -> Problem:
+        """The same problem with no size bucket (what a capability and a closure see)."""
+        return self if not self.bucket else Problem(self.op, self.device_type, self.dtype, self.fields)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "device_type": self.device_type, "dtype": self.dtype, **self.fields}
+        """``op``, ``device_type``, ``dtype`` and the fields; ``bucket`` (a dict) too when there is one."""
+        out = {"op": self.op, "device_type": self.device_type, "dtype": self.dtype, **self.fields}
+        if self.bucket:
+            out["bucket"] = dict(self.bucket)
+        return out
+
+    def describe_bucket(self) -> str:
+        """The size bucket as text (``m<=1, n<=4096, k<=1024``); empty when there is none."""
+        return ", ".join(f"{k}<={v}" for k, v in self.bucket.items())
 
     def describe(self) -> str:
         parts = [f"device_type={self.device_type}", f"dtype={self.dtype}"]
         parts += [f"{k}={v}" for k, v in self.fields.items()]
-        return "(" + ", ".join(parts) + ")"
+        bucket = self.describe_bucket()
+        return "(" + ", ".join(parts) + (f"; size bucket {bucket}" if bucket else "") + ")"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Problem) and self.as_dict() == other.as_dict()

@@ -21,7 +21,7 @@ import torch
 from infiniops_py._env import parse_flag
 from infiniops_py.errors import ContractError
 from infiniops_py.memory import byte_extent, overlaps, same_view
-from infiniops_py.problem import DTYPE_NAMES, OpSpec, Problem, dtype_name, install_dispatcher
+from infiniops_py.problem import DTYPE_NAMES, OpSpec, Problem, dtype_name, install_dispatcher, size_class
 
 __all__ = [
     "DTYPE_NAMES",
@@ -49,6 +49,7 @@ __all__ = [
     "is_checked",
     "overlaps",
     "same_view",
+    "size_class",
     "unchecked_indices",
 ]
 

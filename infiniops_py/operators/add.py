@@ -3,6 +3,8 @@
 Implementation calling convention: ``fn(input, other, alpha, out) -> out``; `out` is allocated (or
 checked) by `add` and has the broadcast shape; it may be `input` itself (in place). `add` returns that
 `out` whatever the implementation returns; the conformance suite holds implementations to returning it.
+Problem fields: broadcast, inplace (bools). Size bucket: numel, the `size_class` (power of two at or above) of
+out's element count.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from infiniops_py.operators._base import (
     device_type,
     overlaps,
     same_view,
+    size_class,
 )
 from infiniops_py.operators._torch_library import lowered
 
@@ -93,7 +96,8 @@ def add(
     if torch.is_grad_enabled() and (input.requires_grad or other.requires_grad or out.requires_grad):
         check_no_grad(_OP, {"input": input, "other": other, "out": out})
     # The implementation writes `out`; what it returns is not the result (it may be None or another tensor).
-    SPEC.call(("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace), input, other, alpha, out)
+    SPEC.call(("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace, size_class(out.numel())), input,
+              other, alpha, out)
     return out
 
 
@@ -147,5 +151,6 @@ SPEC = OpSpec(
     function=add,
     reference=reference,
     doc="out = input + alpha * other, broadcasting, optionally in place",
+    buckets=("numel",),
 )
 SPECS = (SPEC,)

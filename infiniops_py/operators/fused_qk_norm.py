@@ -5,6 +5,7 @@ Implementation calling convention: fn(qkv, q_weight, k_weight, num_q_heads, num_
   -> None; qkv 2-D [T, (Hq + 2*Hkv)*D] (last stride 1, row stride arbitrary), weights [D] same dtype;
   V columns must stay bit-for-bit untouched.
 Problem fields: head_dim, num_q_heads, num_kv_heads (int).
+Size bucket: tokens, the `size_class` (power of two at or above) of T.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from infiniops_py.operators._base import (
     check_real,
     check_tensor,
     check_writable,
+    size_class,
 )
 from infiniops_py.operators._torch_library import lowered
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
@@ -98,7 +100,7 @@ def fused_qk_norm(
     check_writable(_OP, "qkv", qkv)
     check_no_overlap(_OP, "q_weight", q_weight, "qkv", qkv)
     check_no_overlap(_OP, "k_weight", k_weight, "qkv", qkv)
-    key = (qkv.device.type, qkv.dtype, head_dim, num_q_heads, num_kv_heads)
+    key = (qkv.device.type, qkv.dtype, head_dim, num_q_heads, num_kv_heads, size_class(qkv.shape[0]))
     SPEC.call(key, qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
     return qkv
 
@@ -125,5 +127,6 @@ SPEC = OpSpec(
     function=fused_qk_norm,
     reference=reference,
     doc="per-head RmsNorm of Q and K in a packed QKV, in place, V untouched",
+    buckets=("tokens",),
 )
 SPECS = (SPEC,)

@@ -7,6 +7,7 @@ Implementation calling convention: fn(a, b, c, bias, alpha, beta, trans_a, trans
   bias: None or [N]; out: allocated by gemm, [(Bt,) M, N] in a.dtype. fp32 accumulation.
   (gemm hands c over already expanded to out's shape: a view whose strides may be 0.)
 Problem fields: batched, trans_a, trans_b, has_bias, has_c (all bool).
+Size bucket: m, n, k, the `size_class` (power of two at or above) of M, N and K (per batch entry).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     overlaps,
     same_view,
+    size_class,
 )
 from infiniops_py.operators._torch_library import lowered
 
@@ -121,7 +123,8 @@ def gemm(
         _check_out(out, shape, a, b, bias, c_full)
     if out.numel() == 0:
         return out
-    key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None)
+    key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None, size_class(m), size_class(n),
+           size_class(ka))
     SPEC.call(key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
     return out
 
@@ -194,5 +197,6 @@ SPEC = OpSpec(
     function=gemm,
     reference=reference,
     doc="y = alpha * op(a) @ op(b) + beta * c + bias, fp32 accumulation, optional batch dim",
+    buckets=("m", "n", "k"),
 )
 SPECS = (SPEC,)

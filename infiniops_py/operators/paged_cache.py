@@ -11,6 +11,7 @@ Implementation calling convention: fn(key, value, key_cache, value_cache, slot_m
   (Caches may be strided views too, last stride 1: e.g. the HND layout [num_blocks, Hkv, block_size, D]
   permuted to NHD, or the two halves of one [num_blocks, 2, block_size, Hkv, D] buffer.)
 Problem fields: head_dim, block_size, num_kv_heads (int), fp8_kv (bool: an fp8 cache).
+Size bucket: tokens, the `size_class` (power of two at or above) of N, the tokens written.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_unique_indices,
     check_writable,
+    size_class,
 )
 from infiniops_py.operators._torch_library import lowered
 
@@ -157,7 +159,8 @@ def reshape_and_cache_flash(
     check_unique_indices(_OP, "slot_mapping", slot_mapping, "slot")
     if slot_mapping.shape[0] == 0 or key_cache.numel() == 0:
         return
-    SPEC.call((dev.type, dt, d, block_size, hkv, fp8), key, value, key_cache, value_cache, slot_mapping, **scales)
+    SPEC.call((dev.type, dt, d, block_size, hkv, fp8, size_class(slot_mapping.shape[0])), key, value, key_cache,
+              value_cache, slot_mapping, **scales)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -196,5 +199,6 @@ SPEC = OpSpec(
     reference=reference,
     doc="write key/value rows into a paged KV cache at slot_mapping (negative slots skipped), or quantize them into "
         "an fp8 cache",
+    buckets=("tokens",),
 )
 SPECS = (SPEC,)

@@ -9,6 +9,7 @@ Implementation calling conventions:
     residual <- x + residual (rounded to dtype), then x <- rms_norm(residual).
   The public functions return `out` and ``(x, residual)`` whatever the implementation returns.
 Problem fields (both): hidden_size (int).
+Size bucket (both): tokens, the `size_class` (power of two at or above) of the number of rows T.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from infiniops_py.operators._base import (
     device_type,
     overlaps,
     same_view,
+    size_class,
 )
 from infiniops_py.operators._torch_library import lowered
 
@@ -122,7 +124,7 @@ def rms_norm(
         raise
     if 0 in shape:
         return out
-    key = ("cpu" if on_cpu else device_type(x), dtype, h)
+    key = ("cpu" if on_cpu else device_type(x), dtype, h, size_class(x.numel() // h))
     if len(shape) == 2:
         SPEC.call(key, x, weight, eps, out)
         return out
@@ -181,7 +183,7 @@ def fused_add_rms_norm(
     check_no_overlap(_FUSED, "residual", residual, "x", x)
     check_no_overlap(_FUSED, "weight", weight, "x", x)
     check_no_overlap(_FUSED, "weight", weight, "residual", residual)
-    key = (x.device.type, x.dtype, h)
+    key = (x.device.type, x.dtype, h, size_class(x.numel() // h))
     if x.dim() == 2:
         FUSED_SPEC.call(key, x, residual, weight, eps)
         return x, residual
@@ -264,6 +266,7 @@ SPEC = OpSpec(
     function=rms_norm,
     reference=reference,
     doc="RmsNorm over the last dim, fp32 variance, weight applied in the input dtype",
+    buckets=("tokens",),
 )
 FUSED_SPEC = OpSpec(
     name=_FUSED,
@@ -271,5 +274,6 @@ FUSED_SPEC = OpSpec(
     function=fused_add_rms_norm,
     reference=fused_reference,
     doc="in place: residual += x, then x = rms_norm(residual)",
+    buckets=("tokens",),
 )
 SPECS = (SPEC, FUSED_SPEC)
