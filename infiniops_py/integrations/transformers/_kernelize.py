@@ -1,0 +1,93 @@
+"""`kernelize`: check the model, gate every problem its swaps need, then swap (restoring earlier swaps first)."""
+
+from __future__ import annotations
+
+import torch
+
+from infiniops_py import GateError, resolve_closure
+from infiniops_py.integrations.transformers._attention import swap_attention
+from infiniops_py.integrations.transformers._families import FAMILIES
+from infiniops_py.integrations.transformers._plan import make_plan
+from infiniops_py.integrations.transformers._report import Kernelized
+from infiniops_py.integrations.transformers._swaps import swap_forward
+
+__all__ = ["kernelize"]
+
+
+def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = None,
+              mode: str = "inference") -> Kernelized:
+    """Swap `model`'s norms, fusable residual adds and attention for InfiniOps-Py operators, in place.
+
+    Args:
+        model: a transformers model (``PreTrainedModel``) of a family in `FAMILIES` (its
+            ``config.model_type``).
+        device: the device whose providers the gates check: a str (``"cuda"``, ``"cuda:1"``: its type counts)
+            or a ``torch.device``; default: the device of the model's first parameter.
+        mode: ``"inference"``, the only mode: no operator has a backward.
+
+    Returns:
+        The `Kernelized` report (also kept as ``model.infiniops_kernelized``); its ``restore()`` undoes the
+        swaps. Kernelizing a model again restores the previous swaps first (once the new gates pass).
+
+    Raises:
+        ValueError: `mode` other than ``"inference"``, or a ``model_type`` with no entry in `FAMILIES`
+            (the message lists the supported ones).
+        TypeError: `model` is not a ``torch.nn.Module`` with a ``config``, or `device` is neither a str, a
+            ``torch.device`` nor None.
+        GateError: some operator problem the swaps need has no provider on `device`: one error lists them
+            all, and nothing is swapped.
+    """
+    if mode != "inference":
+        raise ValueError(f"kernelize(mode={mode!r}): only mode='inference' is supported (the InfiniOps-Py "
+                         "operators have no backward, so training through them is impossible)")
+    config = getattr(model, "config", None)
+    if not isinstance(model, torch.nn.Module) or config is None:
+        raise TypeError(f"kernelize: expected a transformers model (a torch.nn.Module with a config), got "
+                        f"{type(model).__name__}")
+    model_type = getattr(config, "model_type", None)
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise ValueError(f"kernelize: model_type {model_type!r} ({type(model).__name__}) is not supported; "
+                         f"supported: {', '.join(FAMILIES)}")
+    device_type = _device_type(model, device)
+    plan = make_plan(model, family, device_type)
+    try:
+        chosen = resolve_closure(plan.problems)
+    except GateError as err:  # its headline's first line counts the gaps: said here, with the model
+        why = err.headline.split("\n")[1:]
+        raise GateError(err.gaps, headline="\n".join([
+            f"kernelize({type(model).__name__}, device={device_type!r}): {len(err.gaps)} operator problem(s) "
+            "have no provider, so nothing was swapped", *why])) from None
+    previous = getattr(model, "infiniops_kernelized", None)
+    if isinstance(previous, Kernelized):
+        previous.restore()
+    report = Kernelized(model_type, device_type, left=[*plan.left, *family.left], chosen=chosen)
+    for kind, name, module, forward in plan.swaps:
+        swap_forward(report, module, forward)
+        report.swapped.setdefault(kind, []).append(name)
+    if plan.attention:
+        swap_attention(report, model)
+        report.swapped["attention"] = plan.attention
+    model.infiniops_kernelized = report
+    return report
+
+
+def _device_type(model: torch.nn.Module, device: str | torch.device | None) -> str:
+    """The device type of `device` (``"cuda:1"`` -> ``"cuda"``), or of `model`'s first parameter when None
+    (``"cpu"`` for a model without parameters).
+
+    Raises:
+        ValueError: a str with no device type. TypeError: `device` of another type.
+    """
+    if device is None:
+        param = next(model.parameters(), None)
+        return "cpu" if param is None else param.device.type
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):  # 'cuda:1' -> 'cuda'; a type no provider declares fails at the gates
+        kind = device.partition(":")[0].strip()
+        if not kind:
+            raise ValueError(f"kernelize(device={device!r}): expected a device such as 'cpu', 'cuda' or 'cuda:1'")
+        return kind
+    raise TypeError(f"kernelize(device={device!r}): expected a str, a torch.device or None, got "
+                    f"{type(device).__name__}")

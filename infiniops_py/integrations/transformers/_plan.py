@@ -1,0 +1,130 @@
+"""Planning `kernelize`: which modules of a model to swap, and the operator problems the swaps need gated."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple
+
+import torch
+
+from infiniops_py import Problem, make_problem
+from infiniops_py.integrations.transformers._families import Family
+from infiniops_py.integrations.transformers._swaps import fused_layer_forward, rms_norm_forward
+
+__all__ = ["Plan", "make_plan"]
+
+
+class Plan(NamedTuple):
+    """What `kernelize` will do to a model, once every problem in `problems` has a provider."""
+
+    problems: list[Problem]
+    swaps: list[tuple[str, str, torch.nn.Module, Callable[..., Any]]]  # kind, name, module, new forward
+    attention: list[str]  # the attention modules that will dispatch to ATTENTION
+    left: list[str]
+
+
+def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
+    """The swaps of `family` that `model` admits on `device_type`, the problems they need, and what is left
+    (with the reason): a norm class whose module is not the RMSNorm `rms_norm` computes, a decoder layer whose
+    forward is not the residual pattern (`_residual_pattern`), attention the model cannot redirect."""
+    problems: dict[Problem, None] = {}
+    swaps: list[tuple[str, str, torch.nn.Module, Callable[..., Any]]] = []
+    left: list[str] = []
+    attention: list[str] = []
+    config = model.config  # type: ignore[attr-defined]
+    fp32_residual = bool(getattr(config, "residual_in_fp32", False))
+    norms = {id(m) for m in model.modules() if type(m).__name__ in family.norms and _is_rms_norm(m)}
+
+    def need(op: str, dtype: torch.dtype, **fields: Any) -> None:
+        problems[make_problem(op, device_type=device_type, dtype=dtype, **fields)] = None
+
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if id(module) in norms:
+            short = name.rpartition(".")[2]
+            weight = module.weight
+            need("rms_norm", weight.dtype, hidden_size=weight.numel())
+            if fp32_residual and short in family.float32_inputs and weight.dtype != torch.float32:
+                need("rms_norm", torch.float32, hidden_size=weight.numel())
+            kind = "qk_norm" if short in ("q_norm", "k_norm") else "rms_norm"
+            swaps.append((kind, name, module, rms_norm_forward))
+        elif cls in family.norms:
+            left.append(f"{name} ({cls}): not the RMSNorm kernelize knows (a 1-D weight and a float "
+                        "variance_epsilon)")
+        elif cls in family.layers:
+            parts = [getattr(module, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
+            if not all(id(p) in norms for p in parts) or not _residual_pattern(type(module)):
+                left.append(f"{name} ({cls}): its forward is not the pre-norm residual pattern kernelize "
+                            "fuses, so its norms run unfused")
+                continue
+            weight = parts[1].weight  # type: ignore[union-attr]
+            need("fused_add_rms_norm", weight.dtype, hidden_size=weight.numel())
+            swaps.append(("fused_add_rms_norm", name, module, fused_layer_forward))
+        elif cls in family.attention:
+            why = _attention_unsupported(model)
+            if why:
+                left.append(f"{name} ({cls}): {why}")
+                continue
+            for op, fields in _attention_problems(module, config):
+                need(op, module.q_proj.weight.dtype, **fields)
+            attention.append(name)
+    return Plan(list(problems), swaps, attention, left)
+
+
+def _is_rms_norm(module: torch.nn.Module) -> bool:
+    """Whether `module` has the 1-D ``weight`` and the positive float ``variance_epsilon`` of ``LlamaRMSNorm``."""
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", None)
+    return isinstance(weight, torch.Tensor) and weight.dim() == 1 and isinstance(eps, float) and eps > 0
+
+
+_PATTERN: Final = (
+    "residual=hidden_states", "hidden_states=self.input_layernorm(hidden_states)", "hidden_states,_=self.self_attn(",
+    "hidden_states=residual+hidden_states", "residual=hidden_states",
+    "hidden_states=self.post_attention_layernorm(hidden_states)", "hidden_states=self.mlp(hidden_states)",
+    "hidden_states=residual+hidden_states", "returnhidden_states",
+)
+
+
+def _residual_pattern(cls: type) -> bool:
+    """Whether ``cls.forward`` is transformers' pre-norm decoder layer, statement for statement: norm, attention
+    (returning ``(output, weights)``), residual add, norm, MLP, residual add, return the tensor."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    code = re.sub(r"\s+", "", "".join(line.split("#")[0] for line in source.splitlines()))
+    at = 0
+    for statement in _PATTERN:
+        at = code.find(statement, at)
+        if at < 0:
+            return False
+        at += len(statement)
+    return code.endswith(_PATTERN[-1]) and code.count("self.self_attn(") == 1
+
+
+def _attention_unsupported(model: torch.nn.Module) -> str:
+    """Why `model`'s attention cannot dispatch to `ATTENTION` ('' when it can)."""
+    try:
+        from transformers import AttentionInterface  # noqa: F401
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
+    except ImportError as err:
+        return f"this transformers has no attention-interface registry ({err})"
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    if not hasattr(model, "set_attn_implementation") or (callable(can_set) and not can_set()):
+        return "the model cannot set its attention implementation"
+    return ""
+
+
+def _attention_problems(module: torch.nn.Module, config: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The attention problems of one attention module: prefill (varlen) and decode (kvcache), causal, with
+    and without the window where the layer has one (a window wider than the keys counts as none)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(module, "head_dim", None) or config.hidden_size // heads
+    windows = (False, True) if getattr(module, "sliding_window", None) else (False,)
+    common = {"head_dim": head_dim, "gqa_ratio": heads // kv_heads, "causal": True, "softcap": False}
+    return [(op, {**common, "local": local}) for op in ("flash_attn_varlen", "flash_attn_with_kvcache")
+            for local in windows]

@@ -1,0 +1,53 @@
+"""The report of one `kernelize` call (`Kernelized`): what was swapped, what was left, how to undo it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from infiniops_py import Implementation, Problem
+
+__all__ = ["Kernelized"]
+
+
+@dataclass
+class Kernelized:
+    """What `kernelize` did to one model.
+
+    Attributes:
+        model_type: the config's ``model_type``.
+        device_type: the device type the gates were resolved for.
+        swapped: kind (``rms_norm``, ``qk_norm``, ``fused_add_rms_norm``, ``attention``) -> the qualified
+            names of the modules swapped.
+        left: what still runs in transformers' code, and why.
+        chosen: each operator problem gated -> the implementation that serves it.
+    """
+
+    model_type: str
+    device_type: str
+    swapped: dict[str, list[str]] = field(default_factory=dict)
+    left: list[str] = field(default_factory=list)
+    chosen: dict[Problem, Implementation] = field(default_factory=dict)
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def restore(self) -> None:
+        """Put back every forward and the attention implementation that `kernelize` replaced."""
+        while self._undo:
+            self._undo.pop()()
+        self.swapped.clear()
+
+    def render(self) -> str:
+        """One line per kind swapped (count and the operator's provider), then what was left and why."""
+        providers: dict[str, list[str]] = {}
+        for problem, impl in self.chosen.items():
+            seen = providers.setdefault(problem.op, [])
+            if impl.provider not in seen:
+                seen.append(impl.provider)
+        ops = {"rms_norm": ("rms_norm",), "qk_norm": ("rms_norm",), "fused_add_rms_norm": ("fused_add_rms_norm",),
+               "attention": ("flash_attn_varlen", "flash_attn_with_kvcache")}
+        lines = [f"kernelized {self.model_type} for {self.device_type}:"]
+        for kind, names in self.swapped.items():
+            by = ", ".join(f"{op} by {'+'.join(providers.get(op, ['?']))}" for op in ops[kind])
+            lines.append(f"  {kind}: {len(names)} module(s) ({by})")
+        lines.extend(f"  left: {why}" for why in self.left)
+        return "\n".join(lines)
