@@ -7,7 +7,13 @@ Ranking, for one problem:
    candidates, in the order given: forcing a provider never falls back to another one.
 3. Otherwise the providers named by ``INFINIOPS_PRIORITY`` for the operator come first, in that order,
    then the rest by priority (highest first).
-4. The first candidate whose capability accepts the problem wins.
+4. Measured times reorder the candidates that no ``use(provider=...)`` scope or ``INFINIOPS_PRIORITY`` entry
+   placed: when this device has a measurement of the problem's size bucket (`infiniops_py.tuning`), the
+   accepting implementations it timed come first, fastest first, a tie inside the noise margin
+   (`infiniops_py.tuning.ranking.NOISE_MARGIN`) going to the higher priority; the others keep their priority
+   order after them. Without a measurement (no bucket, nothing timed, ``INFINIOPS_TUNING=off``) priority alone
+   ranks. The last-resort ``reference`` provider is never promoted by time.
+5. The first candidate whose capability accepts the problem wins.
 
 Names are checked: ``use(op=...)`` raises on an unknown operator. A name that the configuration gives and
 that matches no loaded provider is a *configuration problem*: a provider in ``INFINIOPS_PROVIDERS`` or
@@ -35,216 +41,28 @@ The decision is cached per (operator, problem key, overrides), so a resolved cal
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
-import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from infiniops_py._env import env_flag, split_names
-from infiniops_py.errors import CandidateReport, GateError, likely_fix
-from infiniops_py.operators import OPERATORS
+from infiniops_py.errors import CandidateReport, GateError
+from infiniops_py.explanation import Explanation, Fallback
+from infiniops_py.overrides import _OVERRIDES, Override, Settings, current_overrides, use
 from infiniops_py.problem import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
+from infiniops_py.tuning.ranking import measured_order, why_chosen
+from infiniops_py.tuning.store import TuningTable
 
-__all__ = ["Explanation", "Fallback", "Override", "Resolver", "Settings", "use"]
+__all__ = ["_OVERRIDES", "Explanation", "Fallback", "Override", "Resolver", "Settings", "current_overrides", "use"]
 
 log = logging.getLogger("infiniops")
 REFERENCE = "reference"
 META = "meta"  # the built-in provider of meta problems: shapes only, outside every ranking
 
 
-def _per_op(text: str) -> dict[str | None, tuple[str, ...]]:
-    """Parse ``op=a,b;op2=c`` (or a bare ``a,b`` for every operator)."""
-    out: dict[str | None, tuple[str, ...]] = {}
-    for part in text.replace("\n", ";").split(";"):
-        if not part.strip():
-            continue
-        op, sep, names = part.partition("=")
-        out[op.strip() if sep else None] = split_names(names if sep else op)
-    return out
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Resolver settings from the environment (read when the runtime is built or reloaded)."""
-
-    priority: Mapping[str | None, tuple[str, ...]] = field(default_factory=dict)
-    deny: Mapping[str | None, tuple[str, ...]] = field(default_factory=dict)
-    strict: bool = False
-    trace: bool = False
-    allow: tuple[str, ...] = ()  # INFINIOPS_PROVIDERS: the entry points allowed to load (empty: all)
-
-    @classmethod
-    def from_env(cls) -> Settings:
-        """``INFINIOPS_PRIORITY``, ``INFINIOPS_DENY`` (both ``op=a,b;...`` or ``a,b``), ``INFINIOPS_PROVIDERS``
-        (``a,b``), and the booleans ``INFINIOPS_STRICT`` and ``INFINIOPS_TRACE_CALLS`` (``1``/``0``,
-        ``true``/``false``, ``yes``/``no``, ``on``/``off``; unset or empty is off); ``INFINIOPS_CHECK_INDICES``
-        is validated here too (the contracts read it).
-
-        Raises:
-            ValueError: a boolean variable set to anything else, naming the variable.
-        """
-        env = os.environ
-        env_flag("INFINIOPS_CHECK_INDICES")  # read per call by the contracts; a bad value is refused here, first
-        return cls(
-            priority=_per_op(env.get("INFINIOPS_PRIORITY", "")),
-            deny=_per_op(env.get("INFINIOPS_DENY", "")),
-            strict=env_flag("INFINIOPS_STRICT"),
-            trace=env_flag("INFINIOPS_TRACE_CALLS"),
-            allow=split_names(env.get("INFINIOPS_PROVIDERS", "")),
-        )
-
-    def for_op(self, table: Mapping[str | None, tuple[str, ...]], op: str) -> tuple[str, ...]:
-        return table.get(op, table.get(None, ()))
-
-
-@dataclass(frozen=True)
-class Override:
-    """One ``use(...)`` scope: force `providers` (in order) and/or deny some, for `ops` (None: all)."""
-
-    providers: tuple[str, ...] = ()
-    ops: frozenset[str] | None = None
-    deny: tuple[str, ...] = ()
-
-    def covers(self, op: str) -> bool:
-        return self.ops is None or op in self.ops
-
-
-_OVERRIDES: contextvars.ContextVar[tuple[Override, ...]] = contextvars.ContextVar("infiniops_use", default=())
-
-
-def _names(argument: str, value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """One name or a sequence of names as a tuple; TypeError/ValueError name `argument` otherwise."""
-    if value is None:
-        return ()
-    items = (value,) if isinstance(value, str) else value
-    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
-        raise TypeError(f"use({argument}={value!r}): expected a name (str) or a sequence of names, "
-                        f"got {type(value).__name__}")
-    names = tuple(items)
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"use({argument}={value!r}): expected names as str, got {type(name).__name__} "
-                            f"{name!r}")
-        if not name.strip():
-            raise ValueError(f"use({argument}={value!r}): an empty name")
-    return names
-
-
-def use(
-    provider: str | Sequence[str] | None = None,
-    *,
-    op: str | Sequence[str] | None = None,
-    deny: str | Sequence[str] | None = None,
-) -> contextlib.AbstractContextManager[None]:
-    """Scope in which `op` (one name, several, or all when None) is served only by `provider`.
-
-    ``use(provider="triton", op="flash_attn_varlen")`` forces Triton for that operator (a problem Triton
-    cannot serve raises `GateError`, it never falls back); ``use(provider=("triton", "torch"))`` allows
-    those two, in that order; ``use(deny="cupy")`` excludes a provider. Scopes nest (the inner one wins)
-    and follow `contextvars` (threads and asyncio tasks each see their own).
-
-    Provider names are checked when a call resolves, not here (a provider may be registered inside the
-    scope): forcing only providers that are not loaded raises `GateError` saying ``provider 'zzz' is not
-    loaded (known: ...)``; a forced provider that is not loaded, or a denied one that does not exist, logs a
-    warning once.
-
-    Raises:
-        TypeError: `provider`, `op` or `deny` is neither a str nor a sequence of str (``use(provider=5)``).
-        ValueError: an unknown operator in `op` (the message lists the known ones), or an empty name.
-    """
-    names = _names("provider", provider)
-    denied = _names("deny", deny)
-    ops = None
-    if op is not None:
-        ops = frozenset(_names("op", op))
-        unknown = sorted(ops - set(OPERATORS))
-        if unknown:
-            raise ValueError(f"use(op={op!r}): unknown operator(s) {', '.join(map(repr, unknown))} "
-                             f"(known: {', '.join(OPERATORS)})")
-        if not ops:
-            raise ValueError(f"use(op={op!r}): names no operator (leave op out to cover every operator)")
-    return _scope(Override(names, ops, denied))
-
-
-@contextlib.contextmanager
-def _scope(override: Override) -> Iterator[None]:
-    token = _OVERRIDES.set((*_OVERRIDES.get(), override))
-    try:
-        yield
-    finally:
-        _OVERRIDES.reset(token)
-
-
-def current_overrides() -> tuple[Override, ...]:
-    return _OVERRIDES.get()
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """A resolution that did not get the preferred implementation.
-
-    Attributes:
-        problem: the problem resolved.
-        chosen: the name of the implementation that serves it.
-        passed_over: the reports of the candidates preferred to it that rejected the problem, and of the
-            preferred (or allowed) providers that are not loaded: implementation ``-``, the reason in the note.
-    """
-
-    problem: Problem
-    chosen: str
-    passed_over: tuple[CandidateReport, ...]
-
-    def __str__(self) -> str:
-        why = "; ".join(f"{c.provider}: " + ", ".join([*map(str, c.rejections), *filter(None, (c.note,))])
-                        for c in self.passed_over)
-        return f"{self.problem.op} {self.problem.describe()} fell back to {self.chosen} ({why})"
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """The full ranking for one problem, as `explain` returns it (nothing runs).
-
-    Attributes:
-        note: what the overrides excluded, and forced providers that are not loaded.
-        problems: the configuration problems that concern the operator (names of the environment or of the
-            ``use(...)`` scopes that match no loaded provider, or no operator); strict mode refuses to
-            resolve while there is one.
-    """
-
-    problem: Problem
-    candidates: tuple[CandidateReport, ...]
-    chosen: Implementation | None
-    fallback: Fallback | None
-    note: str = ""
-    problems: tuple[str, ...] = ()
-
-    def render(self) -> str:
-        """The ranking as ``infiniops explain`` prints it: the problem, the notes, each candidate (chosen,
-        accepts or rejects, with its reasons), then the fallback, or, when nothing serves the problem, the
-        most likely fix (`errors.likely_fix`)."""
-        lines = [f"{self.problem.op} {self.problem.describe()}"]
-        if self.note:
-            lines.append(f"  note: {self.note}")
-        lines.extend(f"  configuration: {m}" for m in self.problems)
-        for rank, c in enumerate(self.candidates, 1):
-            mark = "chosen" if self.chosen is not None and c.implementation == self.chosen.name else (
-                "accepts" if c.accepted else "rejects")
-            lines.append(f"  {rank}. {c.provider} ({c.implementation}, priority {c.priority}): {mark}")
-            if c.note:
-                lines.append(f"       - {c.note}")
-            lines.extend(f"       - {r}" for r in c.rejections)
-        if self.chosen is None:
-            lines.append("  no provider can serve this problem")
-            fix = likely_fix(self.candidates)
-            if fix is not None:
-                lines.append(f"  most likely fix: {fix[0]} (to use {fix[1]})")
-        elif self.fallback is not None:
-            lines.append(f"  fallback: {self.fallback}")
-        return "\n".join(lines)
+def _forced(op: str, overrides: tuple[Override, ...]) -> bool:
+    """Whether a ``use(provider=...)`` scope of `overrides` forces the providers of `op`."""
+    return any(ov.providers for ov in overrides if ov.covers(op))
 
 
 class _Ranking(NamedTuple):
@@ -260,10 +78,15 @@ class _Ranking(NamedTuple):
 class Resolver:
     """Picks implementations for problems from a fixed set of providers and settings."""
 
-    def __init__(self, providers: Iterable[Provider], settings: Settings, specs: Mapping[str, OpSpec]) -> None:
+    def __init__(self, providers: Iterable[Provider], settings: Settings, specs: Mapping[str, OpSpec],
+                 tuning: TuningTable | None = None) -> None:
+        """`tuning`: the measured times to rank by; None builds a `TuningTable` for the loaded providers from
+        ``settings.tuning`` (``INFINIOPS_TUNING``), which reads nothing until a problem with a bucket resolves."""
         self.providers = {p.name: p for p in providers}
         self.settings = settings
         self.specs = specs
+        self.tuning = tuning if tuning is not None else TuningTable(
+            {p.name: p.version for p in self.providers.values() if p.loaded}, settings.tuning)
         self.by_op: dict[str, list[Implementation]] = {}
         for p in self.providers.values():
             for impl in p.implementations:
@@ -406,15 +229,52 @@ class Resolver:
             served = next((i for i, r in zip(metas, reports) if not r.rejections), None)
             return Explanation(problem, tuple(reports), served, None)
         ranking = self._ranked(problem.op, overrides)
-        reports: list[CandidateReport] = []
-        chosen: Implementation | None = None
-        for impl in ranking.candidates:
-            rejections = impl.capability.reasons(problem)
-            reports.append(CandidateReport(impl.provider, impl.name, impl.priority, rejections))
-            if not rejections and chosen is None:
-                chosen = impl
+        rejected = {impl.name: impl.capability.reasons(problem) for impl in ranking.candidates}
+        ranking, measurement, why = self._measured(problem, ranking, rejected, overrides)
+        reports = [CandidateReport(i.provider, i.name, i.priority, rejected[i.name]) for i in ranking.candidates]
+        chosen = next((i for i in ranking.candidates if not rejected[i.name]), None)
         fallback = None if chosen is None else self._fallback(problem, ranking, reports, chosen)
-        return Explanation(problem, tuple(reports), chosen, fallback, ranking.note, ranking.problems)
+        if chosen is not None and not why:
+            why = self._why(problem, ranking, chosen, measurement, _forced(problem.op, overrides))
+        return Explanation(problem, tuple(reports), chosen, fallback, ranking.note, ranking.problems,
+                           measurement, why)
+
+    def _measured(self, problem: Problem, ranking: _Ranking, rejected: Mapping[str, Any],
+                  overrides: tuple[Override, ...]) -> tuple[_Ranking, Any, str]:
+        """`ranking` reordered by the measurement of `problem`'s bucket (see the module doc, step 4), the
+        measurement (None when there is none; a scope that forces providers keeps their order), and why the
+        winner won when the measurement decided it (else empty)."""
+        measurement = self.tuning.lookup(problem)
+        if measurement is None or _forced(problem.op, overrides):
+            return ranking, measurement, ""
+        head = [i for i in ranking.candidates if i.provider in ranking.preferred]
+        free = [i for i in ranking.candidates if i.provider not in ranking.preferred]
+        order = measured_order(free, {name for name, why in rejected.items() if not why}, measurement)
+        if not order:
+            return ranking, measurement, ""
+        timed = {i.name for i in order}
+        candidates = [*head, *order, *(i for i in free if i.name not in timed)]
+        why = "" if any(not rejected[i.name] for i in head) else why_chosen(order[0], order, measurement)
+        return ranking._replace(candidates=candidates), measurement, why
+
+    def _why(self, problem: Problem, ranking: _Ranking, chosen: Implementation, measurement: Any,
+             forced: bool) -> str:
+        """Why `chosen` won where the measurement did not decide: an override, or priority (and why no time)."""
+        if chosen.provider in ranking.preferred:
+            how = "use(provider=...)" if forced else "INFINIOPS_PRIORITY"
+            return f"{chosen.name}: {how} prefers provider {chosen.provider!r}"
+        spec = self.specs.get(problem.op)
+        if spec is None or not spec.buckets:
+            return f"{chosen.name}: highest priority that accepts the problem"
+        if not problem.bucket:
+            return (f"{chosen.name}: highest priority that accepts the problem (no size bucket: give "
+                    f"{', '.join(spec.buckets)} to rank by measured time)")
+        if not self.tuning.enabled:
+            return f"{chosen.name}: highest priority that accepts the problem (INFINIOPS_TUNING=off)"
+        if measurement is None:
+            return (f"{chosen.name}: highest priority that accepts the problem (nothing measured for this bucket "
+                    "on this device: infiniops tune measures it)")
+        return f"{chosen.name}: highest priority that accepts the problem (the measured ones reject it or failed)"
 
     def resolve(self, problem: Problem, overrides: tuple[Override, ...] = ()) -> Implementation:
         """The implementation for `problem`.

@@ -236,6 +236,8 @@ def _trace(spec: OpSpec, key: tuple[Any, ...], impl: Implementation) -> None:
         "provider": impl.provider,
         "implementation": impl.name,
     }
+    if spec.buckets:  # the size bucket that the decision (and its measured times) belongs to
+        record["bucket"] = dict(zip(spec.buckets, key[len(key) - len(spec.buckets):]))
     sys.stderr.write(json.dumps(record) + "\n")
 
 

@@ -203,8 +203,9 @@ def test_trace_calls_writes_one_json_line_per_call() -> None:
     records = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
     assert len(records) == 2
     for record, dtype in zip(records, ("float32", "float64")):
-        assert set(record) == {"operator_name", "device_type", "dtype", "provider", "implementation"}
+        assert set(record) == {"operator_name", "device_type", "dtype", "provider", "implementation", "bucket"}
         assert record["operator_name"] == "add" and record["device_type"] == "cpu" and record["dtype"] == dtype
+        assert record["bucket"] == {"numel": 4}
     assert records[1]["provider"] == "reference"  # nothing else declares float64
 
 
