@@ -1,0 +1,147 @@
+"""`causal_conv1d_update`: decode step(s) of causal_conv1d against a rolling or circular state, its checks
+and its `OpSpec`."""
+
+from __future__ import annotations
+
+import torch
+
+from infiniops_py.operators._base import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    ContractError,
+    OpSpec,
+    check_device,
+    check_dtype,
+    check_index_range,
+    check_no_grad,
+    check_no_overlap,
+    check_shape,
+    check_tensor,
+    check_unique_indices,
+    check_writable,
+    is_checked,
+)
+from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators.causal_conv1d._checks import check_activation, check_layout, check_weight, empty_like_layout
+from infiniops_py.operators.causal_conv1d._reference import reference_update
+
+__all__ = ["SPEC_UPDATE", "causal_conv1d_update"]
+
+_UPDATE = "causal_conv1d_update"
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    cache_seqlens: torch.Tensor | None = None,
+    conv_state_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode step(s) of `causal_conv1d` against a rolling state, as causal-conv1d's ``causal_conv1d_update``
+    (its argument order).
+
+    Row b reads and writes state slot ``conv_state_indices[b]`` (b when None): its L new columns are
+    appended to the slot's S columns, the output is the convolution of the last W columns ending at each new
+    column, and the slot keeps the last S columns (exact copies). With `cache_seqlens` the slot is instead a
+    circular buffer, as in causal-conv1d: with ``c = cache_seqlens[b] mod S`` the taps before the new
+    columns read slot columns ``c - (W-1) .. c - 1`` (mod S) and new column t is written to column
+    ``(c + t) mod S`` (all reads first; when L > S the later columns win); the caller advances
+    cache_seqlens. An index < 0 is a padded row: output 0, no state is read or written. Two rows may not
+    name one slot: in checked mode a repeated non-negative index raises; unchecked, the slot's state and
+    both rows' outputs are undefined (one provider reads every slot before writing any, another runs the
+    rows in order).
+
+    Args:
+        x: [B, D] (one token) or [B, D, L], float16/bfloat16/float32/float64, stride 1 along D or L.
+        conv_state: [slots, D, S] in x's dtype, S >= W-1, updated in place; stride 1 along D or S, no
+            expanded (zero-stride) or self-overlapping dims, no memory (by address) shared with x,
+            weight, bias, cache_seqlens or conv_state_indices. Without indices,
+            slots == B (unless B == 0: an empty batch does nothing).
+        weight: [D, W], any float dtype (the arithmetic runs in it), 2 <= W <= 16.
+        bias: [D] in weight's dtype, or None.
+        activation: None or "silu".
+        cache_seqlens: int32/int64 [B] (one per row of x, not per slot), or None: the circular state's
+            write position; in checked mode a negative value raises, unchecked it is taken mod S.
+        conv_state_indices: int32/int64 [B] slot per row, < slots, each non-negative value once; negative
+            values are padding (and may repeat).
+
+    Returns:
+        out shaped like x, in x's dtype.
+
+    Raises:
+        ContractError: a non-tensor, a bad shape, dtype, device, layout or width, a conv_state that cannot be
+            written in place, a tensor that requires grad while grad mode is on; in checked mode an index
+            >= slots, a repeated index or a negative cache_seqlens.
+    """
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
+        return torch.ops.infiniops.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                                                        cache_seqlens)
+    check_tensor(_UPDATE, "x", x)
+    check_tensor(_UPDATE, "conv_state", conv_state)
+    check_tensor(_UPDATE, "weight", weight)
+    check_tensor(_UPDATE, "bias", bias, optional=True)
+    check_tensor(_UPDATE, "cache_seqlens", cache_seqlens, optional=True)
+    check_tensor(_UPDATE, "conv_state_indices", conv_state_indices, optional=True)
+    check_no_grad(_UPDATE, {"x": x, "conv_state": conv_state, "weight": weight, "bias": bias,
+                            "conv_state_indices": conv_state_indices})
+    check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
+    if x.dim() not in (2, 3):
+        raise ContractError(_UPDATE, "x", f"expected shape [B, D] or [B, D, L], got {list(x.shape)}")
+    x3 = x.unsqueeze(-1) if x.dim() == 2 else x
+    channel_last = check_layout(_UPDATE, "x", x3)
+    batch, dim, _ = x3.shape
+    width = check_weight(_UPDATE, x3, weight, bias)
+    silu = check_activation(_UPDATE, activation)
+    check_device(_UPDATE, "conv_state", conv_state, x.device)
+    if conv_state.dtype != x.dtype:
+        raise ContractError(_UPDATE, "conv_state", f"expected dtype {x.dtype} (same as x), got {conv_state.dtype}")
+    check_shape(_UPDATE, "conv_state", conv_state, (None, dim, None), " ([slots, D, S])")
+    state_len = conv_state.shape[2]
+    if state_len < width - 1:
+        raise ContractError(_UPDATE, "conv_state", f"state length S={state_len} < W-1={width - 1}")
+    check_layout(_UPDATE, "conv_state", conv_state)
+    check_writable(_UPDATE, "conv_state", conv_state)
+    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("cache_seqlens", cache_seqlens),
+                    ("conv_state_indices", conv_state_indices)):
+        if t is not None:  # every input is read while conv_state is written
+            check_no_overlap(_UPDATE, name, t, "conv_state", conv_state)
+    slots = conv_state.shape[0]
+    if conv_state_indices is None:
+        if slots != batch and batch:
+            raise ContractError(_UPDATE, "conv_state", f"expected {batch} slots (one per row of x) without "
+                                                       f"conv_state_indices, got {slots}")
+    else:
+        check_device(_UPDATE, "conv_state_indices", conv_state_indices, x.device)
+        check_dtype(_UPDATE, "conv_state_indices", conv_state_indices, INDEX_DTYPES)
+        check_shape(_UPDATE, "conv_state_indices", conv_state_indices, (batch,), " ([B])")
+        check_index_range(_UPDATE, "conv_state_indices", conv_state_indices, slots, allow_negative=True)
+        check_unique_indices(_UPDATE, "conv_state_indices", conv_state_indices)
+    if cache_seqlens is not None:
+        check_device(_UPDATE, "cache_seqlens", cache_seqlens, x.device)
+        check_dtype(_UPDATE, "cache_seqlens", cache_seqlens, INDEX_DTYPES)
+        check_shape(_UPDATE, "cache_seqlens", cache_seqlens, (batch,), " ([B], one per row of x)")
+        if cache_seqlens.numel() and is_checked(cache_seqlens.device) and int(cache_seqlens.min()) < 0:
+            raise ContractError(_UPDATE, "cache_seqlens", f"value {int(cache_seqlens.min())} < 0: each is the "
+                                                          "number of columns written so far (>= 0)")
+    out = empty_like_layout(x3, channel_last)
+    if x3.numel():
+        key = (x.device.type, x.dtype, width, state_len, bias is not None, silu, conv_state_indices is not None,
+               cache_seqlens is not None)
+        args = (x3, conv_state, weight, bias, activation, conv_state_indices, out)
+        if cache_seqlens is None:
+            SPEC_UPDATE.call(key, *args)
+        else:
+            SPEC_UPDATE.call(key, *args, cache_seqlens)
+    return out.squeeze(-1) if x.dim() == 2 else out
+
+
+SPEC_UPDATE = OpSpec(
+    name=_UPDATE,
+    fields={"width": 4, "state_len": 3, "has_bias": True, "silu": True, "has_indices": False,
+            "has_cache_seqlens": False},
+    function=causal_conv1d_update,
+    reference=reference_update,
+    doc="causal conv1d decode step against a rolling or circular [slots, D, S] state, gathered slots",
+)
