@@ -1,4 +1,4 @@
-"""The conformance suite of several providers on one GPU, as parallel ``infiniops check`` jobs (issue 3).
+"""The conformance suite of several providers on one GPU, as parallel ``infiniops check`` jobs (the GPU acceptance run).
 
     python3 benchmarks/gpu_check.py triton:300 cupy:300 torch:50 --logs gpu-check [--jobs 8] [--budget 540]
         [--device cuda] [--op OP ...] [--dtype T ...] [--max-examples N] [--shards K] [--seed S]
@@ -23,7 +23,7 @@ the table then has a row per shard and a ``total`` row per (provider, operator, 
 
 Printed last: the failures, then one table of every job's rows: provider, operator, dtype, examples run,
 gated, failed, worst |err| (and as a share of the tolerance), seconds, status, and ``grid``: which values
-of issue 3's GPU grid (head dims 64/128/256, GQA ratios 1/4/8, block sizes 16/256, 8192-token sequences)
+of the GPU acceptance grid (`GRID`: head dims 64/128/256, GQA ratios 1/4/8, block sizes 16/256, 8192-token sequences)
 the row ran, where it has them.
 
 Exit status: 0 when every job passed; 1 on any failure, crash, or job killed or not run.
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-# issue 3's GPU acceptance grid: the values each operator's rows should have run (not gated), and the
+# the GPU acceptance grid: the values each operator's rows should have run (not gated), and the
 # longest sequence (max_seqlen_k) they should have reached
 _ATTENTION_GRID: Final = {"head_dim": (64, 128, 256), "gqa_ratio": (1, 4, 8), "block_size": (16, 256)}
 GRID: Final[dict[str, dict[str, tuple[int, ...]]]] = {
@@ -195,7 +195,7 @@ def run(jobs: list[Job], device: str, parallel: int, budget: float | None) -> No
 
 
 def grid(op: str, coverage: dict[str, list[Any]]) -> str:
-    """Whether a row of `op` ran issue 3's grid: ``ok``, ``-`` (no grid for `op`), else what it missed."""
+    """Whether a row of `op` ran the acceptance grid (`GRID`): ``ok``, ``-`` (no grid for `op`), else what it missed."""
     if op not in GRID:
         return "-"
     missing = []

@@ -1,4 +1,4 @@
-"""GPU check and benchmark of the Triton dense kernels against the issue-3 targets (run on the H200).
+"""GPU check and benchmark of the Triton dense kernels against the targets below (run on the H200).
 
     python benchmarks/gpu_dense.py            # correctness, then timings, then the table (< 3 min)
 

@@ -1,4 +1,4 @@
-"""GPU benchmark of the Triton selective scan (Mamba-2 SSD) and state update against the issue-3 targets.
+"""GPU benchmark of the Triton selective scan (Mamba-2 SSD) and state update against the targets below.
 
     python benchmarks/gpu_ssm.py            # correctness, then timings, then the table (< 3 min on the H200)
 
@@ -15,7 +15,7 @@
      matmul rate would take, over the time measured;
    - ``selective_state_update``, batch 64 gathered from 128 slots (D, dt_bias, softplus): state bytes read
      and written per second; target >= 70% of the copy bandwidth.
-   The baseline column holds state-spaces/mamba's numbers on this GPU as the issue quotes them.
+   The baseline column holds state-spaces/mamba's figures on the H200 (`MAMBA`: quoted, not measured here).
    Where the time goes, in each line's note: every Triton launch of the prefill timed alone, the whole
    call replayed as a CUDA graph (GPU time only), and the host time per eager call (launch overhead);
    for the state update, a sweep of its tile height and warp count.
@@ -62,7 +62,7 @@ TOKENS_TARGET = 25e6  # tokens/s at 8 x 2048 and 1 x 16384
 SHORT_TARGET_MS = 0.3  # 1 x 2048
 VS_TORCH_TARGET = 30.0  # at 8 x 2048
 UPDATE_TARGET = 0.70  # x copy bandwidth
-MAMBA = {"8x2048": 26e6, "1x16384": 26e6, "1x2048": 2048 / 0.95e-3, "update": 640.0}  # issue 3's quotes
+MAMBA = {"8x2048": 26e6, "1x16384": 26e6, "1x2048": 2048 / 0.95e-3, "update": 640.0}  # mamba_ssm on the H200, quoted
 
 
 class Layer(NamedTuple):
@@ -367,7 +367,7 @@ def update_sweep(args: tuple[torch.Tensor, ...], kwargs: dict[str, Any], nbytes:
 
 def bench_scan(device: str, copy_gbs: float, gemm_tflops: float, batch: int, length: int, label: str, *,
                layer: Layer = MAMBA2_130M, timer: Timer = median_ms) -> dict[str, Any]:
-    """Prefill at `batch` x `length`, bf16, against the target of the issue's size `label` (a key of
+    """Prefill at `batch` x `length`, bf16, against the target of the size `label` (a key of
     `MAMBA`): tokens/s, plus x torch for "8x2048", or the time for "1x2048"."""
     args, kwargs = scan_case(batch, length, layer, torch.bfloat16, device, seed=11)
     tokens = batch * length

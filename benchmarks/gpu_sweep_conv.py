@@ -1,4 +1,4 @@
-"""Sweep of the Triton causal_conv1d channel-last tile on the H200 (issue 3's conv target), in under 90 s.
+"""Sweep of the Triton causal_conv1d channel-last tile on the H200 (target: >= 85% of copy bandwidth), in under 90 s.
 
     python benchmarks/gpu_sweep_conv.py       # checks, timings, then the table (best tile marked *)
 
@@ -13,7 +13,7 @@ default tile, and channel-first once (its autotuned kernel). Each variant:
    bandwidth measured in this run (a 2 GiB device-to-device copy, read + write bytes), against the torch
    provider's time on the same buffers (``infiniops_py.use("torch")``).
 
-The target (issue 3): >= 85% of the copy bandwidth and faster than the torch provider. Only 7 channel-last
+The target: >= 85% of the copy bandwidth and faster than the torch provider. Only 7 channel-last
 kernels compile, one per channels/warps pair (the time rows of a tile set the grid, not a compile-time
 constant). On the H200 the best tile was 128x512/4w at 86% of copy, now the launcher's default; a tile that
 loaded the next 8 rows while the current 8 computed lost on every shape (64-83%) and was dropped.

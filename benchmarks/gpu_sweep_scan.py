@@ -13,7 +13,7 @@ one kernel (the others keep their defaults, the autotuner's pick) and is
 
 The kernels run one after another, so the best variant of each is the fastest passing one of its kernel
 at 8 x 2048; the last variant combines them. The torch provider's prefill is timed in the same run and the
-ratio to it is printed (issue 3: >= 30x at 8 x 2048). The table comes last, the best of each kernel marked
+ratio to it is printed (the target: >= 30x at 8 x 2048). The table comes last, the best of each kernel marked
 ``*``: its configuration becomes the kernel's default (CONFIGS and FACTORED in _ssd_chunk_scan.py, CONFIGS in
 _ssd_chunk_state.py, the block and step in _ssd_state_passing.py, PRESPLIT in selective_scan.py; all under
 providers/triton/infiniops_triton/).

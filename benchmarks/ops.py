@@ -1,4 +1,4 @@
-"""Every operator at realistic LLM sizes on the GPU, every provider side by side, and the issue-3 targets.
+"""Every operator at realistic LLM sizes on the GPU, every provider side by side, and the per-family targets.
 
     python3 benchmarks/ops.py [--write benchmarks/RESULTS.md] [--skip-families]
 
