@@ -31,6 +31,7 @@ from infinilm.engine.sampling import sample
 from infinilm.engine.scheduler import Batch, Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infinilm.engine.state_pool import StatePool
+from infinilm.engine.warmup import WarmupReport, warm_up
 from infinilm.models.family import CausalLM, GatePlan
 from infinilm.models.registry import family_of, read_config
 from infiniops_py import unchecked_indices
@@ -57,6 +58,7 @@ class Engine:
         graph_status: whether decode steps (and, for a recurrent model with `prefill_graph_lengths`, lone-prompt
             prefills) run as CUDA graphs, and why not when they do not (naming an implementation that
             synchronizes with the host).
+        warmup: what the build's tuning and warm-up of the buckets it runs did (`infinilm.engine.warmup`).
         prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
     """
 
@@ -79,12 +81,15 @@ class Engine:
                                    max_num_batched_tokens=options.max_num_batched_tokens,
                                    max_model_len=options.model_len(config), eos_token_ids=config.eos_token_ids)
         self.graph_status = "cuda graphs: off (not on CUDA)" if self.device.type != "cuda" else "cuda graphs: off"
+        with self._scope():  # tune and warm the buckets it will run, before the graphs capture the winners
+            self.warmup: WarmupReport = warm_up(self, progress=options.progress)
+        used = [*gate_plan.chosen.values(), *self.warmup.chosen.values()]
         if self.device.type == "cuda" and options.cuda_graphs:
             with self._scope():
-                self.graph_status = self.runner.capture_graphs(options.max_num_seqs, gate_plan.chosen.values())
+                self.graph_status = self.runner.capture_graphs(options.max_num_seqs, used)
                 if options.prefill_graph_lengths:
-                    self.graph_status += "; " + self.runner.capture_prefill_graphs(
-                        options.prefill_graph_lengths, gate_plan.chosen.values())
+                    self.graph_status += "; " + self.runner.capture_prefill_graphs(options.prefill_graph_lengths,
+                                                                                  used)
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
         self._request_ids = itertools.count()
