@@ -247,16 +247,16 @@ def bench_prefill(device: str, gemm_tflops: float, *, batch: int = 4, heads: int
     """Varlen causal prefill (equal lengths, so SDPA runs the same problem) vs the torch provider and SDPA."""
     args = varlen_case([seqlen] * batch, [seqlen] * batch, heads, heads, d, torch.bfloat16, device, seed=11)
     flops = prefill_flops(batch, heads, seqlen, d)
-    tri = flops / timer(implementation_call("triton", "flash_attn_varlen", args)) / 1e9
-    tor = flops / timer(implementation_call("torch", "flash_attn_varlen", args)) / 1e9
+    ms = {p: timer(implementation_call(p, "flash_attn_varlen", args)) for p in ("triton", "torch")}
     q4, k4, v4 = (args[n].view(batch, seqlen, heads, d).transpose(1, 2) for n in ("q", "k", "v"))
-    sdpa = flops / timer(lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)) / 1e9
+    ms["SDPA"] = timer(lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True))
+    tri, tor, sdpa = (flops / ms[p] / 1e9 for p in ("triton", "torch", "SDPA"))
     ratio = tri / sdpa
     short = "" if ratio >= PREFILL_TARGET else f", short by {PREFILL_TARGET - ratio:.2f}x"
     tuned = _tuned_config("infiniops_triton._flash_attn_kernels", "attn_fwd_tuned")
     return perf_row(FAMILY, f"varlen causal prefill D{d} {batch}x{heads}hx{seqlen} bf16", "TFLOP/s", tri, tor,
                     "SDPA", sdpa, tri / gemm_tflops, f">= {PREFILL_TARGET}x SDPA", ratio >= PREFILL_TARGET,
-                    f"{ratio:.2f}x SDPA{short}; tuned {tuned}")
+                    f"{ratio:.2f}x SDPA{short}; tuned {tuned}", op="flash_attn_varlen", ms=ms)
 
 
 def _tuned_config(module: str, name: str) -> str:
@@ -276,9 +276,10 @@ def bench_decode(device: str, copy_gbs: float, *, batch: int = 64, hq: int = 32,
     args = kvcache_case(batch, [context] * batch, hq, hkv, d, torch.bfloat16, device, capacity=context, new=0,
                         page=page, seed=12)
     nbytes = decode_kv_bytes(batch, context, hkv, d)
-    tri = nbytes / timer(implementation_call("triton", "flash_attn_with_kvcache", args)) / 1e6
+    ms = {"triton": timer(implementation_call("triton", "flash_attn_with_kvcache", args))}
     tuned = _tuned_config("infiniops_triton._decode_kernels", "decode_split_tuned")
-    tor = nbytes / timer(implementation_call("torch", "flash_attn_with_kvcache", args)) / 1e6
+    ms["torch"] = timer(implementation_call("torch", "flash_attn_with_kvcache", args))
+    tri, tor = nbytes / ms["triton"] / 1e6, nbytes / ms["torch"] / 1e6
     sweep = {s: nbytes / timer(implementation_call("triton", "flash_attn_with_kvcache", args, splits=s)) / 1e6
              for s in (1, 2, 4, 8)}  # how the split-K count matters here (diagnostics for tuning `num_splits`)
     frac = tri / copy_gbs
@@ -286,7 +287,8 @@ def bench_decode(device: str, copy_gbs: float, *, batch: int = 64, hq: int = 32,
     by_split = ", ".join(f"{s}: {v:.0f}" for s, v in sweep.items())
     return perf_row(FAMILY, f"paged decode B{batch} {hq}/{hkv}h D{d} ctx{context} bs{page} bf16", "GB/s", tri, tor,
                     "copy", copy_gbs, frac, f">= {DECODE_TARGET:.0%} copy BW", frac >= DECODE_TARGET,
-                    f"{frac:.0%} of copy{short}; tuned {tuned}; GB/s by splits {by_split}")
+                    f"{frac:.0%} of copy{short}; tuned {tuned}; GB/s by splits {by_split}",
+                    op="flash_attn_with_kvcache", ms=ms)
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, scale: int = 1, timer: Timer = median_ms,

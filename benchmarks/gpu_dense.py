@@ -269,8 +269,9 @@ def _bandwidth_row(case: str, nbytes: int, tri_ms: float, torch_ms: float, copy_
     misses = [f"{BANDWIDTH_TARGET - frac:.0%} below the copy target"] if frac < BANDWIDTH_TARGET else []
     misses += [] if fast_enough else [f"needs {need}"]
     note = f"{frac:.0%} of copy, {ratio:.2f}x {baseline}" + (f" (MISS: {'; '.join(misses)})" if misses else "")
+    ms = {"triton": tri_ms, "torch": torch_ms, **({baseline: base_ms} if baseline_ms is not None else {})}
     return perf_row(FAMILY, case, "GB/s", tri, tor, baseline, base, frac,
-                    f">= {BANDWIDTH_TARGET:.0%} copy BW, {need}", not misses, note)
+                    f">= {BANDWIDTH_TARGET:.0%} copy BW, {need}", not misses, note, op=case.split()[0], ms=ms)
 
 
 def _add_config() -> str:
@@ -379,7 +380,8 @@ def perf_cases(device: str, copy_gbs: float, gemm_tflops: float, timer: Timer,
         ratio = tri_t / base_t
         note = f"{ratio:.2f}x matmul+bias" + ("" if ratio >= GEMM_TARGET else f", short by {GEMM_TARGET - ratio:.2f}x")
         return perf_row(FAMILY, f"gemm {n}^3 linear+bias bf16", "TFLOP/s", tri_t, tor_t, "matmul+bias", base_t,
-                        tri_t / gemm_tflops, f">= {GEMM_TARGET}x matmul+bias", ratio >= GEMM_TARGET, note)
+                        tri_t / gemm_tflops, f">= {GEMM_TARGET}x matmul+bias", ratio >= GEMM_TARGET, note, op="gemm",
+                        ms={"triton": tri, "torch": tor, "matmul+bias": base})
 
     return [rms, fused, add(False), add(True), qk_norm, cache, conv(False), conv(True), gemm]
 

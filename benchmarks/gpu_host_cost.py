@@ -1,6 +1,6 @@
 """Host cost and no-sync behaviour of every public entry point on the GPU, against each operator's peer.
 
-    python3 benchmarks/gpu_host_cost.py [--write FILE] [--only gemm,add,...] [--calls 50] [--rounds 5]
+    python3 benchmarks/gpu_host_cost.py [--write FILE] [--json FILE] [--only gemm,add,...] [--calls 50] [--rounds 5]
 
 One row per case (bf16; the sizes are in each case's name: a Llama-8B-class layer as in benchmarks/ops.py,
 Mamba-2-130m's for the SSM operators), our public call (``infiniops_py.<op>``, the resolver's choice unless
@@ -40,7 +40,8 @@ selective_scan and selective_state_update state-spaces/mamba's Triton ``mamba_ch
 root when that folder exists ("peer not importable: ..." otherwise); causal_conv1d ``F.conv1d`` (groups = D,
 padding W - 1, sliced) then ``F.silu``; causal_conv1d_update a gather of the state rows, ``torch.cat`` of the
 new column, ``index_put_`` of the shifted window, multiply-sum, bias and ``F.silu``; fused_add_rms_norm
-``add_``, ``F.rms_norm``, ``copy_``; fused_qk_norm ``F.rms_norm`` + ``copy_`` of the Q and the K heads.
+``add_``, ``F.rms_norm``, ``copy_``; fused_qk_norm ``F.rms_norm`` + ``copy_`` of the Q and the K heads;
+all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
 nothing of ours crashed or synchronized, 1 otherwise, 2 without a CUDA device. `run(device="cpu",
@@ -74,7 +75,7 @@ from infiniops_py.resolver import current_overrides
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
-from _common import randn
+from _common import Record, json_option, randn, record, write_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / ".peers"  # state-spaces/mamba's mamba_ssm/ops/triton (not part of the project, not committed)
@@ -321,6 +322,17 @@ def _fused_qk_norm(e: Env) -> list[Case]:
 
 
 # The entry points, in the order of the table; each builds its cases (inputs and both calls) when it runs.
+def _all_reduce(e: Env) -> list[Case]:
+    import torch.distributed as dist
+
+    from infiniops_py.testing.strategies.all_reduce import one_rank_group
+
+    t, h, group = e.pick(32, 8), e.pick(4096, 64), one_rank_group()
+    x = e.randn(t, h)
+    return [Case(f"all_reduce [{t}, {h}] world size 1", "all_reduce", lambda: ops.all_reduce(x, group=group),
+                 lambda: dist.all_reduce(x, group=group), "torch.distributed.all_reduce", True)]
+
+
 BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "rms_norm": _rms_norm,
     "add": _add,
@@ -334,6 +346,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "causal_conv1d_update": _causal_conv1d_update,
     "fused_add_rms_norm": _fused_add_rms_norm,
     "fused_qk_norm": _fused_qk_norm,
+    "all_reduce": _all_reduce,
 }
 
 
@@ -648,6 +661,19 @@ def report(rows: list[Row], device: str, calls: int, rounds: int, seconds: float
     ])
 
 
+def records(rows: list[Row]) -> list[Record]:
+    """Per row, our call's and the peer's host, back-to-back ("eager") and graph-replay times as records (ms per
+    call; no rate: the cases are timed, not sized); a figure not measured is None with the errors as note."""
+    out = []
+    for r in rows:
+        sides = [("ours", r.provider, r.ours)] + ([("peer", r.case.peer_name, r.peer)] if r.peer else [])
+        for role, who, t in sides:
+            for timing, us in (("host", t.host), ("eager", t.b2b), ("graph replay", t.graph)):
+                out.append(record("operator", "benchmarks/gpu_host_cost.py", r.case.op, who, r.case.name, role=role,
+                                  ms=us / 1e3, timing=timing, note="; ".join(t.errors)[:300]))
+    return out
+
+
 def _names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in BUILDERS]
@@ -664,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=50, help="calls per timed round (default 50)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, the median is kept (default 5)")
     parser.add_argument("--provider", help="force this provider for our calls (default: the resolver's choice)")
+    json_option(parser)
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1:
         parser.error(f"--calls and --rounds must be >= 1, got {args.calls} and {args.rounds}")
@@ -677,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if args.write:
         args.write.write_text(text + "\n")
+    if args.json:
+        write_records(args.json, records(rows), "cuda")
     return 0 if ok(rows) else 1
 
 

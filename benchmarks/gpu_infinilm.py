@@ -3,6 +3,7 @@
     python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton \
         -e providers/cupy
     python3 benchmarks/gpu_infinilm.py                 # ~2-4 min; prints a markdown table for RESULTS.md
+    python3 benchmarks/gpu_infinilm.py --json FILE     # also the throughputs as records (benchmarks/plots.py)
 
 1. Builds the published Qwen3-0.6B configuration (written out below) with random weights (seed 0), bf16,
    and saves it as safetensors in a temporary directory: the same weights for both engines.
@@ -35,7 +36,7 @@ from infinilm.bench import compare_logits, run_bench
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when this file is loaded by its path
-from _common import hf_generate_tokens_per_s, model_device, p50_ms
+from _common import hf_generate_tokens_per_s, json_option, model_device, p50_ms, record, write_records
 
 # Qwen/Qwen3-0.6B config.json, the fields that shape the model.
 QWEN3_0_6B = {
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--hf-output-len", type=int, default=64, help="transformers is slow: fewer tokens")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, to try the script")
+    json_option(parser)
     args = parser.parse_args(argv)
     device = model_device(args.smoke)
     if device is None:
@@ -137,6 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| prefill, batch 32 (tok/s) | {ours32.prefill_tokens_per_s:.0f} | | |")
     print(f"\nproviders: {providers}")
     print(f"logits: {line}")
+    if args.json:
+        model = "Qwen3-0.6B shape" if not args.smoke else "Qwen3 tiny shape"
+        graphs = "graph replay" if engine.graph_status.startswith("cuda graphs: on") else "eager"
+        src = "benchmarks/gpu_infinilm.py"
+        write_records(args.json, [
+            record("model", src, model, "infinilm", "batch-1 decode", ms=step1, rate=ours1.decode_tokens_per_s,
+                   metric="tok/s", timing=graphs),
+            record("model", src, model, "transformers", "batch-1 decode", role="peer", ms=1e3 / theirs1,
+                   rate=theirs1, metric="tok/s"),
+            record("model", src, model, "infinilm", "batch-32 decode", ms=step32, rate=ours32.decode_tokens_per_s,
+                   metric="tok/s", timing=graphs),
+            record("model", src, model, "transformers", "batch-32 decode", role="peer", ms=32e3 / theirs32,
+                   rate=theirs32, metric="tok/s"),
+            record("model", src, model, "infinilm", "batch-32 prefill", rate=ours32.prefill_tokens_per_s,
+                   metric="tok/s"),
+        ], device)
     return 0 if ok and fast else 1
 
 

@@ -4,6 +4,7 @@
         -e providers/cupy
     python3 benchmarks/gpu_mamba2.py                   # ~2-4 min; prints a markdown table for RESULTS.md
     python3 benchmarks/gpu_mamba2.py --smoke           # a tiny model on the CPU, to try the script itself
+    python3 benchmarks/gpu_mamba2.py --json FILE       # also the throughputs as records (benchmarks/plots.py)
 
 1. Builds the published mamba2-130m configuration (written out below) with random weights (seed 0), bf16,
    saved by transformers' ``Mamba2ForCausalLM`` in a temporary directory: the same weights for both. The
@@ -51,7 +52,7 @@ from infinilm.profiling import profile_summary
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when this file is loaded by its path
-from _common import hf_generate_tokens_per_s, model_device, p50_ms
+from _common import hf_generate_tokens_per_s, json_option, model_device, p50_ms, record, write_records
 
 # state-spaces/mamba2-130m config.json (d_model 768, n_layer 24, d_state 128, expand 2, headdim 64,
 # ngroups 1, d_conv 4, chunk_size 256, vocab_size 50277 padded to a multiple of 16: 50288, tied embeddings),
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-output-len", type=int, default=64, help="transformers is slow: fewer tokens")
     parser.add_argument("--no-prefill-graphs", action="store_true", help="do not capture the prefill in a CUDA graph")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, to try the script")
+    json_option(parser)
     args = parser.parse_args(argv)
     device = model_device(args.smoke)
     if device is None:
@@ -253,6 +255,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nproviders: {providers}")
     print(f"logits: {prefill_line}\ndecode: {decode_line}")
     print(f"\n{profiles}")
+    if args.json:
+        model = "mamba2-130m shape" if not args.smoke else "mamba2 tiny shape"
+        src, n = "benchmarks/gpu_mamba2.py", args.prefill_len
+        prefill = f"prefill {n} tokens, batch 1"
+        rows = [record("model", src, model, "infinilm", prefill, ms=1e3 * n / ours_prefill, rate=ours_prefill,
+                       metric="tok/s", timing="graph replay" if graphed else "eager")]
+        if graphed:
+            rows.append(record("model", src, model, "infinilm", prefill, ms=1e3 * n / eager_prefill,
+                               rate=eager_prefill, metric="tok/s"))
+        decode_graphs = "graph replay" if engine.graph_status.startswith("cuda graphs: on") else "eager"
+        rows += [
+            record("model", src, model, "transformers", prefill, role="peer", ms=1e3 * n / theirs_prefill,
+                   rate=theirs_prefill, metric="tok/s"),
+            record("model", src, model, "infinilm", "batch-1 decode", ms=step, rate=ours1.decode_tokens_per_s,
+                   metric="tok/s", timing=decode_graphs),
+            record("model", src, model, "transformers", "batch-1 decode", role="peer", ms=1e3 / theirs1,
+                   rate=theirs1, metric="tok/s"),
+        ]
+        write_records(args.json, rows, device)
     return 0 if ok_prefill and ok_decode and fast_prefill and fast_decode else 1
 
 

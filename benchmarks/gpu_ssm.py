@@ -395,7 +395,7 @@ def bench_scan(device: str, copy_gbs: float, gemm_tflops: float, batch: int, len
     case = (f"scan {batch}x{length} H{layer.heads} P{layer.head_dim} N{layer.d_state} G{layer.groups} "
             f"chunk{layer.chunk} bf16")
     return perf_row(FAMILY, case, "Mtok/s", tri, tor, "mamba_ssm", MAMBA[label] / 1e6, ideal_ms / tri_ms, target, ok,
-                    ", ".join(n for n in notes if n))
+                    ", ".join(n for n in notes if n), op="selective_scan", ms={"triton": tri_ms, "torch": tor_ms})
 
 
 def bench_update(device: str, copy_gbs: float, *, batch: int = 64, slots: int = 128, layer: Layer = MAMBA2_130M,
@@ -404,8 +404,8 @@ def bench_update(device: str, copy_gbs: float, *, batch: int = 64, slots: int = 
     args, kwargs = update_case(batch, slots, layer, torch.bfloat16, device, seed=12)
     nbytes = update_bytes(batch, layer)
     tri_fn = update_call("triton", args, kwargs)
-    tri = nbytes / timer(tri_fn) / 1e6
-    tor = nbytes / timer(update_call("torch", args, kwargs)) / 1e6
+    ms = {"triton": timer(tri_fn), "torch": timer(update_call("torch", args, kwargs))}
+    tri, tor = nbytes / ms["triton"] / 1e6, nbytes / ms["torch"] / 1e6
     frac = tri / copy_gbs
     short = "" if frac >= UPDATE_TARGET else f", short by {UPDATE_TARGET - frac:.0%}"
     notes = [f"{frac:.0%} of copy{short}", _attempt("sweep", lambda: update_sweep(args, kwargs, nbytes, timer))]
@@ -414,7 +414,8 @@ def bench_update(device: str, copy_gbs: float, *, batch: int = 64, slots: int = 
         notes.append(_attempt("graph", lambda: f"graph replay {nbytes / graph_ms(tri_fn, timer) / 1e6:.0f} GB/s"))
     case = f"state update B{batch} H{layer.heads} P{layer.head_dim} N{layer.d_state} fp32 state"
     return perf_row(FAMILY, case, "GB/s", tri, tor, "mamba_ssm", MAMBA["update"], frac,
-                    f">= {UPDATE_TARGET:.0%} copy BW", frac >= UPDATE_TARGET, "; ".join(notes))
+                    f">= {UPDATE_TARGET:.0%} copy BW", frac >= UPDATE_TARGET, "; ".join(notes),
+                    op="selective_state_update", ms=ms)
 
 
 def run(results: list[dict[str, Any]], device: str = "cuda", *, small: bool = False,

@@ -1,6 +1,7 @@
 """Sweep of the Triton causal_conv1d channel-last tile on the H200 (target: >= 85% of copy bandwidth), in under 90 s.
 
     python benchmarks/gpu_sweep_conv.py       # checks, timings, then the table (best tile marked *)
+    python benchmarks/gpu_sweep_conv.py --json FILE   # also each variant's time and rate as records
 
 Shape: bf16 x ``[8, 4096, 4096]`` (256 MB), W=4, bias and SiLU, no states: channel-last (a transposed view
 of a contiguous ``[B, L, D]`` tensor, as causal-conv1d's channel-last path and benchmarks/gpu_dense.py) for
@@ -37,7 +38,7 @@ from infiniops_py.testing.tolerances import tolerance
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
-from _common import Timer, bench_main, copy_bandwidth_gbs, median_ms, resolved_call
+from _common import Record, Timer, bench_main, copy_bandwidth_gbs, median_ms, record, resolved_call
 from infiniops_triton import causal_conv1d as triton_conv
 from infiniops_triton.causal_conv1d import ChannelLastTile
 
@@ -155,8 +156,24 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def records(results: list[dict[str, Any]]) -> list[Record]:
+    """One record per variant (Triton, its tile in the shape label) and one per layout for the torch provider:
+    ms per call, GB/s and the share of the copy bandwidth."""
+    out, src = [], "benchmarks/gpu_sweep_conv.py"
+    for layout in dict.fromkeys(r["layout"] for r in results):
+        mine = [r for r in results if r["layout"] == layout]
+        first = next((r for r in mine if math.isfinite(r["ms"])), mine[0])  # a variant that ran, when one did
+        share = first["ms"] / first["torch_ms"]  # the torch provider's GB/s over Triton's, on the same bytes
+        out.append(record("operator", src, "causal_conv1d", "torch", f"{layout} bf16", ms=first["torch_ms"],
+                          rate=first["gbs"] * share, metric="GB/s", roofline=first["copy"] * share))
+    for r in results:
+        out.append(record("operator", src, "causal_conv1d", "triton", f"{r['layout']} bf16, tile {r['tile']}",
+                          ms=r["ms"], rate=r["gbs"], metric="GB/s", roofline=r["copy"], note=r["note"][:300]))
+    return out
+
+
 def main() -> int:
-    status = bench_main("gpu_sweep_conv", run, format_table, wall_time=True)
+    status = bench_main("gpu_sweep_conv", run, format_table, wall_time=True, records=records)
     return 0 if status in (0, 1) else status  # a MISS is a finding of the sweep, not an error
 
 

@@ -1,6 +1,6 @@
 """Every operator at realistic LLM sizes on the GPU, every provider side by side, and the per-family targets.
 
-    python3 benchmarks/ops.py [--write benchmarks/RESULTS.md] [--skip-families]
+    python3 benchmarks/ops.py [--write benchmarks/RESULTS.md] [--json FILE] [--skip-families]
 
 1. The ceilings, measured in this run: device-to-device copy bandwidth (bytes read + written) and bf16
    ``torch.matmul`` TFLOP/s at 8192^3.
@@ -11,7 +11,8 @@
 3. The per-family target tables (benchmarks/gpu_dense.py, gpu_attention.py, gpu_ssm.py), unless
    ``--skip-families``.
 
-``--write`` saves the tables with the date, device and versions.
+``--write`` saves the tables with the date, device and versions; ``--json`` the measurements of every
+table as records (benchmarks/_common.py's `record`) for benchmarks/plots.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ import infiniops_py as ops
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py and the family scripts
-from _common import copy_bandwidth_gbs, matmul_tflops, median_ms
+from _common import (
+    Record,
+    copy_bandwidth_gbs,
+    json_option,
+    matmul_tflops,
+    median_ms,
+    perf_records,
+    record,
+    write_records,
+)
 
 PROVIDERS = ("torch", "triton", "cupy")
 BF16 = torch.bfloat16
@@ -182,8 +192,25 @@ def side_by_side(rows: list[tuple[Bench, dict[str, float | str]]], copy: float, 
     return "\n".join(lines)
 
 
-def families(skip: bool) -> list[str]:
-    """Run the per-family target benchmarks; returns their formatted tables."""
+def side_by_side_records(rows: list[tuple[Bench, dict[str, float | str]]], copy: float, mm: float) -> list[Record]:
+    """One record per operator and provider of the side-by-side table: the time per call, the rate and its
+    fraction of the run's ceiling (copy bandwidth for GB/s, bf16 matmul for TFLOP/s), or the reason it has
+    none (a gate's, a crash's) in its note."""
+    out = []
+    for bench, row in rows:
+        scale = 1e6 if bench.metric == "GB/s" else 1e9
+        ceiling = copy if bench.metric == "GB/s" else mm
+        for provider, v in row.items():
+            rate = v if isinstance(v, float) else None
+            out.append(record("operator", "benchmarks/ops.py", bench.op, provider, bench.name,
+                              ms=bench.amount / rate / scale if rate else None, rate=rate, metric=bench.metric,
+                              roofline=rate / ceiling if rate else None, note="" if rate else str(v)))
+    return out
+
+
+def families(skip: bool, records: list[Record] | None = None) -> list[str]:
+    """Run the per-family target benchmarks; returns their formatted tables (and appends their timings'
+    records to `records`)."""
     if skip:
         return []
     import importlib
@@ -198,6 +225,8 @@ def families(skip: bool) -> list[str]:
             tables.append(f"### {name}\n\ncrashed: {type(err).__name__}: {err}")
             continue
         tables.append(f"### {name}\n\n```\n{module.format_table(results)}\n```")
+        if records is not None:
+            records.extend(perf_records(results, f"benchmarks/{name}.py"))
     return tables
 
 
@@ -219,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="write the tables (markdown) to this file")
     parser.add_argument("--skip-families", action="store_true", help="only the side-by-side table")
+    json_option(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/ops.py needs a CUDA device", file=sys.stderr)
@@ -229,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((bench, measure(bench)))
         print(bench.name, rows[-1][1], flush=True)
     torch.cuda.empty_cache()
-    tables = families(args.skip_families)
+    records = side_by_side_records(rows, copy, mm)
+    tables = families(args.skip_families, records)
     text = "\n\n".join([
         "## Operators, providers side by side",
         header(),
@@ -240,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if args.write:
         args.write.write_text(text + "\n")
+    if args.json:
+        write_records(args.json, records, "cuda")
     return 0
 
 
