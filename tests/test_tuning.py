@@ -174,7 +174,7 @@ def test_measurements_persist_and_a_later_process_reuses_them(fakes: None, tmp_p
     assert path is not None and path.parent == tmp_path / "cache" and path.is_file()
     saved = read_file(path, runtime.get_resolver().tuning.fingerprint("cpu"))
     assert [m.problem for m in saved] == [first.results[0].measurement.problem]
-    assert saved[0].times == pytest.approx(first.results[0].measurement.times, rel=1e-6)
+    assert saved[0].times == pytest.approx(first.results[0].measurement.times, abs=1e-9)  # kept to 1 ns
     io.reload()  # a new resolver reads the file again, as a new process does
     again = tune_problem("gemm", sizes=SIZES)
     assert again.count("reused") == 1 and again.count("measured") == 0
@@ -273,3 +273,20 @@ def test_a_measurement_round_trips_through_its_json() -> None:
     back = Measurement.from_json(json.loads(json.dumps(m.as_json())))
     assert back.problem == problem and back.times == pytest.approx(m.times) and back.failed == m.failed
     assert (back.sizes, back.device, back.measured) == (m.sizes, m.device, m.measured)
+
+
+def test_the_tune_command_times_an_operator_and_writes_a_file(fakes: None, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from infiniops_py.cli import main
+
+    out_file = tmp_path / "tuned.json"
+    sizes = [x for k, v in SIZES.items() for x in ("--size", f"{k}={v}")]
+    assert main(["tune", "gemm", *sizes, "--write", str(out_file)]) == 0
+    text = capsys.readouterr().out
+    assert "gemm float32 m<=4, n<=8, k<=8: measured: fast.gemm.0 " in text
+    assert "chosen: fast.gemm.0 " in text and "wrote 1 measurement(s)" in text
+    assert [m.problem for m in read_file(out_file, None)] == [io.make_problem("gemm", **BUCKET)]
+    assert main(["tune", "gemm", "--size", "q=1"]) == 2
+    assert "unknown size(s) ['q']" in capsys.readouterr().err
+    assert main(["tune", "causal_conv1d"]) == 2
+    assert "no synthetic inputs" in capsys.readouterr().err

@@ -32,13 +32,14 @@ from typing import Final
 
 from infiniops_py._env import EnvValueError
 from infiniops_py._version import __version__
-from infiniops_py.cli import check, explain, matrix, providers
+from infiniops_py.cli import check, explain, matrix, providers, tune
 from infiniops_py.cli._command import Command
 from infiniops_py.cli._console import NO_RICH, Console
 
 __all__ = ["COMMANDS", "Command", "main"]
 
-COMMANDS: Final[tuple[Command, ...]] = (providers.COMMAND, matrix.COMMAND, explain.COMMAND, check.COMMAND)
+COMMANDS: Final[tuple[Command, ...]] = (providers.COMMAND, matrix.COMMAND, explain.COMMAND, check.COMMAND,
+                                        tune.COMMAND)
 
 
 def _parser() -> argparse.ArgumentParser:
