@@ -1,0 +1,263 @@
+"""Speed of Hugging Face ``generate`` with ``kernelize(model)`` against without, Qwen3-0.6B shape (run on the H200).
+
+    python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton \
+        -e providers/cupy
+    python3 benchmarks/gpu_kernelize.py [--json FILE]     # ~3-5 min; prints a markdown table for RESULTS.md
+    python3 benchmarks/gpu_kernelize.py --tiny --device cpu   # a tiny model on the CPU, to try the script
+
+1. Builds transformers' ``Qwen3ForCausalLM`` from a ``Qwen3Config`` of Qwen/Qwen3-0.6B's shape (hidden 1024,
+   28 layers, 16 query / 8 KV heads, head_dim 128, intermediate 3072, vocab 151936) with random weights
+   (transformers' initialization, seed 0), bf16, on the device; ``--tiny`` a 2-layer model of the same family.
+2. In this one process, on this one model object: ``generate`` as transformers runs it (its default
+   attention, SDPA) and after ``infiniops_py.integrations.transformers.kernelize(model)`` (RMSNorm, the fused
+   residual add + norm and attention through the InfiniOps-Py operators), switching with the report's
+   ``restore()``. Greedy, prompts of random token ids (not 0, the pad id), batch 1 and batch 8, 128 new
+   tokens (``min_new_tokens`` too, so an end-of-sequence token does not stop a row early). A full-length
+   warm-up of each way first (Triton compiles and autotunes there); then `--repeats` rounds, each timing
+   both ways in turn (neither always runs first), of a 1-token and a full-length ``generate``; the medians
+   give
+   - generate tokens/s: batch x new tokens over the full-length call (prefill included);
+   - decode tokens/s: batch x (new tokens - 1) over (full-length time - 1-token time).
+3. Prefill only: one forward of 1 x 2048 tokens (``use_cache=False``, the last position's logits), median of
+   `--repeats` after two warm-ups, both ways in turn; tokens/s.
+4. Greedy tokens: the new tokens of the first timed full-length call of each way, compared per row; the
+   count of leading tokens that agree is reported (bf16 kernels round differently, and with near-tied random
+   logits one different argmax changes every token after it). PASS when every row agrees on its first
+   ``--match-tokens`` (default 8) tokens.
+
+Exit status: 0 when the token check passes, 1 when it fails, 2 when the device is not available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when this file is loaded by its path
+from _common import Record, json_option, record, write_records
+
+# Qwen/Qwen3-0.6B config.json, the fields that shape the model.
+QWEN3_0_6B: Final = {
+    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True, "attention_bias": False,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
+}
+TINY: Final = {**QWEN3_0_6B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "bos_token_id": 510,
+               "eos_token_id": 511}
+SOURCE: Final = "benchmarks/gpu_kernelize.py"
+PLAIN, KERNELIZED = "transformers", "transformers + kernelize"
+
+
+def build(shape: dict[str, Any], device: str) -> torch.nn.Module:
+    """transformers' Qwen3ForCausalLM of `shape`, its own random initialization (seed 0), bf16, eval mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(Qwen3Config(**shape, dtype="bfloat16")).to(torch.bfloat16)
+    return model.eval()
+
+
+class Switch:
+    """Puts one model in either way: `PLAIN` (transformers' own code) or `KERNELIZED` (``kernelize(model)``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.report: Any = None
+
+    def __call__(self, way: str) -> None:
+        from infiniops_py.integrations.transformers import kernelize
+
+        if way == KERNELIZED and self.report is None:
+            self.report = kernelize(self.model)
+        elif way == PLAIN and self.report is not None:
+            self.report.restore()
+            self.report = None
+
+
+def _sync(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
+    """Seconds of one greedy ``generate`` of exactly `new_tokens` tokens per row of `ids` (no padding), and
+    its new tokens ``[batch, new_tokens]``."""
+    sync = _sync(str(ids.device))
+    mask = torch.ones_like(ids)
+    sync()
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, pad_token_id=0)
+    sync()
+    return time.perf_counter() - start, out[:, ids.shape[1]:]
+
+
+def timed_forward(model: torch.nn.Module, ids: torch.Tensor) -> float:
+    """Seconds of one forward over `ids` without a cache, the last position's logits only."""
+    sync = _sync(str(ids.device))
+    sync()
+    start = time.perf_counter()
+    model(ids, use_cache=False, logits_to_keep=1)
+    sync()
+    return time.perf_counter() - start
+
+
+def agreeing_prefix(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """Per row of the ``[batch, n]`` token tensors `a` and `b`: how many leading tokens are equal."""
+    same = (a == b).to(torch.int64)
+    return same.cumprod(dim=1).sum(dim=1).tolist()
+
+
+def bench_generate(model: torch.nn.Module, switch: Switch, batch: int, prompt: int, new_tokens: int, repeats: int,
+                   seed: int) -> dict[str, Any]:
+    """Both ways' generate and decode tokens/s (medians of `repeats` rounds, after a warm-up each), their
+    median seconds per full-length call and the per-row count of agreeing leading tokens."""
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, prompt), generator=gen).to(model.device)
+    for way in (PLAIN, KERNELIZED):
+        switch(way)
+        timed_generate(model, ids, new_tokens)  # warm-up: compiles, autotunes, allocates
+    full: dict[str, list[float]] = {PLAIN: [], KERNELIZED: []}
+    first: dict[str, list[float]] = {PLAIN: [], KERNELIZED: []}
+    tokens: dict[str, torch.Tensor] = {}
+    for r in range(repeats):
+        for way in (PLAIN, KERNELIZED) if r % 2 == 0 else (KERNELIZED, PLAIN):
+            switch(way)
+            first[way].append(timed_generate(model, ids, 1)[0])
+            seconds, out = timed_generate(model, ids, new_tokens)
+            full[way].append(seconds)
+            tokens.setdefault(way, out)
+    result: dict[str, Any] = {"batch": batch, "agree": agreeing_prefix(tokens[PLAIN], tokens[KERNELIZED]),
+                              "distinct": len(torch.unique(tokens[PLAIN]))}
+    for way in (PLAIN, KERNELIZED):
+        t_full, t_first = statistics.median(full[way]), statistics.median(first[way])
+        result[way] = {"generate": batch * new_tokens / t_full, "generate_ms": t_full * 1e3,
+                       "decode": batch * (new_tokens - 1) / (t_full - t_first) if t_full > t_first else float("nan"),
+                       "step_ms": (t_full - t_first) / (new_tokens - 1) * 1e3 if new_tokens > 1 else float("nan")}
+    return result
+
+
+def bench_prefill(model: torch.nn.Module, switch: Switch, length: int, repeats: int, seed: int) -> dict[str, float]:
+    """Both ways' median seconds of a 1 x `length` forward (two warm-ups each first)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, model.config.vocab_size, (1, length), generator=gen).to(model.device)
+    for way in (PLAIN, KERNELIZED):
+        switch(way)
+        for _ in range(2):
+            timed_forward(model, ids)
+    times: dict[str, list[float]] = {PLAIN: [], KERNELIZED: []}
+    for r in range(repeats):
+        for way in (PLAIN, KERNELIZED) if r % 2 == 0 else (KERNELIZED, PLAIN):
+            switch(way)
+            times[way].append(timed_forward(model, ids))
+    return {way: statistics.median(t) for way, t in times.items()}
+
+
+def table(generates: list[dict[str, Any]], prefill: dict[str, float], prefill_len: int) -> str:
+    """The markdown table: tokens/s without and with kernelize, and the ratio."""
+    lines = [f"| metric | {PLAIN} | {KERNELIZED} | speedup |", "|---|---|---|---|"]
+
+    def line(label: str, a: float, b: float) -> None:
+        lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+
+    for g in generates:
+        line(f"generate, batch {g['batch']} (tok/s, prefill included)", g[PLAIN]["generate"], g[KERNELIZED]["generate"])
+        line(f"decode, batch {g['batch']} (tok/s)", g[PLAIN]["decode"], g[KERNELIZED]["decode"])
+    line(f"prefill 1 x {prefill_len} forward (tok/s)", prefill_len / prefill[PLAIN], prefill_len / prefill[KERNELIZED])
+    return "\n".join(lines)
+
+
+def token_line(generates: list[dict[str, Any]], new_tokens: int, need: int) -> tuple[bool, str]:
+    """The PASS/FAIL line of the greedy-token check: every row's agreeing leading tokens >= `need`."""
+    parts, ok = [], True
+    for g in generates:
+        agree = g["agree"]
+        ok = ok and min(agree) >= min(need, new_tokens)
+        parts.append(f"batch {g['batch']}: first {min(agree)} of {new_tokens} tokens agree in every row (per row: "
+                     f"{', '.join(map(str, agree))}; {g['distinct']} distinct tokens generated)")
+    return ok, (f"{'PASS' if ok else 'FAIL'} greedy tokens with and without kernelize (rule: every row's first "
+                f"{need} agree): " + "; ".join(parts))
+
+
+def records(model_name: str, generates: list[dict[str, Any]], prefill: dict[str, float], prompt: int,
+            new_tokens: int, prefill_len: int) -> list[Record]:
+    """The table's numbers as records (eager: neither way captures CUDA graphs)."""
+    out = []
+    for way in (PLAIN, KERNELIZED):
+        role = "ours" if way == KERNELIZED else "peer"
+        for g in generates:
+            m, b = g[way], g["batch"]
+            out.append(record("model", SOURCE, model_name, way, f"generate batch {b}, prompt {prompt}, "
+                              f"{new_tokens} new", role=role, ms=m["generate_ms"], rate=m["generate"], metric="tok/s"))
+            out.append(record("model", SOURCE, model_name, way, f"decode batch {b}", role=role, ms=m["step_ms"],
+                              rate=m["decode"], metric="tok/s"))
+        out.append(record("model", SOURCE, model_name, way, f"prefill 1 x {prefill_len} forward", role=role,
+                          ms=prefill[way] * 1e3, rate=prefill_len / prefill[way], metric="tok/s"))
+    return out
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="where the model runs (default cuda)")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same family (and shorter runs)")
+    parser.add_argument("--batches", type=_positive, nargs="+", default=None, help="generate batch sizes (1 8)")
+    parser.add_argument("--prompt-len", type=_positive, default=None, help="prompt tokens (128; --tiny 16)")
+    parser.add_argument("--new-tokens", type=_positive, default=None, help="tokens generated (128; --tiny 8)")
+    parser.add_argument("--prefill-len", type=_positive, default=None, help="prefill forward tokens (2048; --tiny 64)")
+    parser.add_argument("--repeats", type=_positive, default=3, help="timed rounds, medians kept (default 3)")
+    parser.add_argument("--match-tokens", type=_positive, default=8, help="leading greedy tokens that must agree")
+    json_option(parser)
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_kernelize: needs a CUDA device (or --device cpu)", file=sys.stderr)
+        return 2
+    batches = args.batches or ([1, 2] if args.tiny else [1, 8])
+    prompt = args.prompt_len or (16 if args.tiny else 128)
+    new_tokens = args.new_tokens or (8 if args.tiny else 128)
+    prefill_len = args.prefill_len or (64 if args.tiny else 2048)
+    model_name = "Qwen3 tiny shape" if args.tiny else "Qwen3-0.6B shape"
+    start = time.perf_counter()
+    model = build(TINY if args.tiny else QWEN3_0_6B, args.device)
+    switch = Switch(model)
+    attention = getattr(model.config, "_attn_implementation", "?")
+    with torch.inference_mode():
+        generates = [bench_generate(model, switch, b, prompt, new_tokens, args.repeats, seed=b) for b in batches]
+        prefill = bench_prefill(model, switch, prefill_len, args.repeats, seed=0)
+    switch(KERNELIZED)
+    report = switch.report.render()
+    switch(PLAIN)
+    ok, tokens = token_line(generates, new_tokens, args.match_tokens)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"\n### transformers generate with and without kernelize, {model_name} (random weights, bf16), {where}, "
+          f"torch {torch.__version__}\n")
+    print(f"greedy; prompt {prompt} tokens, {new_tokens} new tokens; medians of {args.repeats} rounds after a "
+          f"warm-up; transformers' attention without kernelize: {attention}; {time.perf_counter() - start:.0f} s "
+          "in all\n")
+    print(table(generates, prefill, prefill_len))
+    print(f"\n{tokens}\n\n{report}")
+    if args.json:
+        write_records(args.json, records(model_name, generates, prefill, prompt, new_tokens, prefill_len),
+                      args.device)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
