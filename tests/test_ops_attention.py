@@ -238,7 +238,7 @@ def test_problem_key_normalizes_window_causal_and_scale(monkeypatch: pytest.Monk
     flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, causal=True, window_size=(7, 3), softcap=30)
     flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, window_size=(2, 9))
     (key1, args1), (key2, args2) = seen
-    assert key1 == ("cpu", torch.float32, 64, 2, True, False, True, False, 0, False, False, False, False)
+    assert key1 == ("cpu", torch.float32, 64, 2, True, False, True, False, 0, False, False, False, False, 8, 8)
     assert args1[7] == pytest.approx(64**-0.5) and args1[9] == (-1, -1) and args1[10] == 30.0
     assert key2[5] is True and args2[9] == (2, 7)  # right 9 >= Sk: -1, then Sk as the left side is bounded
 

@@ -13,6 +13,8 @@ Implementation calling conventions:
 Problem fields: causal_conv1d: width, has_bias, silu, channel_last, has_seq_idx, has_initial_states,
   return_final_states, varlen (the packed form); causal_conv1d_update: width, state_len, has_bias, silu,
   has_indices, has_cache_seqlens.
+Size bucket: causal_conv1d: tokens, the `size_class` (power of two at or above) of B * L; causal_conv1d_update:
+  batch, the `size_class` of B.
 
 Semantics (the peer is Dao-AILab/causal-conv1d; the decisions it leaves open are written down here):
   ``out[b, d, t] = act(bias[d] + sum_k weight[d, k] * xp[b, d, t + k - (W-1)])`` where ``xp`` is x preceded

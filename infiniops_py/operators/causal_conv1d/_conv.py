@@ -32,6 +32,7 @@ from infiniops_py.operators.causal_conv1d._checks import (
     empty_like_layout,
 )
 from infiniops_py.operators.causal_conv1d._reference import reference
+from infiniops_py.problem import size_class
 
 __all__ = ["SPEC", "causal_conv1d"]
 
@@ -153,7 +154,7 @@ def causal_conv1d(
         _empty_final_states(final_states, initial_states)
     else:
         key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, seq_idx is not None,
-               initial_states is not None, return_final_states, False)
+               initial_states is not None, return_final_states, False, size_class(x.shape[0] * x.shape[-1]))
         SPEC.call(key, x, weight, bias, activation, seq_idx, initial_states, out, final_states)
     return (out, final_states) if final_states is not None else out
 
@@ -216,7 +217,8 @@ def _causal_conv1d_varlen(
         check_unique_indices(_CONV, "cache_indices", cache_indices)
     out = empty_like_layout(x3, channel_last)
     if dim and nseq:  # empty sequences still reset their slots
-        key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, False, False, False, True)
+        key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, False, False, False, True,
+               size_class(x3.shape[0] * x3.shape[-1]))
         SPEC.call(key, x3, weight, bias, activation, None, None, out, None,
                   ConvVarlen(conv_states, query_start_loc, cache_indices, has_initial_state))
     return out[0]
@@ -240,4 +242,5 @@ SPEC = OpSpec(
     reference=reference,
     doc="depthwise causal conv1d over [B, D, L], optional silu, seq_idx packing, initial/final states, "
         "vLLM's packed form with per-sequence state slots",
+    buckets=("tokens",),  # the size class of B * L (the packed form: its tokens)
 )

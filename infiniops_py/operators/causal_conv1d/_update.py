@@ -24,6 +24,7 @@ from infiniops_py.operators._base import (
 from infiniops_py.operators._torch_library import lowered
 from infiniops_py.operators.causal_conv1d._checks import check_activation, check_layout, check_weight, empty_like_layout
 from infiniops_py.operators.causal_conv1d._reference import reference_update
+from infiniops_py.problem import size_class
 
 __all__ = ["SPEC_UPDATE", "causal_conv1d_update"]
 
@@ -128,7 +129,7 @@ def causal_conv1d_update(
     out = empty_like_layout(x3, channel_last)
     if x3.numel():
         key = (x.device.type, x.dtype, width, state_len, bias is not None, silu, conv_state_indices is not None,
-               cache_seqlens is not None)
+               cache_seqlens is not None, size_class(x3.shape[0]))
         args = (x3, conv_state, weight, bias, activation, conv_state_indices, out)
         if cache_seqlens is None:
             SPEC_UPDATE.call(key, *args)
@@ -144,4 +145,5 @@ SPEC_UPDATE = OpSpec(
     function=causal_conv1d_update,
     reference=reference_update,
     doc="causal conv1d decode step against a rolling or circular [slots, D, S] state, gathered slots",
+    buckets=("batch",),  # the size class of B
 )

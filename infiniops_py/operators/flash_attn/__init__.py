@@ -43,6 +43,9 @@ feature's problem field never receives them):
 Problem fields (both): head_dim, gqa_ratio (Hq // Hkv), causal, local (window given), softcap (bool),
   paged (bool), block_size (0 when not paged), alibi, return_softmax_lse, fp8_kv (float8_e4m3fn k/v); varlen
   adds seqused_k; kvcache adds append (k/v given), cache_batch_idx, cache_leftpad, rotary (bools).
+Size bucket (both): q_tokens, k_len: the `size_class` (power of two at or above) of the query rows (varlen:
+  total_q; kvcache: B * Sq) and of the context length (varlen: max_seqlen_k; kvcache: the cache's capacity per
+  sequence, S_max or max_blocks * block_size: known on the host, never read from cache_seqlens).
 
 The package: `_varlen` and `_kvcache` hold the two public functions and their specs, `_checks` the argument
 checks on metadata and the window normalization, `_values` the checked-mode checks that read index values on

@@ -40,6 +40,7 @@ from infiniops_py.operators.flash_attn._values import (
     check_rotary_positions,
     check_used_blocks,
 )
+from infiniops_py.problem import size_class
 
 __all__ = ["KVCACHE_SPEC", "flash_attn_with_kvcache"]
 
@@ -196,7 +197,7 @@ def flash_attn_with_kvcache(
         extras["softmax_lse"] = torch.empty((b, hq, q.shape[1]), dtype=lse_dtype(q), device=q.device)
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size,
            slopes is not None, return_softmax_lse, fp8, k is not None, cache_batch_idx is not None,
-           cache_leftpad is not None, rotary_cos is not None)
+           cache_leftpad is not None, rotary_cos is not None, size_class(b * q.shape[1]), size_class(capacity))
     KVCACHE_SPEC.call(key, q, k_cache, v_cache, seqlens, block_table, k, v, scale, bool(causal), window, softcap,
                       out, **extras)
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
@@ -205,6 +206,7 @@ def flash_attn_with_kvcache(
 KVCACHE_SPEC = OpSpec(
     name=_KVCACHE,
     fields={**FIELDS, "append": False, "cache_batch_idx": False, "cache_leftpad": False, "rotary": False},
+    buckets=("q_tokens", "k_len"),  # the size classes of B * Sq and of the cache's capacity per sequence
     function=flash_attn_with_kvcache,
     reference=reference_kvcache,
     doc="decode attention over a contiguous or paged (or fp8) KV cache, rotating and appending new k/v in place "

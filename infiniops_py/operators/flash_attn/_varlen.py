@@ -31,6 +31,7 @@ from infiniops_py.operators.flash_attn._checks import (
 )
 from infiniops_py.operators.flash_attn._reference import reference_varlen
 from infiniops_py.operators.flash_attn._values import check_seqlens, check_seqused, check_used_blocks
+from infiniops_py.problem import size_class
 
 __all__ = ["VARLEN_SPEC", "flash_attn_varlen"]
 
@@ -150,7 +151,8 @@ def flash_attn_varlen(
     if return_softmax_lse:
         extras["softmax_lse"] = torch.empty((hq, q.shape[0]), dtype=lse_dtype(q), device=q.device)
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size,
-           slopes is not None, return_softmax_lse, fp8, seqused_k is not None)
+           slopes is not None, return_softmax_lse, fp8, seqused_k is not None, size_class(q.shape[0]),
+           size_class(max_seqlen_k))
     VARLEN_SPEC.call(key, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                      bool(causal), window, softcap, block_table, out, **extras)
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
@@ -159,6 +161,7 @@ def flash_attn_varlen(
 VARLEN_SPEC = OpSpec(
     name=_VARLEN,
     fields={**FIELDS, "seqused_k": False},
+    buckets=("q_tokens", "k_len"),  # the size classes of total_q and of max_seqlen_k
     function=flash_attn_varlen,
     reference=reference_varlen,
     doc="attention over packed variable-length sequences: causal (bottom-right), GQA, window, softcap, ALiBi, "

@@ -13,6 +13,8 @@ Problem fields: selective_scan: head_dim (P), d_state (N), n_groups, chunk_size,
   has_dt_bias, dt_softplus, has_seq_idx, has_initial_states, return_final_states, varlen (cu_seqlens given),
   return_varlen_states; selective_state_update: head_dim, d_state, n_groups, has_D, has_z, has_dt_bias,
   dt_softplus, has_indices, untied (a per-channel dt, A or dt_bias), state_dtype.
+Size bucket: selective_scan: tokens, the `size_class` (power of two at or above) of Bt * L;
+  selective_state_update: batch, the `size_class` of B.
 
 Semantics (peers: mamba_ssm's ``mamba_chunk_scan_combined`` and ``selective_state_update``, vLLM's SSD):
   per step t, head h of group ``g = h // (H // G)``::

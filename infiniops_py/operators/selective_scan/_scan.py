@@ -31,6 +31,7 @@ from infiniops_py.operators.selective_scan._checks import (
 )
 from infiniops_py.operators.selective_scan._common import ScanVarlen, state_dtype
 from infiniops_py.operators.selective_scan._reference import reference
+from infiniops_py.problem import size_class
 
 __all__ = ["SPEC", "selective_scan"]
 
@@ -168,7 +169,7 @@ def selective_scan(
     else:
         key = (x.device.type, x.dtype, head_dim, d_state, groups, chunk_size, D is not None, z is not None,
                dt_bias is not None, bool(dt_softplus), seq_idx is not None, initial_states is not None,
-               return_final_states, cu_seqlens is not None, return_varlen_states)
+               return_final_states, cu_seqlens is not None, return_varlen_states, size_class(x.shape[0] * x.shape[1]))
         args = (x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), tuple(dt_limit), initial_states, seq_idx,
                 chunk_size, out, final_states)
         if cu_seqlens is None:
@@ -238,4 +239,5 @@ SPEC = OpSpec(
     reference=reference,
     doc="Mamba-2 SSD selective scan over [Bt, L, H, P], D/z/dt_bias/softplus/dt_limit, seq_idx, states, "
         "cu_seqlens packing with per-sequence states",
+    buckets=("tokens",),  # the size class of Bt * L
 )

@@ -24,6 +24,7 @@ from infiniops_py.operators._base import (
 from infiniops_py.operators._torch_library import lowered
 from infiniops_py.operators.selective_scan._checks import check_groups, check_like_x, check_params, last_dense
 from infiniops_py.operators.selective_scan._reference import reference_update
+from infiniops_py.problem import size_class
 
 __all__ = ["SPEC_UPDATE", "selective_state_update"]
 
@@ -140,7 +141,7 @@ def selective_state_update(
     if x.numel():
         key = (x.device.type, x.dtype, head_dim, d_state, groups, D is not None, z is not None,
                dt_bias is not None, bool(dt_softplus), state_batch_indices is not None, untied,
-               dtype_name(state.dtype))
+               dtype_name(state.dtype), size_class(x.shape[0]))
         SPEC_UPDATE.call(key, state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices, out)
     return out
 
@@ -166,4 +167,5 @@ SPEC_UPDATE = OpSpec(
     reference=reference_update,
     doc="one Mamba-2 decode step on states [slots, H, P, N] in place (no dt clamp), gathered slots, untied "
         "dt/A/dt_bias, 16-bit states",
+    buckets=("batch",),  # the size class of B
 )
