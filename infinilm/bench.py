@@ -1,8 +1,10 @@
 """Throughput and latency of an engine, and the low-precision logits check of the GPU benchmarks.
 
-`run_bench`: one batched prefill, then decode steps to the output length. Prompts are random token ids
-from a seeded generator; every request ignores EOS so that all of them run to `output_len`. A short
-warm-up generation first resolves every operator and warms the kernels.
+`run_bench`: one batched prefill, then decode steps to the output length, run ``1 + repeats`` times at exactly
+the sizes measured. Prompts are random token ids from a seeded generator; every request ignores EOS so that all
+of them run to `output_len`. The first run is the cold first request (the first call of each kernel at these
+sizes in this process: resolution, compilation, allocation) and is its own row; it also warms every kernel of
+the sizes measured, so that the steady-state numbers, from the `repeats` runs after it, hold no warm-up.
 
 `compare_logits`: infinilm's bf16 logits judged against what bf16 itself allows on the same weights (see
 `LogitsCheck`).
@@ -29,13 +31,23 @@ AGREE_MARGIN: Final = 0.05  # argmax agreement with fp32 at most this much below
 
 @dataclass(frozen=True)
 class BenchResult:
-    """Times in seconds; throughputs in tokens per second over the whole batch."""
+    """Times in seconds; throughputs in tokens per second over the whole batch.
+
+    Attributes:
+        prefill_seconds: the steady-state prefill latency (the median over the runs after the cold one).
+        decode_step_seconds: every decode step of the steady-state runs.
+        cold_prefill_seconds / cold_decode_step_seconds: the cold first request's (the first run).
+        runs: how many steady-state runs (0: only the cold one ran; the steady numbers are then its own).
+    """
 
     batch: int
     input_len: int
     output_len: int
     prefill_seconds: float
     decode_step_seconds: tuple[float, ...]
+    cold_prefill_seconds: float = 0.0
+    cold_decode_step_seconds: tuple[float, ...] = ()
+    runs: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -48,17 +60,38 @@ class BenchResult:
         steps = self.decode_step_seconds
         return self.batch * len(steps) / sum(steps) if steps else 0.0
 
+    def _steps(self, cold: bool = False) -> dict[str, float]:
+        steps = sorted(self.cold_decode_step_seconds if cold else self.decode_step_seconds) or [0.0]
+        at = lambda q: steps[min(len(steps) - 1, int(q * len(steps)))] * 1e3  # noqa: E731
+        return {"mean_ms": statistics.fmean(steps) * 1e3, "p50_ms": at(0.5), "p90_ms": at(0.9)}
+
+    def as_dict(self) -> dict[str, object]:
+        """The result as ``--json`` writes it: the sizes, the steady state and the cold first request (ms, tok/s)."""
+        cold_steps = self.cold_decode_step_seconds
+        return {
+            "batch": self.batch, "input_len": self.input_len, "output_len": self.output_len, "runs": self.runs,
+            "prefill_ms": self.prefill_seconds * 1e3, "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "decode_step": self._steps(), "decode_tokens_per_s": self.decode_tokens_per_s,
+            "cold_first_request": {
+                "prefill_ms": self.cold_prefill_seconds * 1e3, "decode_step": self._steps(cold=True),
+                "total_ms": (self.cold_prefill_seconds + sum(cold_steps)) * 1e3},
+        }
+
     def table(self) -> str:
-        """The result as an aligned two-column text table (latencies in ms, throughputs in tok/s)."""
-        steps = sorted(self.decode_step_seconds) or [0.0]
-        p = lambda q: steps[min(len(steps) - 1, int(q * len(steps)))] * 1e3  # noqa: E731
+        """The result as an aligned two-column text table (latencies in ms, throughputs in tok/s): the steady
+        state, then the cold first request's row."""
+        steps, cold = self._steps(), self._steps(cold=True)
         rows = [
             ("batch / input / output", f"{self.batch} / {self.input_len} / {self.output_len}"),
+            ("steady state over (runs)", f"{self.runs}" if self.runs else "1 (the cold run alone)"),
             ("prefill latency (ms)", f"{self.prefill_seconds * 1e3:.2f}"),
             ("prefill throughput (tok/s)", f"{self.prefill_tokens_per_s:.1f}"),
             ("decode step latency mean / p50 / p90 (ms)",
-             f"{statistics.fmean(steps) * 1e3:.3f} / {p(0.5):.3f} / {p(0.9):.3f}"),
+             f"{steps['mean_ms']:.3f} / {steps['p50_ms']:.3f} / {steps['p90_ms']:.3f}"),
             ("decode throughput (tok/s)", f"{self.decode_tokens_per_s:.1f}"),
+            ("cold first request: prefill / decode step mean / total (ms)",
+             f"{self.cold_prefill_seconds * 1e3:.2f} / {cold['mean_ms']:.3f} / "
+             f"{(self.cold_prefill_seconds + sum(self.cold_decode_step_seconds)) * 1e3:.2f}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -83,8 +116,9 @@ def check_bench_args(batch: int, input_len: int, output_len: int, seed: int) -> 
 
 
 def run_bench(engine: Engine, batch: int, input_len: int, output_len: int, *, seed: int = 0,
-              warmup: bool = True) -> BenchResult:
-    """Prefill `batch` random prompts of `input_len` tokens together, then decode to `output_len` tokens each.
+              warmup: bool = True, repeats: int = 3) -> BenchResult:
+    """Prefill `batch` random prompts of `input_len` tokens together, then decode to `output_len` tokens each:
+    once cold, then `repeats` more times for the steady state (none without `warmup`).
 
     Raises:
         ValueError: `check_bench_args` fails; more than the engine can schedule in one step; ``input_len +
@@ -104,12 +138,21 @@ def run_bench(engine: Engine, batch: int, input_len: int, output_len: int, *, se
         raise ValueError(f"batch={batch} x input_len={input_len} does not fit one step (max_num_seqs="
                          f"{engine.scheduler.max_num_seqs}, max_num_batched_tokens="
                          f"{engine.scheduler.max_num_batched_tokens})")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an int >= 1")
     gen = torch.Generator().manual_seed(seed)
-    vocab = engine.config.vocab_size
-    if warmup:
-        warm = torch.randint(0, vocab, (batch, min(input_len, 8)), generator=gen).tolist()
-        engine.generate(warm, SamplingParams(max_new_tokens=4, ignore_eos=True))
-    prompts = torch.randint(0, vocab, (batch, input_len), generator=gen).tolist()
+    cold_prefill, cold_steps = _one_run(engine, batch, input_len, output_len, gen)
+    runs = [_one_run(engine, batch, input_len, output_len, gen) for _ in range(repeats if warmup else 0)]
+    if not runs:
+        return BenchResult(batch, input_len, output_len, cold_prefill, cold_steps, cold_prefill, cold_steps, 0)
+    return BenchResult(batch, input_len, output_len, statistics.median(p for p, _ in runs),
+                       tuple(s for _, steps in runs for s in steps), cold_prefill, cold_steps, len(runs))
+
+
+def _one_run(engine: Engine, batch: int, input_len: int, output_len: int, gen: torch.Generator
+             ) -> tuple[float, tuple[float, ...]]:
+    """One batched prefill of fresh random prompts and its decode steps: (prefill seconds, step seconds)."""
+    prompts = torch.randint(0, engine.config.vocab_size, (batch, input_len), generator=gen).tolist()
     params = SamplingParams(max_new_tokens=output_len, ignore_eos=True)
     for p in prompts:
         engine.add_request(p, params)
@@ -123,7 +166,7 @@ def run_bench(engine: Engine, batch: int, input_len: int, output_len: int, *, se
         start = time.perf_counter()
         engine.step()
         steps.append(time.perf_counter() - start)
-    return BenchResult(batch, input_len, output_len, prefill, tuple(steps))
+    return prefill, tuple(steps)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--input-len", type=int, default=128)
     bench.add_argument("--output-len", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--repeats", type=int, default=3, help="steady-state runs after the cold one (default 3)")
+    bench.add_argument("--json", metavar="FILE", help="also write the result (and the engine's status) to FILE")
     demo = sub.add_parser("demo", help="build a small Qwen3 checkpoint under the user cache dir and generate from it")
     _engine_args(demo, model=False)
     demo.add_argument("--prompt", default="InfiniOps")
@@ -167,10 +169,18 @@ def _bench(args: argparse.Namespace) -> int:
     options = _options(args, max_num_seqs=args.batch,
                        max_num_batched_tokens=max(8192, args.batch * args.input_len))
     engine = Engine.from_pretrained(args.model, options)
-    result = run_bench(engine, args.batch, args.input_len, args.output_len, seed=args.seed)
+    result = run_bench(engine, args.batch, args.input_len, args.output_len, seed=args.seed, repeats=args.repeats)
     print(result.table())
     print(f"{engine.graph_status}; providers: "
           + ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items()))
+    print(engine.warmup.summary())
+    if args.json:
+        import json
+
+        status = {"graph_status": engine.graph_status, "warmup": engine.warmup.summary(),
+                  "providers": engine.plan.providers_by_op()}
+        with open(args.json, "w") as f:
+            json.dump({**result.as_dict(), **status}, f, indent=1)
     return 0
 
 

@@ -101,3 +101,15 @@ def test_the_engine_runs_the_measured_winner(qwen3: Path, monkeypatch: pytest.Mo
             assert impl.name == fastest or m.times[impl.name] <= m.times[fastest] * 1.05
     out = engine.generate([[1, 2, 3]], None)
     assert len(out[0]) > 0
+
+
+def test_bench_reports_the_cold_first_request_apart_from_the_steady_state(qwen3: Path, tmp_path: Path) -> None:
+    from infinilm.bench import run_bench
+
+    engine = Engine.from_pretrained(qwen3, EngineOptions(**OPTIONS))
+    result = run_bench(engine, 2, 8, 3, repeats=2)
+    assert result.runs == 2 and len(result.decode_step_seconds) == 2 * 2 and len(result.cold_decode_step_seconds) == 2
+    assert result.cold_prefill_seconds > 0 and result.prefill_seconds > 0
+    data = result.as_dict()
+    assert data["runs"] == 2 and set(data["cold_first_request"]) == {"prefill_ms", "decode_step", "total_ms"}
+    assert "cold first request: prefill" in result.table()
