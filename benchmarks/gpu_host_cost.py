@@ -41,6 +41,7 @@ root when that folder exists ("peer not importable: ..." otherwise); causal_conv
 padding W - 1, sliced) then ``F.silu``; causal_conv1d_update a gather of the state rows, ``torch.cat`` of the
 new column, ``index_put_`` of the shifted window, multiply-sum, bias and ``F.silu``; fused_add_rms_norm
 ``add_``, ``F.rms_norm``, ``copy_``; fused_qk_norm ``F.rms_norm`` + ``copy_`` of the Q and the K heads;
+silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``);
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
@@ -321,6 +322,13 @@ def _fused_qk_norm(e: Env) -> list[Case]:
                  peer, "2x (F.rms_norm, copy_)", False)]
 
 
+def _silu_and_mul(e: Env) -> list[Case]:
+    t, d = e.pick(4096, 32), e.pick(14336, 96)
+    x = e.randn(t, 2 * d)
+    return [Case(f"silu_and_mul [{t}, 2x{d}]", "silu_and_mul", lambda: ops.silu_and_mul(x),
+                 lambda: F.silu(x[:, :d]) * x[:, d:], "F.silu * (vLLM forward_native)", False)]
+
+
 # The entry points, in the order of the table; each builds its cases (inputs and both calls) when it runs.
 def _all_reduce(e: Env) -> list[Case]:
     import torch.distributed as dist
@@ -346,6 +354,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "causal_conv1d_update": _causal_conv1d_update,
     "fused_add_rms_norm": _fused_add_rms_norm,
     "fused_qk_norm": _fused_qk_norm,
+    "silu_and_mul": _silu_and_mul,
     "all_reduce": _all_reduce,
 }
 

@@ -31,6 +31,7 @@ from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
+from infiniops_py.operators.silu_and_mul import silu_and_mul
 from infiniops_py.problem import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import use
@@ -87,6 +88,7 @@ __all__ = [
     "rms_norm",
     "selective_scan",
     "selective_state_update",
+    "silu_and_mul",
     "unchecked_indices",
     "unregister_provider",
     "use",

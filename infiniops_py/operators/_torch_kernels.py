@@ -18,6 +18,7 @@ from infiniops_py.operators import gemm as g
 from infiniops_py.operators import paged_cache as pc
 from infiniops_py.operators import rms_norm as rn
 from infiniops_py.operators import selective_scan as ss
+from infiniops_py.operators import silu_and_mul as sm
 
 __all__ = ["kernels"]
 
@@ -94,4 +95,6 @@ def kernels() -> dict[str, Callable[..., Any]]:
         "selective_state_update": lambda state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx: (
             ss.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                       state_batch_indices=idx)),
+        "silu_and_mul": lambda x: sm.silu_and_mul(x),
+        "silu_and_mul.out": lambda x, out: (sm.silu_and_mul(x, out=out), None)[1],
     }

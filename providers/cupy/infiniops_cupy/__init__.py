@@ -13,12 +13,13 @@ from infiniops_py.registry import provider_from_modules
 
 __all__ = ["infiniops_provider"]
 
-_UNSERVED = ("flash_attn",)  # families this provider has no module for
+_UNSERVED = ("flash_attn", "silu_and_mul")  # families it has no module for
 
 
 @hookimpl
 def infiniops_provider() -> Provider:
-    """The ``cupy`` provider: every family but FlashAttention, built for provider API 1.
+    """The ``cupy`` provider: every family but FlashAttention and the decode fusions (``_UNSERVED``), built for
+    provider API 1.
 
     Importing its modules needs neither CuPy nor a GPU (each module defers CuPy to its first call).
     """

@@ -1,0 +1,121 @@
+"""SiluAndMul: ``silu(x[..., :d]) * x[..., d:]``, the SwiGLU MLP's activation (vLLM's ``silu_and_mul``).
+
+Public: silu_and_mul(x, *, out=None) -> out.
+Implementation calling convention: fn(x, out) -> out; x 2-D [T, 2d] (last stride 1, row stride arbitrary),
+  out 2-D [T, d] contiguous, same dtype. ``silu(gate) = gate * sigmoid(gate)`` is computed in fp32 (fp64 for
+  float64 input) and rounded to the dtype, then multiplied by ``up`` (the product rounded to the dtype).
+Problem fields: d (int): the output width, half of x's last dim.
+Size bucket: tokens, the `size_class` (power of two at or above) of the number of rows T.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infiniops_py.operators._base import (
+    FLOAT_DTYPES,
+    ContractError,
+    OpSpec,
+    check_device,
+    check_dtype,
+    check_no_grad,
+    check_no_overlap,
+    check_tensor,
+    device_type,
+    size_class,
+)
+from infiniops_py.operators._torch_library import lowered
+
+__all__ = ["SPECS", "reference", "silu_and_mul"]
+
+_OP = "silu_and_mul"
+
+
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` for x ``[..., 2d]``: the gate half through SiLU, times the up half.
+
+    vLLM's ``silu_and_mul`` semantics (``SiluAndMul.forward_native``: ``F.silu(x[..., :d]) * x[..., d:]``;
+    HF's ``act_fn(gate_proj(x)) * up_proj(x)`` on the packed projection). vLLM's custom operator writes a
+    preallocated output, ``silu_and_mul(out, x)``; this entry point is torch-like instead: `x` first, the
+    output optional by keyword. SiLU is computed in fp32 (fp64 for float64 input) and rounded to the dtype,
+    then multiplied by the up half, as ``F.silu(gate) * up`` rounds.
+
+    Args:
+        x: ``[..., 2d]``, at least one dim, an even last dim (gate columns first, then up), dtype
+            float16/bfloat16/float32/float64, last stride 1 (rows may be strided: a column slice of a wider
+            buffer is fine).
+        out: optional contiguous ``[..., d]`` tensor of `x`'s dtype and device, sharing no memory with `x`.
+
+    Returns:
+        `out`, or a new contiguous ``[..., d]`` tensor.
+
+    Raises:
+        ContractError: a non-tensor, a 0-d `x`, an odd last dim, a last stride other than 1, a bad `out`
+            (shape, dtype, device, layout, or memory shared with `x`), or a tensor that requires grad while
+            grad mode is on (there is no backward).
+    """
+    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
+        if out is None:
+            return torch.ops.infiniops.silu_and_mul(x)
+        torch.ops.infiniops.silu_and_mul.out(x, out)
+        return out
+    check_tensor(_OP, "x", x)
+    check_tensor(_OP, "out", out, optional=True)
+    check_no_grad(_OP, {"x": x, "out": out})
+    check_dtype(_OP, "x", x, FLOAT_DTYPES)
+    if x.dim() == 0:
+        raise ContractError(_OP, "x", "expected at least one dim [..., 2d], got a 0-d tensor")
+    width = x.shape[-1]
+    if width % 2:
+        raise ContractError(_OP, "x", f"expected an even last dim 2d (the gate half, then the up half), got {width}")
+    if x.stride(-1) != 1 and width > 1:
+        raise ContractError(_OP, "x", f"expected last stride 1, got strides {list(x.stride())}")
+    d = width // 2
+    shape = (*x.shape[:-1], d)
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    else:
+        _check_out(x, out, shape)
+    if out.numel() == 0:
+        return out
+    x2 = x.view(-1, width) if _viewable(x) else x.reshape(-1, width)
+    SPEC.call((device_type(x), x.dtype, d, size_class(x2.shape[0])), x2, out.view(-1, d))
+    return out
+
+
+def _check_out(x: torch.Tensor, out: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if out.shape != shape:
+        raise ContractError(_OP, "out", f"expected shape {list(shape)} (x's with its last dim halved), "
+                                        f"got {list(out.shape)}")
+    if out.dtype != x.dtype:
+        raise ContractError(_OP, "out", f"expected dtype {x.dtype} (same as x), got {out.dtype}")
+    check_device(_OP, "out", out, x.device)
+    if not out.is_contiguous():
+        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    check_no_overlap(_OP, "out", out, "x", x)
+
+
+def _viewable(x: torch.Tensor) -> bool:
+    """Whether the leading dims of `x` merge into one strided dim (so ``x.view(-1, 2d)`` is a view)."""
+    stride = x.stride()
+    return all(stride[i] == stride[i + 1] * x.shape[i + 1] or x.shape[i] == 1 for i in range(x.dim() - 2))
+
+
+def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference: ``F.silu(gate)`` (``gate * sigmoid(gate)``, rounded to the dtype) times ``up``."""
+    d = x.shape[-1] // 2
+    gate, up = x[:, :d], x[:, d:]
+    out.copy_(F.silu(gate) * up)
+    return out
+
+
+SPEC = OpSpec(
+    name=_OP,
+    fields={"d": 4096},
+    function=silu_and_mul,
+    reference=reference,
+    doc="silu(x[..., :d]) * x[..., d:], the SwiGLU activation of a packed gate/up projection",
+    buckets=("tokens",),
+)
+SPECS = (SPEC,)
