@@ -154,3 +154,20 @@ def test_kernelize_refuses_training_mode_and_unknown_families() -> None:
         kernelize(gpt2)
     with pytest.raises(TypeError, match="device"):
         kernelize(_model("llama"), device=3)  # type: ignore[arg-type]
+
+
+def test_kernelize_attention_rereads_position_ids_written_in_place() -> None:
+    # the layers of a forward share one read of position_ids; a tensor rewritten in place (a static buffer
+    # reused across forwards) is read again, not taken from the previous forward
+    model = _model("qwen3")
+    kernelize(model)
+    torch.manual_seed(3)
+    ids = torch.randint(1, 150, (1, 7))
+    positions = torch.arange(7).unsqueeze(0)
+    with torch.no_grad():
+        whole = model(ids, position_ids=positions).logits
+        positions[0, 4:] = torch.arange(3)  # now two sequences: 4 and 3 tokens
+        packed = model(ids, position_ids=positions).logits
+        first, second = model(ids[:, :4]).logits, model(ids[:, 4:]).logits
+    torch.testing.assert_close(packed, torch.cat([first, second], dim=1), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(whole[:, 4:], packed[:, 4:])

@@ -44,7 +44,11 @@ class _Unpadded(NamedTuple):
     max_k: int
 
 
-_LAST_MASK: list[tuple[torch.Tensor, int, int, _Unpadded]] = []  # one entry: every layer of a step shares a mask
+# One entry each: every layer of a forward shares its mask and its position ids, so the host reads them (one
+# synchronization on CUDA) once per forward, not once per layer.
+# An entry also keeps the tensor's version counter: a tensor written in place since is read again.
+_LAST_MASK: list[tuple[torch.Tensor, int, int, int, _Unpadded]] = []
+_LAST_POSITIONS: list[tuple[torch.Tensor, int, int, list[int] | None]] = []
 
 
 def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -61,8 +65,8 @@ def _unpad(mask: torch.Tensor, sq: int, sk: int) -> _Unpadded:
     Raises:
         ValueError: a row whose real tokens are not one contiguous run (left or right padding only).
     """
-    for held, q, k, found in _LAST_MASK:
-        if held is mask and (q, k) == (sq, sk):
+    for held, version, q, k, found in _LAST_MASK:
+        if held is mask and (version, q, k) == (mask._version, sq, sk):
             return found
     valid = mask.detach().to("cpu", torch.bool)
     length = valid.shape[1]
@@ -87,20 +91,26 @@ def _unpad(mask: torch.Tensor, sq: int, sk: int) -> _Unpadded:
     device = mask.device
     found = _Unpadded(*(torch.tensor(x, dtype=torch.long, device=device) for x in (qb, qp, kb, kp)),
                       _cu(lq, device), _cu(lk, device), max(lq, default=0), max(lk, default=0))
-    _LAST_MASK[:] = [(mask, sq, sk, found)]
+    _LAST_MASK[:] = [(mask, mask._version, sq, sk, found)]
     return found
 
 
 def _packed(position_ids: Any, b: int, sq: int) -> list[int] | None:
     """The lengths of the sequences packed in one row, as transformers reads them from `position_ids`
-    (a sequence starts where the position is the row's minimum), or None when the row is one sequence."""
+    (a sequence starts where the position is the row's minimum), or None when the row is one sequence. Reads
+    `position_ids` on the host once per tensor (the layers of a forward share it)."""
     if b != 1 or sq < 2 or not isinstance(position_ids, torch.Tensor) or position_ids.numel() != sq:
         return None
-    pos = position_ids.reshape(-1)
-    if bool((pos[1:] - pos[:-1] == 1).all()):
-        return None
-    starts = [*(pos == pos.min()).nonzero().flatten().tolist(), sq]
-    return [e - s for s, e in itertools.pairwise(starts)]
+    for held, version, held_sq, found in _LAST_POSITIONS:
+        if held is position_ids and (version, held_sq) == (position_ids._version, sq):
+            return found
+    pos = position_ids.detach().reshape(-1).cpu()
+    lengths: list[int] | None = None
+    if not bool((pos[1:] - pos[:-1] == 1).all()):
+        starts = [*(pos == pos.min()).nonzero().flatten().tolist(), sq]
+        lengths = [e - s for s, e in itertools.pairwise(starts)]
+    _LAST_POSITIONS[:] = [(position_ids, position_ids._version, sq, lengths)]
+    return lengths
 
 
 def _longest(cu: torch.Tensor, given: Any) -> int:
@@ -147,8 +157,11 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if attention_mask is None:  # prefill: each row one sequence, or the sequences packed in one row
         rows = _packed(kwargs.get("position_ids"), b, sq) or [sq] * b
         cu = _cu(rows, query.device)
-        out = flash_attn_varlen(q.reshape(b * sq, hq, d), k.reshape(b * sk, hkv, d), v.reshape(b * sk, hkv, d),
-                                cu, cu, max(rows), max(rows), **options)
+        if b == 1:  # [S, H, D] strided views of transformers' [1, H, S, D]: no copy
+            q, k, v = q[0], k[0], v[0]
+        else:
+            q, k, v = q.reshape(b * sq, hq, d), k.reshape(b * sk, hkv, d), v.reshape(b * sk, hkv, d)
+        out = flash_attn_varlen(q, k, v, cu, cu, max(rows), max(rows), **options)
         return out.view(b, sq, hq, d), None
     u = _unpad(attention_mask, sq, sk)
     found = flash_attn_varlen(q[u.q_batch, u.q_pos], k[u.k_batch, u.k_pos], v[u.k_batch, u.k_pos], u.cu_q, u.cu_k,
