@@ -36,7 +36,9 @@ Strict mode (``INFINIOPS_STRICT``, a boolean) raises `GateError` instead of ever
 resolution of an operator that a configuration problem concerns (the allow-list and unknown operators
 concern every operator), naming the provider and why it is not loaded.
 
-The decision is cached per (operator, problem key, overrides), so a resolved call costs a dict lookup.
+The decision is cached per (operator, problem key, overrides), so a resolved call costs a dict lookup; the
+key holds the size bucket's classes (`infiniops_py.problem.size_class`), so each bucket has its own decision,
+and adding measurements (`infiniops_py.tuning.tune_calls`) clears the cache.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from infiniops_py.overrides import _OVERRIDES, Override, Settings, current_overr
 from infiniops_py.problem import OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.tuning.ranking import measured_order, why_chosen
-from infiniops_py.tuning.store import TuningTable
+from infiniops_py.tuning.store import Measurement, TuningTable
 
 __all__ = ["_OVERRIDES", "Explanation", "Fallback", "Override", "Resolver", "Settings", "current_overrides", "use"]
 
@@ -240,7 +242,7 @@ class Resolver:
                            measurement, why)
 
     def _measured(self, problem: Problem, ranking: _Ranking, rejected: Mapping[str, Any],
-                  overrides: tuple[Override, ...]) -> tuple[_Ranking, Any, str]:
+                  overrides: tuple[Override, ...]) -> tuple[_Ranking, Measurement | None, str]:
         """`ranking` reordered by the measurement of `problem`'s bucket (see the module doc, step 4), the
         measurement (None when there is none; a scope that forces providers keeps their order), and why the
         winner won when the measurement decided it (else empty)."""
@@ -257,7 +259,7 @@ class Resolver:
         why = "" if any(not rejected[i.name] for i in head) else why_chosen(order[0], order, measurement)
         return ranking._replace(candidates=candidates), measurement, why
 
-    def _why(self, problem: Problem, ranking: _Ranking, chosen: Implementation, measurement: Any,
+    def _why(self, problem: Problem, ranking: _Ranking, chosen: Implementation, measurement: Measurement | None,
              forced: bool) -> str:
         """Why `chosen` won where the measurement did not decide: an override, or priority (and why no time)."""
         if chosen.provider in ranking.preferred:

@@ -57,6 +57,7 @@ def why_chosen(chosen: Implementation, order: Sequence[Implementation], measurem
             return f"{chosen.name} is the only one measured that accepts the problem"
         return f"{chosen.name} is the fastest measured ({format_time(times[chosen.name])}, next {runner_up.name} " \
                f"{format_time(times[runner_up.name])})"
+    rank = (f"has the higher priority ({chosen.priority} > {faster.priority})" if chosen.priority > faster.priority
+            else f"comes first in the priority order (both {chosen.priority})")
     return (f"{chosen.name} ({format_time(times[chosen.name])}) is within {margin:.0%} of {faster.name} "
-            f"({format_time(times[faster.name])}), a tie inside the noise margin, and has the higher priority "
-            f"({chosen.priority} > {faster.priority})")
+            f"({format_time(times[faster.name])}), a tie inside the noise margin, and {rank}")
