@@ -41,7 +41,8 @@ root when that folder exists ("peer not importable: ..." otherwise); causal_conv
 padding W - 1, sliced) then ``F.silu``; causal_conv1d_update a gather of the state rows, ``torch.cat`` of the
 new column, ``index_put_`` of the shifted window, multiply-sum, bias and ``F.silu``; fused_add_rms_norm
 ``add_``, ``F.rms_norm``, ``copy_``; fused_qk_norm ``F.rms_norm`` + ``copy_`` of the Q and the K heads;
-silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``);
+silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``); rotary_embedding vLLM's ``forward_native``
+(``index_select``, ``chunk``, ``cat``) + ``copy_`` for the Q and the K heads;
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
@@ -329,6 +330,37 @@ def _silu_and_mul(e: Env) -> list[Case]:
                  lambda: F.silu(x[:, :d]) * x[:, d:], "F.silu * (vLLM forward_native)", False)]
 
 
+def _native_rope(positions: torch.Tensor, x: torch.Tensor, head_dim: int, cache: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``RotaryEmbedding.forward_native`` (NeoX, whole head): a new ``[T, H * D]`` tensor."""
+    cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+    x = x.reshape(positions.shape[0], -1, head_dim)
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(1)
+
+
+def _rope_inputs(e: Env) -> tuple[int, int, int, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    t, hq, hkv, d = e.pick(32768, 16), e.pick(32, 4), e.pick(8, 2), e.pick(128, 32)
+    positions = torch.randint(0, 8192, (t,), generator=e.gen).to(e.device)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.arange(8192, dtype=torch.float32)[:, None] * inv
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(device=e.device, dtype=BF16)
+    return t, hq, hkv, d, e.randn(t, (hq + 2 * hkv) * d), positions, cache
+
+
+def _rotary_embedding(e: Env) -> list[Case]:
+    t, hq, hkv, d, qkv, positions, cache = _rope_inputs(e)
+    q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d]
+
+    def peer() -> None:
+        q.copy_(_native_rope(positions, q, d, cache))
+        k.copy_(_native_rope(positions, k, d, cache))
+
+    return [Case(f"rotary_embedding T{t} {hq}/{hkv}h D{d} neox", "rotary_embedding",
+                 lambda: ops.rotary_embedding(positions, q, k, d, cache, True), peer,
+                 "2x (vLLM forward_native, copy_)", False, indexed=True)]
+
+
 # The entry points, in the order of the table; each builds its cases (inputs and both calls) when it runs.
 def _all_reduce(e: Env) -> list[Case]:
     import torch.distributed as dist
@@ -355,6 +387,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "fused_add_rms_norm": _fused_add_rms_norm,
     "fused_qk_norm": _fused_qk_norm,
     "silu_and_mul": _silu_and_mul,
+    "rotary_embedding": _rotary_embedding,
     "all_reduce": _all_reduce,
 }
 

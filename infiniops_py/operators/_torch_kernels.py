@@ -17,6 +17,7 @@ from infiniops_py.operators import fused_qk_norm as qk
 from infiniops_py.operators import gemm as g
 from infiniops_py.operators import paged_cache as pc
 from infiniops_py.operators import rms_norm as rn
+from infiniops_py.operators import rotary_embedding as re_
 from infiniops_py.operators import selective_scan as ss
 from infiniops_py.operators import silu_and_mul as sm
 
@@ -97,4 +98,6 @@ def kernels() -> dict[str, Callable[..., Any]]:
                                       state_batch_indices=idx)),
         "silu_and_mul": lambda x: sm.silu_and_mul(x),
         "silu_and_mul.out": lambda x, out: (sm.silu_and_mul(x, out=out), None)[1],
+        "rotary_embedding": lambda positions, query, key, head_size, cache, is_neox: (
+            re_.rotary_embedding(positions, query, key, head_size, cache, is_neox), None)[1],
     }

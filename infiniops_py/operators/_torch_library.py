@@ -155,6 +155,8 @@ SCHEMAS: Final[dict[str, str]] = {
                               "Tensor? state_batch_indices) -> Tensor",
     "silu_and_mul": "silu_and_mul(Tensor x) -> Tensor",
     "silu_and_mul.out": "silu_and_mul.out(Tensor x, Tensor(a!) out) -> ()",
+    "rotary_embedding": "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+                        "Tensor cos_sin_cache, bool is_neox) -> ()",
 }
 
 
@@ -246,6 +248,7 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "selective_state_update": lambda state, x, *_: x.new_empty(x.shape),
     "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
     "silu_and_mul.out": _none,
+    "rotary_embedding": _none,
 }
 
 _LIBRARY: list[torch.library.Library] = []  # kept alive: dropping a Library deregisters its operators

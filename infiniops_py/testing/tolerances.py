@@ -89,6 +89,9 @@ TOLERANCES: Final[dict[tuple[str, str], Allclose | LowPrecisionRule]] = {
     ("silu_and_mul", _FP16): Allclose(1e-3, 1e-3),
     ("silu_and_mul", _BF16): Allclose(1.6e-2, 1e-3),
     ("silu_and_mul", _FP32): Allclose(1.3e-6, 1e-5),
+    ("rotary_embedding", _FP16): Allclose(1e-3, 1e-3),
+    ("rotary_embedding", _BF16): Allclose(1.6e-2, 1e-3),
+    ("rotary_embedding", _FP32): Allclose(1.3e-6, 1e-5),
 }
 
 

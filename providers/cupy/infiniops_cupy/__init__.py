@@ -13,7 +13,7 @@ from infiniops_py.registry import provider_from_modules
 
 __all__ = ["infiniops_provider"]
 
-_UNSERVED = ("flash_attn", "silu_and_mul")  # families it has no module for
+_UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding")  # families it has no module for
 
 
 @hookimpl
