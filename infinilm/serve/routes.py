@@ -92,7 +92,9 @@ class Routes:
 
     def _error(self, err: APIError) -> web.Response:
         self.metrics.rejected.labels(str(err.status)).inc()
-        return _json(err.body(), err.status, err.headers)
+        # ASCII escapes: an error may quote any text the client sent, and the answer must still encode
+        return web.Response(text=json.dumps(err.body()), status=err.status, content_type="application/json",
+                            headers=err.headers)
 
     # -- the OpenAI API ------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -121,7 +123,12 @@ class Routes:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body = parse_body(await request.read())
+        try:
+            raw = await request.read()
+        except web.RequestPayloadError as err:  # a body its Content-Encoding cannot decode, a broken chunking
+            detail = " ".join(str(err).split()).removeprefix("400, message: ")
+            raise APIError(400, f"body: cannot be read ({detail})", "body") from None
+        body = parse_body(raw)
         greq = parse_chat(body, self.info) if chat else parse_completion(body, self.info)
         if self.draining:
             raise APIError(503, "the server is shutting down")
@@ -145,7 +152,8 @@ class Routes:
             if event.error is not None:
                 raise event.error
             if event.token is None:  # ended by the server (shutdown)
-                yield text.flush(), None, "abort"
+                new = text.flush()
+                yield new, None, "stop" if text.stopped else "abort"
                 return
             new = text.push(event.token)
             if text.stopped:
@@ -153,7 +161,8 @@ class Routes:
                 yield new, event.token, "stop"
                 return
             if event.final:
-                yield new + text.flush(), event.token, event.finish_reason
+                new += text.flush()
+                yield new, event.token, "stop" if text.stopped else event.finish_reason
                 return
             yield new, event.token, None
 

@@ -12,9 +12,15 @@ OpenAI's, the sampling ranges are `infinilm.engine.sequence.SamplingParams`'), p
   A text prompt needs the checkpoint's ``tokenizer.json`` and is encoded as ``infinilm generate`` encodes it.
 - ``max_tokens`` (chat: ``max_completion_tokens`` too) must be in ``[1, max_model_len - prompt tokens]``,
   as vLLM checks it; its default is 16 for completions (OpenAI's) and the rest of the context for chat.
-- ``top_k``: 0 or -1 disable it (vLLM's -1, the engine's 0). ``seed``: torch's range, [-2**63, 2**64).
+- ``top_k``: 0 or -1 disable it (vLLM's -1, the engine's 0). ``seed``: ``[0, 2**64)``, the seeds of a
+  `torch.Generator` that `SamplingParams` takes (torch would fold a negative seed onto that range).
+- JSON ``null`` is the default of every optional field (the OpenAI API declares them nullable).
+- The prompt is checked as the engine checks it, naming the request's field (``prompt``, or ``messages`` for
+  chat): at least one token, every id in the model's vocabulary (a tokenizer may hold more ids than the
+  config's ``vocab_size``), room to generate.
 - ``stop``: one string or a list of at most 4 non-empty strings (OpenAI's limit); it needs a tokenizer.
-- JSON's non-standard ``NaN``/``Infinity`` literals are refused as invalid JSON.
+- JSON's non-standard ``NaN``/``Infinity`` literals are refused as invalid JSON, and so is a string holding a
+  lone surrogate (JSON may escape one, ``"\\ud800"``; no UTF-8 text can hold it), naming where it is.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from infinilm.serve.errors import APIError, bad_request
 
 __all__ = ["GenerationRequest", "ModelInfo", "parse_body", "parse_chat", "parse_completion"]
 
-_SEED_RANGE: Final = (-(2**63), 2**64 - 1)  # torch.Generator.manual_seed's
+_SEED_RANGE: Final = (0, 2**64 - 1)  # SamplingParams.seed's
 _MAX_STOP: Final = 4
 _ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 # fields of the API the engine does not implement: accepted at these values only
@@ -97,17 +103,45 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object.
 
     Raises:
-        APIError: 400 (param ``body``): not UTF-8, not JSON (NaN and Infinity literals included), not an object.
+        APIError: 400 (param ``body``): not UTF-8, not JSON (NaN and Infinity literals included), not an object;
+            400 naming the field (``messages[0].content``; the object, for a key) of a string that holds a lone
+            surrogate.
     """
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise bad_request("body", "is not UTF-8 text") from None
     except (ValueError, RecursionError) as err:
         raise bad_request("body", f"is not valid JSON ({str(err)[:120]})") from None
     if not isinstance(body, dict):
         raise bad_request("body", f"must be a JSON object, got {type(body).__name__}")
+    if "\\u" in text:  # only an escape can make a surrogate: the raw text is valid UTF-8
+        _check_unicode(body)
     return body
+
+
+def _check_unicode(body: dict[str, Any]) -> None:
+    """Refuse a string (a value or a key) of `body` that UTF-8 cannot encode, naming its field."""
+    stack: list[tuple[str, object]] = [("body", body)]  # iterative: the body may nest as deep as JSON parses
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where, "")
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, dict):
+            for key, v in value.items():
+                _check_text(key, where, "a key ")
+                stack.append((key if where == "body" else f"{where}.{key}", v))
+
+
+def _check_text(text: str, where: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad_request(where, f"{what}holds a lone surrogate ({text[err.start]!a} at character {err.start}); "
+                          "text must be Unicode characters (a surrogate pair escapes one above U+FFFF)") from None
 
 
 def _no_constant(name: str) -> float:
@@ -144,10 +178,10 @@ def parse_chat(body: dict[str, Any], info: ModelInfo) -> GenerationRequest:
         raise bad_request("add_generation_prompt", "only true is supported")
     text = info.render_chat(messages)
     prompt = info.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes the special tokens
-    _check_prompt_fits(prompt, info, "messages")
-    if "max_completion_tokens" in body and "max_tokens" in body:
+    _check_prompt(prompt, info, "messages", "the messages rendered by the chat template")
+    if body.get("max_completion_tokens") is not None and body.get("max_tokens") is not None:
         raise bad_request("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
-    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return _request(body, info, prompt, default_max_tokens=info.max_model_len - len(prompt), max_tokens_name=name)
 
 
@@ -155,6 +189,8 @@ def _check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
     for name, value in body.items():
         if name not in allowed:
             raise bad_request(name, f"unknown field (accepted: {', '.join(sorted(allowed))})")
+        if value is None:  # the field's default
+            continue
         neutral = _NEUTRAL.get(name)
         if name == "user" and not isinstance(value, str):
             raise bad_request(name, f"must be a string, got {_show(value)}")
@@ -180,15 +216,14 @@ def _prompt(body: dict[str, Any], info: ModelInfo) -> list[int]:
             raise bad_request("prompt", f"model {info.name!r} has no tokenizer.json: send token ids (a list of "
                               "integers)")
         ids = info.tokenizer.encode(prompt).ids
+        _check_prompt(ids, info, "prompt", "the tokenizer's encoding of the prompt")
     elif isinstance(prompt, list):
         if prompt and all(isinstance(p, (str, list)) for p in prompt):
             raise bad_request("prompt", f"a batch of {len(prompt)} prompts; send one prompt per request")
-        ids = _token_ids(prompt, "prompt", info.vocab_size)
+        _check_prompt(_token_ids(prompt, "prompt", info.vocab_size), info, "prompt", "the prompt")
+        ids = prompt
     else:
         raise bad_request("prompt", f"must be a string or a list of token ids, got {_show(prompt)}")
-    if not ids:
-        raise bad_request("prompt", "has no tokens")
-    _check_prompt_fits(ids, info, "prompt")
     return ids
 
 
@@ -201,7 +236,13 @@ def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
     return value
 
 
-def _check_prompt_fits(ids: list[int], info: ModelInfo, name: str) -> None:
+def _check_prompt(ids: list[int], info: ModelInfo, name: str, what: str) -> None:
+    """The engine's checks of a prompt (`infinilm.engine.checks.check_prompt`, `Scheduler.add`), naming `name`."""
+    if not ids:
+        raise bad_request(name, f"{what} has no tokens")
+    bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise bad_request(name, f"{what} holds token id {bad}, outside the model's vocabulary [0, {info.vocab_size})")
     if len(ids) >= info.max_model_len:
         raise bad_request(name, f"{len(ids)} prompt tokens leave no room to generate (max_model_len="
                           f"{info.max_model_len})")
@@ -275,9 +316,13 @@ def _request(body: dict[str, Any], info: ModelInfo, prompt: list[int], *, defaul
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list):
         raise bad_request("stop_token_ids", f"must be a list of token ids, got {_show(stop_ids)}")
-    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
-                            seed=seed, ignore_eos=_bool(body, "ignore_eos", False),
-                            stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", info.vocab_size)))
+    try:
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=max(top_k, 0),
+                                top_p=top_p, seed=seed, ignore_eos=_bool(body, "ignore_eos", False),
+                                stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", info.vocab_size)))
+    except ValueError as err:  # a range the checks above missed: still the client's value ("seed=-1 must be ...")
+        field = str(err).split("=", 1)[0]
+        raise bad_request(max_tokens_name if field == "max_new_tokens" else field, str(err)) from None
     return GenerationRequest(prompt, params, stop, stream, include_usage, _bool(body, "return_token_ids", False))
 
 
@@ -311,12 +356,18 @@ def _float(body: dict[str, Any], name: str, default: float, low: float, high: fl
     value = body.get(name)
     if value is None:
         return default
-    if type(value) not in (int, float) or not math.isfinite(value):
+    if type(value) not in (int, float):
         raise bad_request(name, f"{_show(value)} is not a finite number")
-    if value < low or (open_low and value == low) or value > high:
-        span = f"{'(' if open_low else '['}{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+    span = f"{'(' if open_low else '['}{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+    try:
+        number = float(value)  # an int past float's range (JSON has no limit) overflows
+    except OverflowError:
+        raise bad_request(name, f"{_show(value)} is out of range; need {span}") from None
+    if not math.isfinite(number):
+        raise bad_request(name, f"{_show(value)} is not a finite number")
+    if number < low or (open_low and number == low) or number > high:
         raise bad_request(name, f"{value} is out of range; need {span}")
-    return float(value)
+    return number
 
 
 def _bool(body: dict[str, Any], name: str, default: bool, *, prefix: str = "") -> bool:

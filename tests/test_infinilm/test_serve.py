@@ -10,6 +10,7 @@ and disconnect after 1-2 chunks), 32 at a time.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import random
@@ -30,6 +31,10 @@ from test_mamba2 import hf_mamba2
 from infinilm import Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
 from infinilm.demo import PROMPT, TEXT, demo_checkpoint
+from infinilm.serve.errors import APIError
+from infinilm.serve.schemas import ModelInfo, parse_chat, parse_completion
+from infinilm.serve.text import TextOutput
+from infinilm.tokenizer import load_tokenizer
 
 # installed by the test extra (CI); the GPU machine, which collects this module for `-m gpu`, lacks it
 openai = pytest.importorskip("openai")
@@ -398,6 +403,128 @@ def test_hostile_requests_get_4xx_naming_the_field_and_the_server_keeps_serving(
         assert http.get("/health").json() == {"status": "ok"}
         again = http.post("/v1/completions", json={**M, "prompt": PROMPT, "max_tokens": 3, "temperature": 0})
         assert again.status_code == 200 and again.json()["choices"][0]["text"] == "-Py"
+
+
+def _error_of(resp: httpx.Response) -> tuple[int, str | None]:
+    """The status and the ``param`` of an OpenAI error answer (an error body is JSON, whatever went wrong)."""
+    assert resp.headers["Content-Type"].startswith("application/json"), (resp.status_code, resp.text)
+    return resp.status_code, resp.json()["error"]["param"]
+
+
+def _internal_errors(server: Server) -> float:
+    return server.metrics().get('infinilm_requests_rejected_total{status="500"}', 0.0)
+
+
+def test_values_the_engine_would_refuse_are_a_400_naming_the_field(dense_server: Server, demo: Path) -> None:
+    # validation must refuse whatever SamplingParams, the engine or the chat path would: a negative seed
+    # (SamplingParams takes [0, 2**64)), a chat that renders to no tokens, text that encodes to an id the
+    # model's embedding does not have (a tokenizer may hold more ids than the config's vocab_size)
+    before = _internal_errors(dense_server)
+    with httpx.Client(base_url=dense_server.url, timeout=30) as http:
+        for seed in (-1, -(2**63)):
+            resp = http.post("/v1/completions", json={**M, "prompt": PROMPT, "max_tokens": 2, "seed": seed})
+            assert _error_of(resp) == (400, "seed"), resp.text
+        for messages in ([{"role": "system", "content": "x"}], [{"role": "user", "content": ""}]):
+            resp = http.post("/v1/chat/completions", json={**M, "messages": messages})  # TEMPLATE renders ""
+            assert _error_of(resp) == (400, "messages"), resp.text
+        ok = http.post("/v1/completions", json={**M, "prompt": PROMPT, "max_tokens": 2, "seed": 2**64 - 1})
+        assert ok.status_code == 200, ok.text
+    assert _internal_errors(dense_server) == before
+    tokenizer = load_tokenizer(demo)
+    tokenizer.add_special_tokens(["<|pad|>"])  # id 257: one past the model's vocab_size
+    info = ModelInfo("m", 257, MAX_LEN, 16, 64, tokenizer, lambda messages: messages[-1]["content"])
+    with pytest.raises(APIError) as text:
+        parse_completion({**M, "prompt": "In<|pad|>"}, info)
+    with pytest.raises(APIError) as chat:
+        parse_chat({**M, "messages": [{"role": "user", "content": "In<|pad|>"}]}, info)
+    assert (text.value.status, text.value.param, chat.value.status, chat.value.param) == (400, "prompt", 400,
+                                                                                          "messages")
+    assert "257" in text.value.message and "vocab" in chat.value.message
+
+
+def test_integers_too_large_for_a_float_are_a_400_naming_the_field(dense_server: Server) -> None:
+    before = _internal_errors(dense_server)
+    with httpx.Client(base_url=dense_server.url, timeout=30) as http:
+        for field in ("temperature", "top_p"):
+            body = b'{"model": "m", "prompt": "In", "%s": 1%s}' % (field.encode(), b"0" * 400)
+            assert _error_of(http.post("/v1/completions", content=body)) == (400, field)
+    assert _internal_errors(dense_server) == before
+
+
+def test_unpaired_surrogates_anywhere_in_the_body_are_a_400_naming_the_field(dense_server: Server) -> None:
+    # JSON may escape a lone surrogate (\ud800), which no UTF-8 text (the tokenizer's, the response's) can hold
+    cases = [
+        ("/v1/completions", r'{"model": "m", "prompt": "In\ud800"}', "prompt"),
+        ("/v1/completions", r'{"model": "m", "prompt": "In", "stop": ["x", "\udfff"]}', "stop[1]"),
+        ("/v1/completions", r'{"model": "m", "prompt": "In", "user": "\ud83d"}', "user"),
+        ("/v1/completions", r'{"model": "m", "prompt": "In", "\ud800": 1}', "body"),
+        ("/v1/chat/completions", r'{"model": "m", "messages": [{"role": "user", "content": "\udc00"}]}',
+         "messages[0].content"),
+        ("/v1/chat/completions", r'{"model": "m", "messages": [{"role": "user", "content": "hi", "\ud800": 1}]}',
+         "messages[0]"),
+    ]
+    before = _internal_errors(dense_server)
+    with httpx.Client(base_url=dense_server.url, timeout=30) as http:
+        for route, body, param in cases:
+            resp = http.post(route, content=body.encode())
+            assert _error_of(resp) == (400, param), (body, resp.text)
+            assert "surrogate" in resp.json()["error"]["message"]
+        pair = http.post("/v1/completions", content=rb'{"model": "m", "prompt": "In\ud83d\ude00", "max_tokens": 2}')
+        assert pair.status_code == 200, pair.text  # a surrogate pair is one character: served
+    assert _internal_errors(dense_server) == before
+
+
+def test_a_body_that_cannot_be_decompressed_is_a_400_naming_the_body(dense_server: Server) -> None:
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    before = _internal_errors(dense_server)
+    with httpx.Client(base_url=dense_server.url, timeout=30) as http:
+        bad = http.post("/v1/completions", content=b"not gzip at all", headers=headers)
+        assert _error_of(bad) == (400, "body") and "gzip" in bad.json()["error"]["message"], bad.text
+        body = json.dumps({**M, "prompt": PROMPT, "max_tokens": 3, "temperature": 0}).encode()
+        good = http.post("/v1/completions", content=gzip.compress(body), headers=headers)
+        assert good.status_code == 200 and good.json()["choices"][0]["text"] == "-Py", good.text
+    assert _internal_errors(dense_server) == before
+
+
+def test_null_is_the_default_of_every_optional_field(dense_server: Server) -> None:
+    # the OpenAI API declares its optional fields nullable ("n": integer or null, defaults to 1)
+    common = {name: None for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                                      "stop_token_ids", "ignore_eos", "stream", "stream_options", "return_token_ids",
+                                      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user")}
+    completion = {**M, **common, "prompt": PROMPT, "best_of": None, "echo": None, "suffix": None}
+    chat = {**M, **common, "messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": None,
+            "top_logprobs": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None,
+            "add_generation_prompt": None}
+    with httpx.Client(base_url=dense_server.url, timeout=60) as http:
+        out = http.post("/v1/completions", json=completion)
+        assert out.status_code == 200, out.text
+        assert out.json()["usage"]["completion_tokens"] <= 16  # the default max_tokens
+        out = http.post("/v1/chat/completions", json=chat)
+        assert out.status_code == 200, out.text
+
+
+class _ByteTokens:
+    """A tokenizer whose tokens are byte strings of several bytes (as byte-level BPE merges are)."""
+
+    def __init__(self, tokens: list[bytes]) -> None:
+        self.tokens = tokens
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.tokens[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_is_found_in_a_token_that_ends_on_an_incomplete_character() -> None:
+    euro = "\u20ac".encode()  # 3 bytes
+    tokenizer = _ByteTokens([b"a", b"bc" + euro[:1], euro[1:], b"d"])
+    out = TextOutput(tokenizer, ("bc",))
+    assert (out.push(0), out.push(1), out.stopped) == ("a", "", True)  # the stop string, then a partial euro
+    assert out.flush() == ""
+    out = TextOutput(tokenizer, ("zz",))
+    assert [out.push(0), out.push(1), out.push(2), out.push(3)] == ["a", "bc", "\u20ac", "d"]
+    out = TextOutput(tokenizer, ("c\u20ac",))
+    assert [out.push(0), out.push(1), out.push(2), out.stopped] == ["a", "b", "", True]
+    out = TextOutput(tokenizer, ())
+    assert (out.push(0), out.push(1), out.flush()) == ("a", "bc", "\ufffd")  # ended on a partial character
 
 
 def test_a_model_without_tokenizer_or_chat_template_refuses_text_and_chat_naming_the_field(
