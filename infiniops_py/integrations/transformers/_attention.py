@@ -28,6 +28,7 @@ def swap_attention(report: Kernelized, model: Any) -> None:
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)
     report._undo.append(lambda: model.set_attn_implementation(previous))
+    report._undo.append(model.register_forward_pre_hook(forget).remove)
 
 
 
@@ -46,9 +47,16 @@ class _Unpadded(NamedTuple):
 
 # One entry each: every layer of a forward shares its mask and its position ids, so the host reads them (one
 # synchronization on CUDA) once per forward, not once per layer.
-# An entry also keeps the tensor's version counter: a tensor written in place since is read again.
-_LAST_MASK: list[tuple[torch.Tensor, int, int, int, _Unpadded]] = []
-_LAST_POSITIONS: list[tuple[torch.Tensor, int, int, list[int] | None]] = []
+# A forward pre-hook of the kernelized model empties both (`forget`): a tensor rewritten in place between forwards
+# (a static buffer) is read again.
+_LAST_MASK: list[tuple[torch.Tensor, int, int, _Unpadded]] = []
+_LAST_POSITIONS: list[tuple[torch.Tensor, int, list[int] | None]] = []
+
+
+def forget(*_: Any) -> None:
+    """Drop the masks and position ids read on the host so far (run before each forward of a kernelized model)."""
+    _LAST_MASK.clear()
+    _LAST_POSITIONS.clear()
 
 
 def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -65,8 +73,8 @@ def _unpad(mask: torch.Tensor, sq: int, sk: int) -> _Unpadded:
     Raises:
         ValueError: a row whose real tokens are not one contiguous run (left or right padding only).
     """
-    for held, version, q, k, found in _LAST_MASK:
-        if held is mask and (version, q, k) == (mask._version, sq, sk):
+    for held, q, k, found in _LAST_MASK:
+        if held is mask and (q, k) == (sq, sk):
             return found
     valid = mask.detach().to("cpu", torch.bool)
     length = valid.shape[1]
@@ -91,7 +99,7 @@ def _unpad(mask: torch.Tensor, sq: int, sk: int) -> _Unpadded:
     device = mask.device
     found = _Unpadded(*(torch.tensor(x, dtype=torch.long, device=device) for x in (qb, qp, kb, kp)),
                       _cu(lq, device), _cu(lk, device), max(lq, default=0), max(lk, default=0))
-    _LAST_MASK[:] = [(mask, mask._version, sq, sk, found)]
+    _LAST_MASK[:] = [(mask, sq, sk, found)]
     return found
 
 
@@ -101,15 +109,15 @@ def _packed(position_ids: Any, b: int, sq: int) -> list[int] | None:
     `position_ids` on the host once per tensor (the layers of a forward share it)."""
     if b != 1 or sq < 2 or not isinstance(position_ids, torch.Tensor) or position_ids.numel() != sq:
         return None
-    for held, version, held_sq, found in _LAST_POSITIONS:
-        if held is position_ids and (version, held_sq) == (position_ids._version, sq):
+    for held, held_sq, found in _LAST_POSITIONS:
+        if held is position_ids and held_sq == sq:
             return found
     pos = position_ids.detach().reshape(-1).cpu()
     lengths: list[int] | None = None
     if not bool((pos[1:] - pos[:-1] == 1).all()):
         starts = [*(pos == pos.min()).nonzero().flatten().tolist(), sq]
         lengths = [e - s for s, e in itertools.pairwise(starts)]
-    _LAST_POSITIONS[:] = [(position_ids, position_ids._version, sq, lengths)]
+    _LAST_POSITIONS[:] = [(position_ids, sq, lengths)]
     return lengths
 
 
