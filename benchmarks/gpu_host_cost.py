@@ -361,7 +361,6 @@ def _rotary_embedding(e: Env) -> list[Case]:
                  "2x (vLLM forward_native, copy_)", False, indexed=True)]
 
 
-# The entry points, in the order of the table; each builds its cases (inputs and both calls) when it runs.
 def _all_reduce(e: Env) -> list[Case]:
     import torch.distributed as dist
 
@@ -373,6 +372,7 @@ def _all_reduce(e: Env) -> list[Case]:
                  lambda: dist.all_reduce(x, group=group), "torch.distributed.all_reduce", True)]
 
 
+# The entry points, in the order of the table; each builds its cases (inputs and both calls) when it runs.
 BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "rms_norm": _rms_norm,
     "add": _add,

@@ -24,6 +24,7 @@ from infiniops_py.hookspecs import hookimpl
 from infiniops_py.operators import OPERATORS
 from infiniops_py.operators._base import checked_indices, unchecked_indices
 from infiniops_py.operators.add import add
+from infiniops_py.operators.all_reduce import all_reduce
 from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
 from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.operators.fused_qk_norm import fused_qk_norm
@@ -68,6 +69,7 @@ __all__ = [
     "Rejection",
     "Requires",
     "add",
+    "all_reduce",
     "causal_conv1d",
     "causal_conv1d_update",
     "checked_indices",

@@ -14,6 +14,7 @@ from typing import Final
 from infiniops_py.errors import ContractError
 from infiniops_py.operators import _torch_kernels, _torch_library
 from infiniops_py.operators import add as _add
+from infiniops_py.operators import all_reduce as _all_reduce
 from infiniops_py.operators import causal_conv1d as _causal_conv1d
 from infiniops_py.operators import flash_attn as _flash_attn
 from infiniops_py.operators import fused_qk_norm as _fused_qk_norm
@@ -29,7 +30,7 @@ __all__ = ["FAMILIES", "OPERATORS", "ContractError", "OpSpec", "Problem"]
 
 _MODULES: Final[tuple[ModuleType, ...]] = (
     _gemm, _add, _rms_norm, _fused_qk_norm, _paged_cache, _flash_attn, _causal_conv1d, _selective_scan,
-    _silu_and_mul, _rotary_embedding,
+    _silu_and_mul, _rotary_embedding, _all_reduce,
 )
 
 FAMILIES: Final[tuple[str, ...]] = tuple(m.__name__.rpartition(".")[2] for m in _MODULES)

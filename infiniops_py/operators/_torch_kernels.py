@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infiniops_py.operators import add as a
+from infiniops_py.operators import all_reduce as ar
 from infiniops_py.operators import causal_conv1d as cc
 from infiniops_py.operators import flash_attn as fa
 from infiniops_py.operators import fused_qk_norm as qk
@@ -96,6 +97,7 @@ def kernels() -> dict[str, Callable[..., Any]]:
         "selective_state_update": lambda state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx: (
             ss.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                       state_batch_indices=idx)),
+        "all_reduce": lambda tensor, group_name: (ar.all_reduce(tensor, group=ar.group_of(group_name)), None)[1],
         "silu_and_mul": lambda x: sm.silu_and_mul(x),
         "silu_and_mul.out": lambda x, out: (sm.silu_and_mul(x, out=out), None)[1],
         "rotary_embedding": lambda positions, query, key, head_size, cache, is_neox: (

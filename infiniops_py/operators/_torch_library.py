@@ -153,6 +153,7 @@ SCHEMAS: Final[dict[str, str]] = {
     "selective_state_update": "selective_state_update(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, "
                               "Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus, "
                               "Tensor? state_batch_indices) -> Tensor",
+    "all_reduce": "all_reduce(Tensor(a!) tensor, str group_name) -> ()",
     "silu_and_mul": "silu_and_mul(Tensor x) -> Tensor",
     "silu_and_mul.out": "silu_and_mul.out(Tensor x, Tensor(a!) out) -> ()",
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
@@ -246,6 +247,7 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "selective_scan.with_final_states": _fake_scan_final,
     "selective_scan.with_varlen_states": _fake_scan_varlen,
     "selective_state_update": lambda state, x, *_: x.new_empty(x.shape),
+    "all_reduce": _none,
     "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
     "silu_and_mul.out": _none,
     "rotary_embedding": _none,

@@ -13,7 +13,8 @@ from infiniops_py.registry import provider_from_modules
 
 __all__ = ["infiniops_provider"]
 
-_UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding")  # families it has no module for
+# families it has no module for (AllReduce: the torch provider's torch.distributed serves the collective)
+_UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding", "all_reduce")
 
 
 @hookimpl

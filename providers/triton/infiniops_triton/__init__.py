@@ -12,10 +12,13 @@ from infiniops_triton._common import interpreting_on_cpu
 
 __all__ = ["infiniops_provider"]
 
+_UNSERVED = ("all_reduce",)  # a collective: the torch provider's torch.distributed serves it
+
 
 @hookimpl
 def infiniops_provider() -> Provider:
-    """The ``triton`` provider: the implementations of every family, built for provider API 1.
+    """The ``triton`` provider: the implementations of every family but the AllReduce collective, built for
+    provider API 1.
 
     Under the CPU interpreter (``interpreting_on_cpu``) the interpreter is patched first, before any kernel
     module is imported.
@@ -24,4 +27,5 @@ def infiniops_provider() -> Provider:
         from infiniops_triton._interpreter import patch_interpreter
 
         patch_interpreter()
-    return provider_from_modules("triton", "infiniops_triton", FAMILIES, api_version=1)
+    return provider_from_modules("triton", "infiniops_triton", [f for f in FAMILIES if f not in _UNSERVED],
+                                 api_version=1)
