@@ -113,3 +113,18 @@ def test_bench_reports_the_cold_first_request_apart_from_the_steady_state(qwen3:
     data = result.as_dict()
     assert data["runs"] == 2 and set(data["cold_first_request"]) == {"prefill_ms", "decode_step", "total_ms"}
     assert "cold first request: prefill" in result.table()
+
+
+def test_the_tune_command_tunes_a_models_closure(qwen3: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from infiniops_py.cli import main
+
+    monkeypatch.delenv("INFINILM_TUNE", raising=False)
+    assert main(["tune", "--model", str(qwen3)]) == 0
+    captured = capsys.readouterr()
+    assert "gemm float32 m<=1, " in captured.out and ": measured: " in captured.out
+    assert "tuning and warm-up: " in captured.err
+    assert "INFINILM_TUNE" not in os.environ  # the command's switch does not outlive it
+    assert main(["tune", "--model", str(qwen3), "--force"]) == 2

@@ -110,11 +110,11 @@ def _model(args: argparse.Namespace) -> Any:
         print("infiniops tune --model: --force, --size and --field go with an operator (to time a model's buckets "
               "again, point INFINIOPS_CACHE at an empty folder)", file=sys.stderr)
         return None
-    os.environ["INFINILM_TUNE"] = "1"  # this process builds the engine to tune it
-    os.environ["INFINILM_TUNE_BUDGET"] = str(args.budget)
     options: dict[str, Any] = {"device": args.device}
     if args.dtype:
         options["dtype"] = args.dtype
+    saved = {k: os.environ.get(k) for k in ("INFINILM_TUNE", "INFINILM_TUNE_BUDGET")}
+    os.environ.update(INFINILM_TUNE="1", INFINILM_TUNE_BUDGET=str(args.budget))  # the build tunes, on any device
     try:
         engine = Engine.from_pretrained(args.model, EngineOptions(**options))
     except GateError as err:
@@ -123,6 +123,12 @@ def _model(args: argparse.Namespace) -> Any:
     except (OSError, RuntimeError, ValueError) as err:  # ConfigError, LoadError and CacheError among them
         print(f"infiniops tune --model: {type(err).__name__}: {err}", file=sys.stderr)
         return None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     print(engine.warmup.summary(), file=sys.stderr)
     return engine.warmup.tuning
 
