@@ -20,8 +20,8 @@ __all__ = ["MAX_REPEATS", "MIN_REPEATS", "WARMUP", "CaptureError", "Timer", "cap
 Timer = Callable[[Callable[[], Any], str], float]  # (call, device type) -> median seconds per call
 WARMUP: Final = 3
 MIN_REPEATS: Final = 5
-MAX_REPEATS: Final = 50
-BUDGET_S: Final = 0.1  # repeats stop past this much measured time (after MIN_REPEATS)
+MAX_REPEATS: Final = 25
+BUDGET_S: Final = 0.05  # repeats stop past this much measured time (after MIN_REPEATS)
 
 _flush: dict[int, torch.Tensor] = {}  # per CUDA device: the buffer whose write flushes L2
 
