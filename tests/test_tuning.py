@@ -290,3 +290,6 @@ def test_the_tune_command_times_an_operator_and_writes_a_file(fakes: None, tmp_p
     assert "unknown size(s) ['q']" in capsys.readouterr().err
     assert main(["tune", "causal_conv1d"]) == 2
     assert "no synthetic inputs" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["tune", "gemm", "--device", "cuda"]) == 2
+        assert "--device cuda: this machine has no CUDA device" in capsys.readouterr().err

@@ -58,6 +58,12 @@ def _run(args: argparse.Namespace) -> int:
     if (args.op is None) == (args.model is None):
         print("infiniops tune: give an operator or --model DIR (one of them)", file=sys.stderr)
         return 2
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"infiniops tune: --device {args.device}: this machine has no CUDA device", file=sys.stderr)
+            return 2
     if args.write and not os.path.isdir(os.path.dirname(os.path.abspath(args.write))):
         print(f"infiniops tune: --write {args.write}: the folder does not exist", file=sys.stderr)
         return 2
