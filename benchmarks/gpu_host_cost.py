@@ -42,7 +42,8 @@ padding W - 1, sliced) then ``F.silu``; causal_conv1d_update a gather of the sta
 new column, ``index_put_`` of the shifted window, multiply-sum, bias and ``F.silu``; fused_add_rms_norm
 ``add_``, ``F.rms_norm``, ``copy_``; fused_qk_norm ``F.rms_norm`` + ``copy_`` of the Q and the K heads;
 silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``); rotary_embedding vLLM's ``forward_native``
-(``index_select``, ``chunk``, ``cat``) + ``copy_`` for the Q and the K heads;
+(``index_select``, ``chunk``, ``cat``) + ``copy_`` for the Q and the K heads; fused_qk_norm_rope ``F.rms_norm``,
+then that, for each;
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
@@ -372,6 +373,21 @@ def _all_reduce(e: Env) -> list[Case]:
                  lambda: dist.all_reduce(x, group=group), "torch.distributed.all_reduce", True)]
 
 
+def _fused_qk_norm_rope(e: Env) -> list[Case]:
+    t, hq, hkv, d, qkv, positions, cache = _rope_inputs(e)
+    qw, kw = 1 + 0.1 * e.randn(d), 1 + 0.1 * e.randn(d)
+    q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d]
+
+    def peer() -> None:
+        q.copy_(_native_rope(positions, F.rms_norm(q.view(t, hq, d), (d,), qw, 1e-6), d, cache))
+        k.copy_(_native_rope(positions, F.rms_norm(k.view(t, hkv, d), (d,), kw, 1e-6), d, cache))
+
+    return [Case(f"fused_qk_norm_rope T{t} {hq}/{hkv}h D{d} neox", "fused_qk_norm_rope",
+                 lambda: ops.fused_qk_norm_rope(qkv, qw, kw, cache, positions, num_q_heads=hq, num_kv_heads=hkv,
+                                                head_dim=d),
+                 peer, "2x (F.rms_norm, vLLM forward_native, copy_)", False, indexed=True)]
+
+
 # The entry points, in the order of the table; each builds its cases (inputs and both calls) when it runs.
 BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "rms_norm": _rms_norm,
@@ -388,6 +404,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "fused_qk_norm": _fused_qk_norm,
     "silu_and_mul": _silu_and_mul,
     "rotary_embedding": _rotary_embedding,
+    "fused_qk_norm_rope": _fused_qk_norm_rope,
     "all_reduce": _all_reduce,
 }
 

@@ -28,6 +28,7 @@ from infiniops_py.operators.all_reduce import all_reduce
 from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
 from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.operators.fused_qk_norm import fused_qk_norm
+from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
 from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
@@ -79,6 +80,7 @@ __all__ = [
     "flash_attn_with_kvcache",
     "fused_add_rms_norm",
     "fused_qk_norm",
+    "fused_qk_norm_rope",
     "gemm",
     "hookimpl",
     "make_problem",

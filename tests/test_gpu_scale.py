@@ -233,7 +233,8 @@ def test_host_cost_benchmark_measures_every_entry_point_and_its_peer_on_the_cpu(
             assert r.peer is not None and r.peer.errors == [] and r.peer.host > 0, (r.case.name, r.peer)
     assert {r.case.op for r in rows if r.case.indexed} == {"reshape_and_cache_flash", "flash_attn_varlen",
                                                            "flash_attn_with_kvcache", "causal_conv1d_update",
-                                                           "selective_state_update", "rotary_embedding"}
+                                                           "selective_state_update", "rotary_embedding",
+                                                           "fused_qk_norm_rope"}
     table = hc.format_table(rows).splitlines()
     assert len(table) == 2 + len(rows) and {line.count("|") for line in table} == {len(hc.COLUMNS) + 1}
     with torch.no_grad():  # the peers compute what we compute, on the very same tensors

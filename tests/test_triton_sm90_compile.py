@@ -21,7 +21,17 @@ from typing import Any
 
 import pytest
 import triton
-from infiniops_triton import add, causal_conv1d, fused_qk_norm, gemm, paged_cache, rms_norm
+from infiniops_triton import (
+    add,
+    causal_conv1d,
+    fused_qk_norm,
+    fused_qk_norm_rope,
+    gemm,
+    paged_cache,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+)
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
 from triton.compiler import ASTSource
@@ -109,6 +119,18 @@ def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
          {"K": _Ptr(BF16), "V": _Ptr(BF16), "KC": _Ptr(BF16), "VC": _Ptr(BF16), "SLOTS": _Ptr("*i64"),
           "stride_s": 1, "num_slots": 65536, "block_size": 16, "num_heads": 8, "D": 128, **cache,
           "BLOCK_H": 8, "BLOCK_D": 128}, 4),
+        ("silu_and_mul", silu_and_mul._silu_and_mul_kernel,
+         {"X": _Ptr(BF16), "OUT": _Ptr(BF16), "D": 3072, "stride_x": 6144, "stride_o": 3072, "BLOCK": 1024}, 4),
+        *[(f"rotary_embedding_{style}", rotary_embedding._rotary_kernel,
+           {"POS": _Ptr("*i64"), "Q": _Ptr(BF16), "K": _Ptr(BF16), "CACHE": _Ptr(BF16), "stride_p": 1,
+            "stride_qt": 4096, "stride_qh": 128, "stride_kt": 4096, "stride_kh": 128, "num_q_heads": 16,
+            "num_heads": 24, "max_position": 40960, "HALF": 64, "IS_NEOX": style == "neox", "BLOCK_H": 16,
+            "BLOCK_R": 64}, 4) for style in ("neox", "gptj")],
+        *[(f"fused_qk_norm_rope_{style}", fused_qk_norm_rope._qk_norm_rope_kernel,
+           {"QKV": _Ptr(BF16), "QW": _Ptr(BF16), "KW": _Ptr(BF16), "CACHE": _Ptr(BF16), "POS": _Ptr("*i64"),
+            "stride_t": 4096, "stride_p": 1, "num_q_heads": 16, "num_qk_heads": 24, "D": 128, "eps": 1e-6,
+            "max_position": 40960, "HALF": 64, "IS_NEOX": style == "neox", "BLOCK_H": 16, "BLOCK_R": 64,
+            "BLOCK_P": 0}, 4) for style in ("neox", "gptj")],
     ]
 
 

@@ -15,6 +15,7 @@ from infiniops_py.operators import all_reduce as ar
 from infiniops_py.operators import causal_conv1d as cc
 from infiniops_py.operators import flash_attn as fa
 from infiniops_py.operators import fused_qk_norm as qk
+from infiniops_py.operators import fused_qk_norm_rope as qkr
 from infiniops_py.operators import gemm as g
 from infiniops_py.operators import paged_cache as pc
 from infiniops_py.operators import rms_norm as rn
@@ -102,4 +103,7 @@ def kernels() -> dict[str, Callable[..., Any]]:
         "silu_and_mul.out": lambda x, out: (sm.silu_and_mul(x, out=out), None)[1],
         "rotary_embedding": lambda positions, query, key, head_size, cache, is_neox: (
             re_.rotary_embedding(positions, query, key, head_size, cache, is_neox), None)[1],
+        "fused_qk_norm_rope": lambda qkv, qw, kw, cache, positions, hq, hkv, d, eps, is_neox: (
+            qkr.fused_qk_norm_rope(qkv, qw, kw, cache, positions, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                                   eps=eps, is_neox=is_neox), None)[1],
     }

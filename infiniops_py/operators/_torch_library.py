@@ -158,6 +158,9 @@ SCHEMAS: Final[dict[str, str]] = {
     "silu_and_mul.out": "silu_and_mul.out(Tensor x, Tensor(a!) out) -> ()",
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
                         "Tensor cos_sin_cache, bool is_neox) -> ()",
+    "fused_qk_norm_rope": "fused_qk_norm_rope(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
+                          "Tensor positions, int num_q_heads, int num_kv_heads, int head_dim, float eps, "
+                          "bool is_neox) -> ()",
 }
 
 
@@ -251,6 +254,7 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
     "silu_and_mul.out": _none,
     "rotary_embedding": _none,
+    "fused_qk_norm_rope": _none,
 }
 
 _LIBRARY: list[torch.library.Library] = []  # kept alive: dropping a Library deregisters its operators
