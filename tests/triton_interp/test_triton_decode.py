@@ -1,9 +1,13 @@
 """Triton silu_and_mul, rotary_embedding and fused_qk_norm_rope on the CPU under the Triton interpreter: the
 conformance suite, then the launch paths its small shapes do not reach (several column and head blocks, a
 query/key boundary inside a program, head tiles that are no power of two in elements, unchecked out-of-range
-positions)."""
+positions), and the decode benchmark script end to end."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +107,26 @@ def test_fused_partial_rotary_tiles_and_strided_rows(dtype: torch.dtype, is_neox
                                         head_dim=d, is_neox=is_neox)
     check("fused_qk_norm_rope", qkv, ref)
     assert torch.equal(buf[:, (hq + hkv) * d :], before[:, (hq + hkv) * d :])  # V heads and row padding
+
+
+def test_gpu_decode_benchmark_runs_every_way_end_to_end_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # benchmarks/gpu_decode_ops.py runs on the H200; here every path but the CUDA events and graphs runs
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_decode_ops.py"
+    spec = importlib.util.spec_from_file_location("gpu_decode_ops", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_decode_ops"] = bench  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    rows = bench.run("cpu", tokens=(1, 3), calls=1, rounds=1)
+    ways = {"silu_and_mul": {"triton", "torch", "composition"}, "rotary_embedding": {"triton", "torch", "composition"},
+            "fused_qk_norm_rope": {"triton", "torch", "composition", "separate"}}
+    assert {(r.case.op, r.case.tokens, r.way) for r in rows} == {(op, t, w) for op, ws in ways.items() for w in ws
+                                                                 for t in (1, 3)}
+    assert not any(r.failed for r in rows), bench.format_table(rows)
+    ours = [r for r in rows if r.case.tokens == 3 and r.way in ("triton", "torch")]
+    assert len(ours) == 6 and all(0 <= r.share <= 1 for r in ours), bench.format_table(rows)
+    assert all(r.eager_us > 0 and r.case.nbytes > 0 for r in rows)
+    assert len(bench.format_table(rows).splitlines()) == 2 + len(rows)
+    assert len(bench.records(rows)) == len(rows)  # eager only on the CPU; `record` checks each one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--tokens", "1"]) == 2
