@@ -219,6 +219,8 @@ class EngineOptions:
             the operators (checked mode, each check synchronizes the device). None: on CPU only, since on
             CUDA the syncs cost more than the rest of a decode step, and the engine builds every index from
             its own allocator (kernels still never access out of bounds in unchecked mode).
+        tensor_parallel_size: ranks the model is split across, one process each (`infinilm.distributed`):
+            the engine's process is rank 0 and starts the others; 1 runs in this process alone.
     """
 
     device: str = "cpu"
@@ -236,6 +238,7 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.9
     progress: bool | None = None
     check_indices: bool | None = None
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         """Check every option, and store each in its canonical form (dtype, ints, tuples).
@@ -246,7 +249,7 @@ class EngineOptions:
         Raises:
             ConfigError: an option of the wrong type or out of its range, naming the option and the value.
         """
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "tensor_parallel_size"):
             object.__setattr__(self, name, _integer(name, getattr(self, name)))
         for name in ("num_blocks", "max_model_len"):
             if getattr(self, name) is not None:
@@ -271,6 +274,8 @@ class EngineOptions:
             raise ConfigError(f"device={self.device!r} is not a device the engine runs on; use cpu, cuda or cuda:N")
         if self.block_size <= 0:
             raise ConfigError(f"block_size={self.block_size} must be positive")
+        if self.tensor_parallel_size <= 0:
+            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} must be positive (1: no split)")
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ConfigError(f"num_blocks={self.num_blocks} must be positive")
         if self.max_model_len is not None and self.max_model_len <= 0:

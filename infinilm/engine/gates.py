@@ -29,6 +29,7 @@ import torch
 
 import infiniops_py
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
+from infinilm.distributed.parallel import check_split, parallel_problems
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
 from infiniops_py import GateError, explain, make_problem, providers, resolve_closure, use
@@ -96,10 +97,12 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
 
     Raises:
         ConfigError: no family serves ``config.model_type``; a provider override (``options.providers``)
-            names an operator or a provider the runtime does not know.
+            names an operator or a provider the runtime does not know; ``options.tensor_parallel_size`` ranks
+            that `config` cannot be split across (`infinilm.distributed.parallel.check_split`).
         GateError: one error listing every problem that no (allowed) provider can serve.
     """
     family = family_of(config.model_type)
+    check_split(config, options)
     for i, (op, name) in enumerate(options.providers):
         problem = _override_problem(op, name)
         if problem is not None:
@@ -113,7 +116,7 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
         else:
             fused_qk = config.qk_norm and options.qk_norm == "fused"
         choices = GatePlan(fused_qk_norm=fused_qk, fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True))
-        requests = family.gate_problems(config, options, base, choices)
+        requests = family.gate_problems(config, options, base, choices) + parallel_problems(config, options, base)
         problems = list(dict.fromkeys(make_problem(op, **fields) for op, fields in requests))
         chosen = resolve_closure(problems)
     return dataclasses.replace(choices, chosen=chosen)

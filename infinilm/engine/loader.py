@@ -17,6 +17,10 @@ that nothing is allocated yet): every missing, unexpected, mis-shaped and non-fl
 into one `LoadError`. Only then are the tensors read (``safe_open`` maps the file; no pickle) and copied,
 with a cast to the model dtype, into the views the model allocated; a progress bar shows for large
 checkpoints.
+
+A target may also be a `infinilm.distributed.parallel.Shard` (a tensor-parallel rank's part): the header must
+declare the shard's full shape, and only the shard's index ranges are read, each through ``safe_open``'s
+``get_slice`` (the bytes of that slice of the mapped file; no rank copies a whole tensor).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 import torch
+
+from infinilm.distributed.parallel import Shard
 
 __all__ = ["FLOAT_DTYPES", "Checkpoint", "LoadError", "TensorHeader", "checkpoint_files", "load_weights",
            "read_checkpoint"]
@@ -68,8 +74,10 @@ class Checkpoint:
     files: tuple[Path, ...]
     headers: Mapping[str, TensorHeader]
 
-    def check(self, targets: Mapping[str, torch.Tensor], ignored: Callable[[str], bool] = lambda n: False) -> None:
-        """Compare the headers with the model's `targets` (name -> tensor; meta tensors do, nothing is read).
+    def check(self, targets: Mapping[str, torch.Tensor | Shard],
+              ignored: Callable[[str], bool] = lambda n: False) -> None:
+        """Compare the headers with the model's `targets` (name -> tensor or `Shard`, whose full shape is compared;
+        meta tensors do, nothing is read).
 
         Raises:
             LoadError: every tensor that is missing, unexpected (unless `ignored`), of another shape than
@@ -77,14 +85,16 @@ class Checkpoint:
                 error naming the directory, each tensor, its file, shape and dtype.
         """
         found = self.headers
-        problems = [f"missing: {n} (expected shape {list(t.shape)})" for n, t in targets.items() if n not in found]
+        shapes = {n: t.shape if isinstance(t, Shard) else tuple(t.shape) for n, t in targets.items()}
+        views = {n: t.view if isinstance(t, Shard) else t for n, t in targets.items()}
+        problems = [f"missing: {n} (expected shape {list(s)})" for n, s in shapes.items() if n not in found]
         problems += [f"unexpected: {n} (shape {list(h.shape)}, in {h.file.name})" for n, h in found.items()
                      if n not in targets and not ignored(n)]
-        problems += [f"mis-shaped: {n}: checkpoint {list(found[n].shape)}, model expects {list(t.shape)}"
-                     for n, t in targets.items() if n in found and found[n].shape != tuple(t.shape)]
+        problems += [f"mis-shaped: {n}: checkpoint {list(found[n].shape)}, model expects {list(s)}"
+                     for n, s in shapes.items() if n in found and found[n].shape != s]
         problems += [f"not floating point: {n}: dtype {found[n].dtype} in {found[n].file.name} (the model loads "
                      f"{t.dtype} weights; allowed checkpoint dtypes: {', '.join(FLOAT_DTYPES)})"
-                     for n, t in targets.items()
+                     for n, t in views.items()
                      if n in found and t.is_floating_point() and found[n].dtype not in FLOAT_DTYPES]
         if problems:
             raise LoadError(f"{self.path}: the checkpoint does not fit the model ({len(problems)} problem(s)):\n  "
@@ -229,20 +239,21 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def load_weights(
-    path: str | Path | Checkpoint, targets: dict[str, torch.Tensor], *,
+    path: str | Path | Checkpoint, targets: Mapping[str, torch.Tensor | Shard], *,
     ignored: Callable[[str], bool] = lambda n: False, progress: bool | None = None,
 ) -> int:
-    """Copy every checkpoint tensor into its target view (cast to the target's dtype and device).
+    """Copy every checkpoint tensor (or, for a `Shard`, its index ranges) into its target view, cast to the
+    target's dtype and device.
 
     Args:
         path: checkpoint directory, or a `Checkpoint` already read (its headers are checked against
             `targets` again, which reads nothing).
-        targets: tensor name -> the view to fill (the model's ``targets()``).
+        targets: tensor name -> the view to fill, or a `Shard` (the model's ``targets()``).
         ignored: names that may be present and are skipped (RoPE buffers, a tied LM head).
         progress: show a tqdm bar; None shows it for checkpoints over 1 GiB on a terminal.
 
     Returns:
-        the number of bytes read.
+        the number of bytes read (a shard's slices only).
 
     Raises:
         LoadError: everything `read_checkpoint` and `Checkpoint.check` refuse (all listed, nothing read yet).
@@ -264,8 +275,25 @@ def load_weights(
         for f, names in by_file.items():
             with safe_open(str(f), framework="pt", device="cpu") as st, torch.no_grad():
                 for name in names:
-                    tensor = st.get_tensor(name)
-                    targets[name].copy_(tensor)
-                    read += tensor.numel() * tensor.element_size()
+                    target = targets[name]
+                    if isinstance(target, Shard):
+                        read += _load_shard(st.get_slice(name), target)
+                    else:
+                        tensor = st.get_tensor(name)
+                        target.copy_(tensor)
+                        read += tensor.numel() * tensor.element_size()
                     bar.update(1)
+    return read
+
+
+def _load_shard(piece: Any, shard: Shard) -> int:
+    """Read each index range of `shard` from `piece` (safetensors' slice of one mapped tensor) into its place of
+    the shard's view; returns the bytes read."""
+    read, offset = 0, 0
+    lead = (slice(None),) * shard.dim
+    for lo, hi in shard.ranges:
+        part = piece[(*lead, slice(lo, hi))]
+        shard.view.narrow(shard.dim, offset, hi - lo).copy_(part)
+        offset += hi - lo
+        read += part.numel() * part.element_size()
     return read
