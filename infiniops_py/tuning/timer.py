@@ -2,7 +2,12 @@
 
 CUDA: like ``triton.testing.do_bench``: after the warm-up (which compiles), each repeat flushes the L2 cache
 (a write twice its size, so that weights come from memory as they do in a model, where every layer has its own)
-and times the call alone between two CUDA events; one synchronize after the last. CPU: ``time.perf_counter``
+and times the call alone between two CUDA events; one synchronize after the last. Before each timed call the
+GPU is also kept busy (``torch.cuda._sleep``) for 1.5x the longest host time of a warm-up call, so the host has
+enqueued every kernel of the call before the first event fires: the time is the call's GPU time, what a CUDA-graph
+replay of it costs, and not how fast this host launches it (a host slower than the flush otherwise adds its
+launch latency to the implementations with the costlier launch path, and the ranking then depends on the load
+of the host at the moment of tuning). CPU: ``time.perf_counter``
 around each call. The result is the median in seconds. A `Timer` is what the tuner calls; tests inject one.
 """
 
@@ -22,6 +27,9 @@ WARMUP: Final = 3
 MIN_REPEATS: Final = 5
 MAX_REPEATS: Final = 25
 BUDGET_S: Final = 0.05  # repeats stop past this much measured time (after MIN_REPEATS)
+
+GPU_CYCLES_PER_S: Final = 2.0e9  # the head start is counted in GPU clock cycles: a slower clock only lengthens it
+MAX_HEAD_START_S: Final = 0.01
 
 _flush: dict[int, torch.Tensor] = {}  # per CUDA device: the buffer whose write flushes L2
 
@@ -70,10 +78,17 @@ def _cuda(fn: Callable[[], Any], warmup: int, max_repeats: int, budget_s: float)
         size = max(2 * int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)), 32 << 20)
         flush = _flush[device] = torch.empty(size, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
-    for _ in range(max(warmup, 1)):
+    host = 0.0
+    for n in range(max(warmup, 1) + 1):
+        begun = time.perf_counter()
         fn()
+        if n:  # the first call compiles
+            host = max(host, time.perf_counter() - begun)
+        torch.cuda.synchronize()
+    cycles = int(min(1.5 * host, MAX_HEAD_START_S) * GPU_CYCLES_PER_S)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     flush.zero_()
+    torch.cuda._sleep(cycles)
     start.record()
     fn()
     end.record()
@@ -83,6 +98,7 @@ def _cuda(fn: Callable[[], Any], warmup: int, max_repeats: int, budget_s: float)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     for begin, stop in events:
         flush.zero_()
+        torch.cuda._sleep(cycles)
         begin.record()
         fn()
         stop.record()
