@@ -16,6 +16,13 @@ Decisions:
     the whole inner dim, which differs when ``n_groups > 1``. It runs as `rms_norm` over a ``[T, G, d_inner/G]``
     view, so the gates check ``hidden_size = d_inner / n_groups``. It runs in float32 and is cast to the model
     dtype before ``out_proj``.
+  - Split across tensor-parallel ranks (`infinilm.distributed.parallel`), a mixer holds its rank's heads: their
+    rows of ``in_proj`` (gate, x, dt), conv channels, ``dt_bias``, ``A_log``, ``D``, norm weight and states, and
+    the B/C rows of its group(s); ``out_proj`` is row parallel (one all-reduce). A norm group held whole by the
+    rank is normed as above; a group spread over several ranks (``n_groups`` below the rank count) is normed
+    from its squared sum over the whole group, one all-reduce of a ``[T, n_groups]`` float32 buffer in which
+    each rank adds its part at its group's column, then ``y * rsqrt(sum / group_size + eps) * weight``: the
+    formula of `rms_norm`, in float32, with the channels summed in another order.
   - ``time_step_limit`` also clamps dt in decode. transformers' and mamba_ssm's decode steps skip the clamp
     (so does `selective_state_update`, like mamba's); applying it keeps a token's output independent of
     whether it was prefilled or decoded. The two agree for the default ``(0, inf)`` (every published Mamba-2
@@ -31,10 +38,18 @@ from typing import Final, Protocol
 import torch
 import torch.nn.functional as F
 
-from infinilm.config import ModelConfig
+from infinilm.config import Mamba2Dims, ModelConfig
+from infinilm.distributed.parallel import Shard, TensorParallel
 from infinilm.layers.derived import Derived
-from infinilm.layers.linear import Linear
-from infiniops_py import causal_conv1d, causal_conv1d_update, rms_norm, selective_scan, selective_state_update
+from infinilm.layers.linear import Linear, RowParallelLinear
+from infiniops_py import (
+    all_reduce,
+    causal_conv1d,
+    causal_conv1d_update,
+    rms_norm,
+    selective_scan,
+    selective_state_update,
+)
 from infiniops_py.operators.selective_scan import process_dt
 
 __all__ = ["NO_TIME_STEP_LIMIT", "Mamba2Mixer", "SsmContext", "StateRows", "prefill_starts"]
@@ -85,16 +100,23 @@ def prefill_starts(lengths: list[int]) -> list[int]:
 class Mamba2Mixer:
     """The Mamba-2 mixer of one layer over a step's tokens: decode tokens first, then prefill prompts."""
 
-    __slots__ = ("A_log", "D", "a", "conv_bias", "conv_weight", "dims", "dt_bias", "dtype", "eps", "in_proj", "norm",
-                 "norm_weight", "ones", "out_proj")
+    __slots__ = ("A_log", "D", "a", "conv_bias", "conv_weight", "dims", "dt_bias", "dtype", "eps", "full", "in_proj",
+                 "norm", "norm_weight", "ones", "out_proj", "tp")
 
-    def __init__(self, c: ModelConfig, *, fuse_bias: bool, dtype: torch.dtype, device: torch.device) -> None:
-        """Empty weights for `c` (a Mamba-2 config); `fuse_bias`: biases fused into the Gemm (the gates' choice).
+    def __init__(self, c: ModelConfig, *, fuse_bias: bool, dtype: torch.dtype, device: torch.device,
+                 tp: TensorParallel | None = None) -> None:
+        """Empty weights for `c` (a Mamba-2 config); `fuse_bias`: biases fused into the Gemm (the gates' choice);
+        `tp`: the tensor-parallel rank whose heads the mixer holds (None: all of them).
+
+        Attributes:
+            dims: the numbers of the heads held (this rank's, `TensorParallel.ssm_dims`); full: the model's.
 
         Raises:
             ConfigError: `c` has no recurrent numbers.
         """
-        s = self.dims = c.ssm_dims()
+        self.full = c.ssm_dims()
+        self.tp = tp
+        s = self.dims = self.full if tp is None else tp.ssm_dims(self.full)
         new = {"dtype": dtype, "device": device}
         self.in_proj = Linear(c.hidden_size, s.proj_size, bias=s.use_bias, fuse_bias=fuse_bias, **new)
         self.conv_weight = torch.empty(s.conv_dim, s.conv_kernel, **new)
@@ -103,19 +125,57 @@ class Mamba2Mixer:
         self.A_log = torch.empty(s.num_heads, **new)
         self.D = torch.empty(s.num_heads, **new)
         self.norm_weight = torch.empty(s.intermediate_size, **new)
-        self.out_proj = Linear(s.intermediate_size, c.hidden_size, bias=s.use_bias, fuse_bias=fuse_bias, **new)
+        self.out_proj: Linear | RowParallelLinear
+        if tp is None:
+            self.out_proj = Linear(s.intermediate_size, c.hidden_size, bias=s.use_bias, fuse_bias=fuse_bias, **new)
+        else:
+            d_inner = self.full.intermediate_size
+            self.out_proj = RowParallelLinear((*tp.split(d_inner), d_inner), c.hidden_size, bias=s.use_bias, **new)
         self.dtype, self.eps = dtype, c.rms_norm_eps
         self.a = Derived(self.A_log, lambda w: -torch.exp(w.float()))
         self.norm = Derived(self.norm_weight, lambda w: w.float())
         self.ones = torch.ones(s.group_size, dtype=torch.float32, device=device)  # the per-group norm's weight
 
-    def targets(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Checkpoint name -> the view each of the mixer's tensors loads into."""
-        out = {f"{prefix}.conv1d.weight": self.conv_weight.unsqueeze(1), f"{prefix}.dt_bias": self.dt_bias,
-               f"{prefix}.A_log": self.A_log, f"{prefix}.D": self.D, f"{prefix}.norm.weight": self.norm_weight}
+    def targets(self, prefix: str) -> dict[str, torch.Tensor | Shard]:
+        """Checkpoint name -> the view (split across ranks: the `Shard`) each of the mixer's tensors loads into."""
+        if self.tp is not None:
+            return self._shards(prefix, self.tp)
+        out: dict[str, torch.Tensor | Shard] = {
+            f"{prefix}.conv1d.weight": self.conv_weight.unsqueeze(1), f"{prefix}.dt_bias": self.dt_bias,
+            f"{prefix}.A_log": self.A_log, f"{prefix}.D": self.D, f"{prefix}.norm.weight": self.norm_weight}
         if self.conv_bias is not None:
             out[f"{prefix}.conv1d.bias"] = self.conv_bias
         out.update(self.in_proj.targets(f"{prefix}.in_proj"))
+        out.update(self.out_proj.targets(f"{prefix}.out_proj"))
+        return out
+
+    def _shards(self, prefix: str, tp: TensorParallel) -> dict[str, torch.Tensor | Shard]:
+        """The `Shard`s of rank `tp`: its heads' channels of every per-channel tensor, its group(s)' B/C rows.
+
+        The checkpoint packs ``in_proj`` rows as ``[gate (d_inner) | x (d_inner) | B (G*N) | C (G*N) | dt (H)]``
+        and the conv channels as ``[x | B | C]``; the rank's rows of each part, in that order, are its own
+        layout (`Mamba2Dims` of its heads)."""
+        f = self.full
+        di, gn = f.intermediate_size, f.n_groups * f.state_size
+        h0, h1 = tp.split(f.num_heads)
+        c0, c1 = h0 * f.head_dim, h1 * f.head_dim
+        g0, g1 = (g * f.state_size for g in tp.shared(f.n_groups))
+        conv = ((c0, c1), (di + g0, di + g1), (di + gn + g0, di + gn + g1))
+        proj = ((c0, c1), *((di + lo, di + hi) for lo, hi in conv), (2 * di + 2 * gn + h0, 2 * di + 2 * gn + h1))
+        heads, channels = ((h0, h1),), ((c0, c1),)
+        hidden, width = self.in_proj.weight.shape[1], f.conv_kernel
+        out: dict[str, torch.Tensor | Shard] = {
+            f"{prefix}.conv1d.weight": Shard(self.conv_weight.unsqueeze(1), (f.conv_dim, 1, width), 0, conv),
+            f"{prefix}.dt_bias": Shard(self.dt_bias, (f.num_heads,), 0, heads),
+            f"{prefix}.A_log": Shard(self.A_log, (f.num_heads,), 0, heads),
+            f"{prefix}.D": Shard(self.D, (f.num_heads,), 0, heads),
+            f"{prefix}.norm.weight": Shard(self.norm_weight, (di,), 0, channels),
+            f"{prefix}.in_proj.weight": Shard(self.in_proj.weight, (f.proj_size, hidden), 0, proj),
+        }
+        if self.conv_bias is not None:
+            out[f"{prefix}.conv1d.bias"] = Shard(self.conv_bias, (f.conv_dim,), 0, conv)
+        if self.in_proj.bias is not None:
+            out[f"{prefix}.in_proj.bias"] = Shard(self.in_proj.bias, (f.proj_size,), 0, proj)
         out.update(self.out_proj.targets(f"{prefix}.out_proj"))
         return out
 
@@ -187,8 +247,19 @@ class Mamba2Mixer:
         """``rms_norm(y * silu(gate))`` per group of ``d_inner / G`` channels, in float32, cast to the model dtype."""
         s = self.dims
         g = F.silu(gate.float()).mul_(y)  # y promoted to float32 in the product: y.float() * silu, one kernel less
+        if self.tp is not None and self.full.n_groups < self.tp.size:  # the group spans ranks
+            return self._spread_norm(g, self.tp, self.full)
         if s.n_groups == 1:
             return rms_norm(g, self.norm.get(), self.eps).to(self.dtype)
         t = g.shape[0]
         normed = rms_norm(g.view(t, s.n_groups, s.group_size), self.ones, self.eps)
         return (normed.view(t, -1) * self.norm.get()).to(self.dtype)
+
+    def _spread_norm(self, g: torch.Tensor, tp: TensorParallel, full: Mamba2Dims) -> torch.Tensor:
+        """The gated norm of this rank's channels `g` ``[T, d_inner / size]`` (float32) of a group spread over
+        ``size / G`` ranks: its squared sum over the whole group from one all-reduce (see the module docstring)."""
+        group = tp.shared(full.n_groups)[0]
+        sums = g.new_zeros(g.shape[0], full.n_groups)
+        sums[:, group] = g.square().sum(-1)
+        rstd = torch.rsqrt(all_reduce(sums)[:, group:group + 1] / full.group_size + self.eps)
+        return (g.mul_(rstd) * self.norm.get()).to(self.dtype)

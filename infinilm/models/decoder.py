@@ -9,6 +9,11 @@ norm after each sub-block), `DecoderLayer.norm_class` every norm. Every Gemm, Ad
 RmsNorm, FusedQkNorm, cache write and attention runs through `infiniops_py`; RoPE, the embedding lookup and
 SiLU-and-multiply are plain PyTorch. Weights are allocated empty and filled by the loader through
 `targets()`, which maps each checkpoint tensor name to the view it loads into.
+
+Tensor parallelism (``plan.parallel`` set, the layout of `infinilm.distributed.parallel`): the embedding and the
+head are vocab-parallel, q/k/v and gate/up column-parallel (this rank's heads and intermediate rows), o and down
+row-parallel (one all-reduce each), the norms whole on every rank; each layer's attention and the KV cache
+hold this rank's heads (`TensorParallel.local_config`), and `targets()` maps names to `Shard`s.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from typing import ClassVar
 import torch
 
 from infinilm.config import ModelConfig
+from infinilm.distributed.parallel import Shard
 from infinilm.layers.activation import silu_and_mul
 from infinilm.layers.attention import Attention, AttnContext, PagedKV
-from infinilm.layers.embedding import Embedding, LMHead
-from infinilm.layers.linear import Linear
+from infinilm.layers.embedding import Embedding, LMHead, ParallelLMHead, VocabParallelEmbedding
+from infinilm.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from infinilm.layers.norm import QKNorm, RMSNorm
 from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.family import GatePlan
@@ -46,16 +52,37 @@ class DecoderLayer:
         new = {"dtype": dtype, "device": device}
         self.input_layernorm = self.norm_class(c.hidden_size, c.rms_norm_eps, **new)
         self.post_attention_layernorm = self.norm_class(c.hidden_size, c.rms_norm_eps, **new)
-        self.qkv_proj = Linear(c.hidden_size, {"q_proj": c.q_size, "k_proj": c.kv_size, "v_proj": c.kv_size},
-                               bias=c.qkv_bias, fuse_bias=plan.fused_bias, **new)
-        self.o_proj = Linear(c.q_size, c.hidden_size, bias=c.o_bias, fuse_bias=plan.fused_bias, **new)
-        self.qk_norm = (QKNorm(c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, fused=plan.fused_qk_norm,
-                               **new) if c.qk_norm else None)
-        self.gate_up_proj = Linear(c.hidden_size, {"gate_proj": c.intermediate_size, "up_proj": c.intermediate_size},
-                                   bias=c.mlp_bias, fuse_bias=plan.fused_bias, **new)
-        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, fuse_bias=plan.fused_bias, **new)
+        self.qkv_proj: Linear
+        self.o_proj: Linear | RowParallelLinear
+        self.gate_up_proj: Linear
+        self.down_proj: Linear | RowParallelLinear
+        tp = plan.parallel
+        if tp is None:
+            self.qkv_proj = Linear(c.hidden_size, {"q_proj": c.q_size, "k_proj": c.kv_size, "v_proj": c.kv_size},
+                                   bias=c.qkv_bias, fuse_bias=plan.fused_bias, **new)
+            self.o_proj = Linear(c.q_size, c.hidden_size, bias=c.o_bias, fuse_bias=plan.fused_bias, **new)
+            self.gate_up_proj = Linear(c.hidden_size, {"gate_proj": c.intermediate_size,
+                                                       "up_proj": c.intermediate_size},
+                                       bias=c.mlp_bias, fuse_bias=plan.fused_bias, **new)
+            self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, fuse_bias=plan.fused_bias,
+                                    **new)
+            heads = (c.num_heads, c.num_kv_heads)
+        else:
+            q = (*tp.split(c.q_size), c.q_size)  # (start, stop, full) rows of the checkpoint tensors
+            i = (*tp.split(c.intermediate_size), c.intermediate_size)
+            k0, k1 = tp.shared(c.num_kv_heads)
+            kv = (k0 * c.head_dim, k1 * c.head_dim, c.kv_size)
+            self.qkv_proj = ColumnParallelLinear(c.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
+                                                 bias=c.qkv_bias, fuse_bias=plan.fused_bias, **new)
+            self.o_proj = RowParallelLinear(q, c.hidden_size, bias=c.o_bias, **new)
+            self.gate_up_proj = ColumnParallelLinear(c.hidden_size, {"gate_proj": i, "up_proj": i}, bias=c.mlp_bias,
+                                                     fuse_bias=plan.fused_bias, **new)
+            self.down_proj = RowParallelLinear(i, c.hidden_size, bias=c.mlp_bias, **new)
+            heads = (c.num_heads // tp.size, k1 - k0)
+        self.qk_norm = (QKNorm(*heads, c.head_dim, c.rms_norm_eps, fused=plan.fused_qk_norm, **new)
+                        if c.qk_norm else None)
         self.attn = attn
-        self.kv = (c.num_heads, c.num_kv_heads, c.head_dim)
+        self.kv = (*heads, c.head_dim)
         self.attn_out_norm: RMSNorm | None = None
         self.mlp_out_norm: RMSNorm | None = None
 
@@ -64,9 +91,9 @@ class DecoderLayer:
         return {f"{prefix}.input_layernorm.weight": self.input_layernorm.weight,
                 f"{prefix}.post_attention_layernorm.weight": self.post_attention_layernorm.weight}
 
-    def targets(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Checkpoint name -> the view each of the layer's tensors loads into."""
-        out = self.norms(prefix)
+    def targets(self, prefix: str) -> dict[str, torch.Tensor | Shard]:
+        """Checkpoint name -> the view (or, split across ranks, the `Shard`) each of the layer's tensors loads into."""
+        out: dict[str, torch.Tensor | Shard] = dict(self.norms(prefix))
         out.update(self.qkv_proj.targets(f"{prefix}.self_attn"))
         out.update(self.o_proj.targets(f"{prefix}.self_attn.o_proj"))
         if self.qk_norm is not None:
@@ -140,29 +167,42 @@ class DecoderModel:
     def __init__(self, config: ModelConfig, plan: GatePlan, *, dtype: torch.dtype, device: torch.device,
                  max_len: int) -> None:
         self.config = config
-        self.embed = Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
-        self.layers = [self.layer_class(config, plan, self.attention(config, i), dtype, device)
+        tp = plan.parallel
+        local = config if tp is None else tp.local_config(config)  # this rank's heads
+        self.embed: Embedding | VocabParallelEmbedding
+        self.lm_head: LMHead | ParallelLMHead
+        if tp is None:
+            self.embed = Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        else:
+            self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype=dtype, device=device)
+        self.layers = [self.layer_class(config, plan, self.attention(local, i), dtype, device)
                        for i in range(config.num_layers)]
         self.norm = self.layer_class.norm_class(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
-        head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
-        self.lm_head = LMHead(head)
+        if tp is None:
+            head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
+            self.lm_head = LMHead(head)
+        else:  # zero padding rows, as the embedding's
+            head = self.embed.weight if config.tie_word_embeddings else torch.zeros_like(self.embed.weight)
+            self.lm_head = ParallelLMHead(head, config.vocab_size, tp)
         self.rope = self.rotary(config, max_len, dtype, device)
 
     def attention(self, config: ModelConfig, index: int) -> Attention:
-        """The attention of layer `index`: causal over every key, scale ``head_dim**-0.5``."""
+        """The attention of layer `index`: causal over every key, scale ``head_dim**-0.5``. `config` holds the heads
+        of this rank (`TensorParallel.local_config`) when the model is split across ranks."""
         return Attention(config.num_heads, config.num_kv_heads, config.head_dim)
 
     def rotary(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> RotaryEmbedding:
         """The RoPE tables of positions ``0 .. max_len - 1`` (rotate-half over the whole head)."""
         return RotaryEmbedding(config, max_len, dtype=dtype, device=device)
 
-    def targets(self) -> dict[str, torch.Tensor]:
-        """Every checkpoint tensor name the model loads -> the view it loads into."""
-        out = {"model.embed_tokens.weight": self.embed.weight, "model.norm.weight": self.norm.weight}
+    def targets(self) -> dict[str, torch.Tensor | Shard]:
+        """Every checkpoint tensor name the model loads -> the view (or this rank's `Shard`) it loads into."""
+        out: dict[str, torch.Tensor | Shard] = {"model.embed_tokens.weight": self.embed.target(),
+                                                "model.norm.weight": self.norm.weight}
         for i, layer in enumerate(self.layers):
             out.update(layer.targets(f"model.layers.{i}"))
         if not self.config.tie_word_embeddings:
-            out["lm_head.weight"] = self.lm_head.weight
+            out["lm_head.weight"] = self.lm_head.target()
         return out
 
     @staticmethod

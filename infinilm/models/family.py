@@ -18,6 +18,7 @@ import torch
 
 from infinilm.config import EngineOptions, ModelConfig
 from infinilm.config_checks import ConfigLimits
+from infinilm.distributed.parallel import TensorParallel
 from infiniops_py import Implementation, Problem
 
 __all__ = ["GEMM_FIELDS", "CausalLM", "Family", "GatePlan", "GateRequest", "ModelClass", "linear_problems"]
@@ -36,11 +37,14 @@ class GatePlan:
         fused_qk_norm: Qwen3 q/k norms through `fused_qk_norm` (else per-head `rms_norm`).
         fused_bias: linear biases fused into `gemm` (else `gemm` + `add`).
         chosen: each problem the model needs -> the implementation that serves it.
+        parallel: the tensor-parallel rank the model is built for (its shard of every weight), None for one
+            process holding the whole model; set by the engine.
     """
 
     fused_qk_norm: bool = False
     fused_bias: bool = True
     chosen: dict[Problem, Implementation] = field(default_factory=dict)
+    parallel: TensorParallel | None = None
 
     def providers_by_op(self) -> dict[str, str]:
         """Operator -> the provider(s) serving its problems (``torch``, or ``torch+triton`` when split)."""

@@ -72,7 +72,7 @@ class Glm4Layer(SandwichLayer):
         """`DecoderLayer.targets`, the packed gate and up projection loading from one ``mlp.gate_up_proj``."""
         out = super().targets(prefix)
         del out[f"{prefix}.mlp.gate_proj.weight"], out[f"{prefix}.mlp.up_proj.weight"]
-        out[f"{prefix}.mlp.gate_up_proj.weight"] = self.gate_up_proj.weight
+        out[f"{prefix}.mlp.gate_up_proj.weight"] = self.gate_up_proj.packed_target()
         return out
 
 

@@ -6,7 +6,8 @@ and the scans run through `infiniops_py`; the embedding lookup, SiLU-and-multipl
 are plain PyTorch. Numerics follow transformers: with ``residual_in_fp32`` the residual stream is float32
 (each block norm reads it cast to the model dtype, the final norm reads it in float32); SSM states are
 float32, conv states in the model dtype. The request's states live in the engine's state pool, one row per
-running request, whatever its length.
+running request, whatever its length. Split across tensor-parallel ranks (``plan.parallel``), the embedding and
+the head are vocab-parallel, each mixer holds its rank's heads (`infinilm.layers.ssm`), the norms are whole.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import torch
 
 from infinilm.config import ConfigError, EngineOptions, Mamba2Dims, ModelConfig, parse_dtype, token_ids
 from infinilm.config_checks import ConfigLimits, field_problems, raise_problems, resolved_problems
+from infinilm.distributed.parallel import Shard
 from infinilm.layers.derived import Derived
-from infinilm.layers.embedding import Embedding, LMHead
+from infinilm.layers.embedding import Embedding, LMHead, ParallelLMHead, VocabParallelEmbedding
 from infinilm.layers.norm import RMSNorm
 from infinilm.layers.ssm import NO_TIME_STEP_LIMIT, Mamba2Mixer, SsmContext, StateRows
 from infinilm.models.family import Family, GatePlan, GateRequest, linear_problems
@@ -152,22 +154,33 @@ class Mamba2Model:
         self.config, self.dtype = config, dtype
         self.residual_dtype = torch.float32 if s.residual_in_fp32 else dtype
         new = {"dtype": dtype, "device": device}
-        self.embed = Embedding(config.vocab_size, config.hidden_size, **new)
+        tp = plan.parallel
+        self.embed: Embedding | VocabParallelEmbedding
+        self.lm_head: LMHead | ParallelLMHead
+        if tp is None:
+            self.embed = Embedding(config.vocab_size, config.hidden_size, **new)
+        else:
+            self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, **new)
         self.norms = [RMSNorm(config.hidden_size, config.rms_norm_eps, **new) for _ in range(config.num_layers)]
-        self.mixers = [Mamba2Mixer(config, fuse_bias=plan.fused_bias, **new) for _ in range(config.num_layers)]
+        self.mixers = [Mamba2Mixer(config, fuse_bias=plan.fused_bias, tp=tp, **new) for _ in range(config.num_layers)]
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps, **new)
         self.final_weight = Derived(self.norm_f.weight, lambda w: w.to(self.residual_dtype))
-        head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
-        self.lm_head = LMHead(head)
+        if tp is None:
+            head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
+            self.lm_head = LMHead(head)
+        else:  # zero padding rows, as the embedding's
+            head = self.embed.weight if config.tie_word_embeddings else torch.zeros_like(self.embed.weight)
+            self.lm_head = ParallelLMHead(head, config.vocab_size, tp)
 
-    def targets(self) -> dict[str, torch.Tensor]:
-        """Every checkpoint tensor name the model loads -> the view it loads into."""
-        out = {"backbone.embeddings.weight": self.embed.weight, "backbone.norm_f.weight": self.norm_f.weight}
+    def targets(self) -> dict[str, torch.Tensor | Shard]:
+        """Every checkpoint tensor name the model loads -> the view (or this rank's `Shard`) it loads into."""
+        out: dict[str, torch.Tensor | Shard] = {"backbone.embeddings.weight": self.embed.target(),
+                                                "backbone.norm_f.weight": self.norm_f.weight}
         for i, (norm, mixer) in enumerate(zip(self.norms, self.mixers)):
             out[f"backbone.layers.{i}.norm.weight"] = norm.weight
             out.update(mixer.targets(f"backbone.layers.{i}.mixer"))
         if not self.config.tie_word_embeddings:
-            out["lm_head.weight"] = self.lm_head.weight
+            out["lm_head.weight"] = self.lm_head.target()
         return out
 
     @staticmethod
