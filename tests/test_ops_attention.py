@@ -948,3 +948,14 @@ def test_unchecked_out_of_range_new_indices_are_padding_never_read_or_written(pr
     want0, _ = _attention(qv[:1], k[:3], v[:3], torch.ones(1, 3, dtype=torch.bool))
     want1, _ = _attention(qv[1:], k[3:4], v[3:4], torch.ones(1, 1, dtype=torch.bool))
     torch.testing.assert_close(got.double(), torch.cat([want0, want1]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_unchecked_max_seqlen_below_the_sequences_never_indexes_out_of_bounds(provider: str) -> None:
+    """Unchecked, a max_seqlen_q of 0 (or below the longest sequence) with query rows breaks the contract:
+    the numbers are unspecified, but no gather may leave its tensor (a device-side assert on CUDA)."""
+    q, k, v = _randn(3, 2, 16, seed=210), _randn(4, 1, 16, seed=211), _randn(4, 1, 16, seed=212)
+    for max_q in (0, 1):
+        with ip.use(provider), ip.unchecked_indices():
+            out, lse = flash_attn_varlen(q, k, v, _cu([1, 2]), _cu([2, 2]), max_q, 2, return_softmax_lse=True)
+        assert out.shape == q.shape and lse.shape == (2, 3)

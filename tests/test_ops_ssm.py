@@ -326,6 +326,23 @@ def test_state_update_takes_mambas_untied_layouts(provider: str) -> None:
     assert torch.equal(y, y_tied) and torch.equal(per_head, tied)
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_state_update_takes_untied_views_of_any_strides(provider: str) -> None:
+    """dt [B, H, P] and A [H, P, N] may be any strided views (the contract: any strides): a permuted A whose
+    densest dim is H, and a transposed dt, give the results of their contiguous copies."""
+    r = Rand(38)
+    b, h, p, n, g = 2, 4, 1, 5, 2
+    state, x, B, C = r(b, h, p, n), r(b, h, p), r(b, g, n), r(b, g, n)
+    A = -r.uniform(n, p, h, low=0.1, high=2.0).permute(2, 1, 0)  # [H, P, N], strides (1, H, H * P)
+    dt = r.uniform(b, p, h, low=0.0, high=0.3).transpose(1, 2)  # [B, H, P]
+    strided, dense = state.clone(), state.clone()
+    with io.use(provider):
+        y = io.selective_state_update(strided, x, dt, A, B, C)
+        want = io.selective_state_update(dense, x, dt.contiguous(), A.contiguous(), B, C)
+    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(strided, dense, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_state_update_keeps_16bit_states(provider: str, dtype: torch.dtype) -> None:
@@ -499,6 +516,34 @@ def test_empty_inputs(provider: str) -> None:
     assert out.shape == (2, 3, 0) and torch.equal(final, init)
     assert y.shape == (2, 0, 2, 4) and torch.equal(final_scan, states)
     assert upd.shape == (0, 3) and step.shape == (0, 2, 4)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_packed_scan_of_no_sequences_takes_mambas_one_row_initial_state(provider: str) -> None:
+    """cu_seqlens [0] (no sequence, no token) with mamba's one-row initial state [1, H, P, N]: it belongs to
+    no sequence; the varlen states are empty and the final state is zeros."""
+    r = Rand(39)
+    (x, dt, A, B, C), kwargs = _scan_inputs(r, torch.float32, 1, 0, 2, 4, 1, 8)
+    with io.use(provider):
+        y, final, varlen = io.selective_scan(x, dt, A, B, C, **kwargs, initial_states=r(1, 2, 4, 8),
+                                             cu_seqlens=torch.zeros(1, dtype=torch.int32), return_final_states=True,
+                                             return_varlen_states=True)
+    assert y.shape == (1, 0, 2, 4) and varlen.shape == (0, 2, 4, 8)
+    assert torch.equal(final, torch.zeros(1, 2, 4, 8))
+
+
+def test_unchecked_cu_seqlens_that_do_not_cut_the_row_never_index_out_of_bounds() -> None:
+    """Unchecked, cu_seqlens that break the contract (past the row, decreasing, or no sequence for the row's
+    tokens) give unspecified numbers, never an out-of-range index (a device-side assert on CUDA)."""
+    r = Rand(40)
+    (x, dt, A, B, C), kwargs = _scan_inputs(r, torch.float32, 1, 6, 2, 4, 1, 8)
+    for cu in ([0, 2**31 - 1, 3], [0, 13], [5, 2, 6], [0]):
+        index = torch.tensor(cu, dtype=torch.int32)
+        init = r(len(cu) - 1, 2, 4, 8)
+        with io.use("torch"), unchecked_indices():
+            y, varlen = io.selective_scan(x, dt, A, B, C, 2, **kwargs, initial_states=init, cu_seqlens=index,
+                                          return_varlen_states=True)
+        assert y.shape == x.shape and varlen.shape == init.shape, cu
 
 
 def test_unchecked_indices_are_skipped() -> None:

@@ -201,6 +201,19 @@ def test_state_update_head_dim_tiles_and_unchecked_slots(dtype: torch.dtype) -> 
     assert torch.equal(got_state[untouched], state[untouched])
 
 
+def test_scan_unchecked_cu_seqlens_that_do_not_cut_the_row_never_index_out_of_bounds() -> None:
+    # past the row, decreasing, or no sequence for the row's tokens: unspecified numbers, no index past the
+    # chunk table (the host-side gathers would assert on the device)
+    (x, dt, A, B, C), kwargs = _scan_inputs(1, 40, 2, 16, 1, 16, torch.float32)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("initial_states", "return_final_states")}
+    for cu in ([0, 2**31 - 1, 3], [0, 90], [30, 2, 40], [0]):
+        init = randn(len(cu) - 1, 2, 16, 16, seed=9)
+        with infiniops_py.unchecked_indices(), infiniops_py.use("triton"):
+            y, varlen = selective_scan(x, dt, A, B, C, 16, **kwargs, initial_states=init,
+                                       cu_seqlens=torch.tensor(cu, dtype=torch.int32), return_varlen_states=True)
+        assert y.shape == x.shape and varlen.shape == init.shape, cu
+
+
 def test_gates_name_the_field() -> None:
     with infiniops_py.use("triton"), pytest.raises(GateError, match="d_state"):
         infiniops_py.resolve("selective_scan", device_type="cpu", dtype="bfloat16", d_state=512)

@@ -152,8 +152,9 @@ def selective_scan(
             raise ContractError(_SCAN, "initial_states", f"expected shape {want} ({what}), "
                                                          f"got {list(initial_states.shape)}")
         if cu_seqlens is not None and initial_states.shape[0] != sequences:  # mamba's form: the first sequence's
-            rest = initial_states.new_zeros(sequences - 1, *initial_states.shape[1:])
-            initial_states = torch.cat([initial_states, rest])
+            # (no sequence at all: it belongs to none)
+            rest = initial_states.new_zeros(max(sequences - 1, 0), *initial_states.shape[1:])
+            initial_states = torch.cat([initial_states, rest])[:sequences]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     final_states = varlen_states = None
     if cu_seqlens is not None and (return_final_states or return_varlen_states):

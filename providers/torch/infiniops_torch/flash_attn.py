@@ -232,6 +232,7 @@ def _varlen_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torc
                    alibi_slopes: torch.Tensor | None, descales: tuple[torch.Tensor | None, torch.Tensor | None],
                    softmax_lse: torch.Tensor | None) -> None:
     cu_q, cu_k = cu_q.long(), cu_k.long()
+    max_q = max(max_q, 1)  # 0 with query rows (unchecked metadata): the row gathers below stay in range
     len_q, len_k = (cu_q[1:] - cu_q[:-1]).clamp(min=0), (cu_k[1:] - cu_k[:-1]).clamp(min=0)
     q_rows = (cu_q[:-1, None] + torch.arange(max_q, device=q.device)).clamp(0, q.shape[0] - 1)
     present = None

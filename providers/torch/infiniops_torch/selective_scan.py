@@ -83,7 +83,9 @@ def _varlen_grid(cu_seqlens: torch.Tensor, length: int, chunk: int) -> _Grid:
     """Each sequence of `cu_seqlens` [S + 1] takes ``ceil(len / T)`` whole chunks of its own (computed on the
     device: at most ``L // T + S`` chunks, the trailing ones empty)."""
     device = cu_seqlens.device
-    cu = cu_seqlens.long()
+    # in range and non-decreasing, so that values the checks let through (unchecked mode) give unspecified
+    # numbers, never an index out of the grid
+    cu = cu_seqlens.long().clamp(0, length).cummax(0).values
     sequences = cu.shape[0] - 1
     lens = (cu[1:] - cu[:-1]).clamp(min=0)
     counts = -(-lens // chunk)  # chunks per sequence
@@ -123,6 +125,9 @@ def selective_scan(
     groups, d_state = B.shape[2], B.shape[3]
     rep = heads // groups
     cdt = state_dtype(x.dtype)
+    if varlen is not None and varlen.cu_seqlens.shape[0] == 1:  # tokens but no sequence (unchecked mode): none
+        out.zero_()
+        return
     T = min(chunk_size, length)
     grid = _regular_grid(length, T, x.device) if varlen is None else _varlen_grid(varlen.cu_seqlens, length, T)
     nc = grid.token.shape[0]
@@ -221,7 +226,8 @@ def selective_state_update(
     y = (s @ C.to(cdt).view(batch, groups, 1, d_state, 1)).view(batch, heads, head_dim)
     y = _skip_and_gate(y, x, D, z)
     out.copy_(y.masked_fill(~valid[:, None, None], 0.0))
-    scatter_rows(state, state_batch_indices, s.view(batch, heads, head_dim, d_state), valid)
+    # reshape: s takes the memory order of a strided A (an untied [H, P, N] view), which view cannot merge
+    scatter_rows(state, state_batch_indices, s.reshape(batch, heads, head_dim, d_state), valid)
 
 
 IMPLEMENTATIONS = [

@@ -67,11 +67,12 @@ def varlen_table(cu_seqlens: torch.Tensor, length: int, chunk: int) -> tuple[tor
     `table` is int32 ``[4, nc]`` with ``nc = length // chunk + S``: each chunk's first token, its length
     (0 for the trailing unused chunks), whether it starts a sequence, and its sequence; sequence i takes
     ``ceil(len_i / chunk)`` consecutive chunks of its own. `last` is int64 ``[S]``: the last chunk of each
-    sequence (-1 for an empty one). Starts and lengths are clamped into ``[0, length]``, so a cu_seqlens
-    that does not cut the row (unchecked) gives unspecified numbers, never an out-of-bounds access.
+    sequence (-1 for an empty one). The bounds are first clamped into ``[0, length]`` and made
+    non-decreasing, so a cu_seqlens that does not cut the row (unchecked) gives unspecified numbers, never
+    an out-of-bounds access (the chunks then still number at most ``nc``). Needs S >= 1.
     """
     device = cu_seqlens.device
-    cu = cu_seqlens.long()
+    cu = cu_seqlens.long().clamp(0, length).cummax(0).values
     sequences = cu.shape[0] - 1
     lens = (cu[1:] - cu[:-1]).clamp(min=0)
     counts = -(-lens // chunk)
@@ -223,6 +224,9 @@ def selective_scan(
                 final_states.zero_()
             else:
                 final_states.copy_(initial_states)
+        return
+    if varlen is not None and varlen.cu_seqlens.shape[0] == 1:  # tokens but no sequence (unchecked mode): none
+        out.zero_()
         return
     for _, launch in scan_stages(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx,
                                  chunk_size, out, final_states, varlen=varlen):
