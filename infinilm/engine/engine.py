@@ -8,14 +8,22 @@ then sizes the cache of the family's kind: a paged KV cache and the attention ru
 model, the state pool of `infinilm.engine.state_pool` (one row per running request) and the recurrent runner
 (`infinilm.engine.runner`). Each `step` is: schedule -> prepare inputs -> run model -> sample -> postprocess.
 Requests can be added and cancelled between steps; new prefills join the running decodes in the next step.
+
+With ``tensor_parallel_size > 1`` the gates (which also check that the model splits) and the header check (against
+rank 0's shard) run first, then the ranks start (`infinilm.distributed.launch`); each loads its shard of every
+weight and sizes its cache of its heads, the ranks agree on the smallest cache, and then rank 0 runs the
+scheduler and sampling and broadcasts each step's batch (`infinilm.distributed.step`), which the other ranks run
+in `Engine.follow`. `Engine.close` stops them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +31,12 @@ from pathlib import Path
 import torch
 
 from infinilm.config import EngineOptions, ModelConfig
+from infinilm.distributed.launch import Ranks, join
+from infinilm.distributed.parallel import TensorParallel
+from infinilm.distributed.step import StepKind
 from infinilm.engine.checks import cache_class, check_options, check_prompt, max_positions
 from infinilm.engine.gates import overrides, plan
+from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
 from infinilm.engine.sampling import sample
@@ -55,6 +67,7 @@ class Engine:
         plan: the gate plan (which implementation serves each operator problem).
         cache: the paged `KVCache`, or a recurrent model's `StatePool`.
         runner: the `AttentionRunner` or `RecurrentRunner` over `cache`.
+        ranks: this process's rank of a tensor-parallel run (`infinilm.distributed.launch.Ranks`), None alone.
         graph_status: whether decode steps (and, for a recurrent model with `prefill_graph_lengths`, lone-prompt
             prefills) run as CUDA graphs, and why not when they do not (naming an implementation that
             synchronizes with the host).
@@ -62,16 +75,26 @@ class Engine:
         prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
     """
 
-    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan, model: CausalLM) -> None:
-        """Allocate the cache of `model` (loaded) and capture CUDA graphs when the options ask for them.
+    def __init__(self, config: ModelConfig, options: EngineOptions, gate_plan: GatePlan, model: CausalLM, *,
+                 ranks: Ranks | None = None) -> None:
+        """Allocate the cache of `model` (loaded) and capture CUDA graphs when the options ask for them; `ranks`:
+        this process's rank when `model` is its shard (``gate_plan.parallel``), whose cache holds its heads and
+        as many blocks as every rank's has.
 
         Raises:
             ConfigError: `check_options` refuses the options; the cache does not fit the memory available now.
         """
         check_options(config, options)
-        self.config, self.options, self.plan, self.model = config, options, gate_plan, model
+        self.config, self.options, self.plan, self.model, self.ranks = config, options, gate_plan, model, ranks
         self.device = torch.device(options.device)
-        self.cache = cache_class(config).for_engine(config, options, self.device)
+        tp = gate_plan.parallel
+        self.cache = cache_class(config).for_engine(config if tp is None else tp.local_config(config), options,
+                                                    self.device)
+        if ranks is not None:  # every rank's block ids must exist on every rank
+            weakref.finalize(self, ranks.close)  # an engine dropped unclosed still stops its ranks
+            agreed = ranks.agree(self.cache.allocator.num_blocks)
+            if agreed < self.cache.allocator.num_blocks:
+                self.cache.allocator = BlockAllocator(agreed, self.cache.allocator.block_size)
         self.runner: Runner
         if isinstance(self.cache, StatePool):
             self.runner = RecurrentRunner(model, self.cache, self.device)
@@ -98,20 +121,42 @@ class Engine:
     def from_pretrained(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
         """Gate, allocate and load a checkpoint directory.
 
+        With ``options.tensor_parallel_size > 1`` this process becomes rank 0 and starts the other ranks (or joins
+        the run torchrun's variables name; see `infinilm.distributed.launch`) after the gates and the header check.
+
         Raises:
-            ConfigError: an unsupported config or option. GateError: an operator problem no provider serves
-                (raised before any weight is read). LoadError: the checkpoint cannot be read safely or does not
+            ConfigError: an unsupported config or option, a model that does not split across
+                ``tensor_parallel_size`` ranks. GateError: an operator problem no provider serves (raised before
+                any weight is read or any rank starts). LoadError: the checkpoint cannot be read safely or does not
                 fit the model (raised from the safetensors headers, before the model is allocated).
+                FollowerError: another rank failed (its error).
         """
         options = options or EngineOptions()
         config = read_config(path)
         check_options(config, options)
         gate_plan = plan(config, options)
-        checkpoint = cls.check_checkpoint(path, config, options, gate_plan)
-        model = cls._build(config, options, gate_plan)
-        ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
-        load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
-        return cls(config, options, gate_plan, model)
+        size = options.tensor_parallel_size
+        first = gate_plan if size == 1 else dataclasses.replace(gate_plan, parallel=TensorParallel(size))
+        checkpoint = cls.check_checkpoint(path, config, options, first)
+        if size == 1:
+            model = cls._build(config, options, gate_plan)
+            ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
+            load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
+            return cls(config, options, gate_plan, model)
+        ranks = join(options, _follow, (str(path), options))
+        try:
+            options, gate_plan = ranks.options(options), dataclasses.replace(gate_plan, parallel=ranks.layout)
+            model = cls._build(config, options, gate_plan)
+            ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
+            load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
+            ranks.loaded()
+            return cls(config, options, gate_plan, model, ranks=ranks)
+        except BaseException as err:
+            failure = ranks.failure()  # a follower's error explains a collective that failed here
+            ranks.close(abort=True)
+            if failure is not None:
+                raise failure from err
+            raise
 
     @classmethod
     def check_checkpoint(cls, path: str | Path, config: ModelConfig, options: EngineOptions,
@@ -178,6 +223,8 @@ class Engine:
             return []
         start = time.perf_counter()
         with self._scope():
+            if self.ranks is not None:
+                self.ranks.send(StepKind.RUN, batch)
             logits = self.runner.run(batch)
         tokens = sample(logits, batch.seqs)
         self._count(batch, time.perf_counter() - start)
@@ -231,8 +278,51 @@ class Engine:
             for s in seqs:
                 alloc.append(s.block_table, len(s))
             with self._scope():
+                if self.ranks is not None:
+                    self.ranks.send(StepKind.PREFILL_LOGITS, Batch(prefills=seqs))
                 logits = self.runner.prefill_logits(Batch(prefills=seqs))
         finally:
             for s in seqs:
                 alloc.free(s.block_table)
         return list(logits.split([len(p) for p in prompts]))
+
+    # -- tensor parallelism --------------------------------------------------------------------------
+    def follow(self) -> None:
+        """A follower rank (rank > 0): run each step rank 0 broadcasts, until it broadcasts the stop (its
+        `close`); then close this rank.
+
+        Raises:
+            RuntimeError: this engine is not a follower rank.
+        """
+        if self.ranks is None or self.ranks.leader:
+            raise RuntimeError("follow: only a follower rank (rank > 0 of a tensor-parallel run) follows rank 0")
+        try:
+            while True:
+                kind, batch = self.ranks.receive()
+                if batch is None:
+                    break
+                with self._scope():
+                    if kind is StepKind.RUN:
+                        self.runner.run(batch)
+                    else:
+                        self.runner.prefill_logits(batch)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End a tensor-parallel run (rank 0 stops the other ranks and waits for them) and free the process group;
+        nothing for an engine of one process. Idempotent; the engine runs no step afterwards."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _follow(path: str, options: EngineOptions) -> None:
+    """A follower rank started by rank 0: load this rank's shard (after the same checks and gates as rank 0),
+    then run rank 0's steps until it stops."""
+    Engine.from_pretrained(path, options).follow()

@@ -1,0 +1,314 @@
+"""Tensor-parallel processes: the process group, the followers rank 0 starts, their handshake, the step broadcast.
+
+`join` makes this process a rank of a run of ``options.tensor_parallel_size`` ranks and returns its `Ranks`:
+
+- launched by ``torchrun`` (or anything that sets torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR`` and ``MASTER_PORT``): it joins the run those name (``init_method="env://"``), as does each
+  follower this module starts (it sets the same variables in it);
+- otherwise the process is rank 0 and starts the other ranks itself, one process each
+  (``torch.multiprocessing``, forkserver on Linux, else spawn; daemonic, so they end with it), each running
+  `follower(*args)` (the engine's: the checks and gates, then join, load its shard and follow rank 0's
+  steps). Each reports over a pipe when it is about to join the process group, when its weights are loaded
+  (`Ranks.loaded`) and, when it fails, the error, which rank 0 raises (a follower that dies is reported with
+  its exit code); rank 0 waits for those, never for a collective a dead follower will not join.
+
+Groups: the model's collectives (`infiniops_py.all_reduce`) run over ``torch.distributed``'s default group
+(nccl on cuda, gloo on cpu, torch's default timeout); the step broadcast and the small agreements of the
+start (the cache size) run over a separate gloo group on the CPU, whose timeout is a year: a follower waits
+for rank 0's next step as long as rank 0 is idle (a server between requests). A process runs one
+tensor-parallel engine at a time (the default group is per process). Rank ``r`` of a run on ``cuda:i`` uses
+``cuda:(i + LOCAL_RANK)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import datetime
+import multiprocessing.connection
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+
+from infinilm.config import ConfigError, EngineOptions
+from infinilm.distributed.parallel import TensorParallel, backend_for
+from infinilm.distributed.step import StepKind, receive_step, send_step
+from infinilm.engine.scheduler import Batch
+
+__all__ = ["FollowerError", "Ranks", "join"]
+
+_ENV: Final = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_PIPE_ENV: Final = "INFINILM_RANK_PIPE"  # a follower started here: the file descriptor of its pipe to rank 0
+_CONTROL_TIMEOUT_DAYS: Final = 365
+_POLL_SECONDS: Final = 0.05
+_JOIN_SECONDS: Final = 30.0
+
+
+class FollowerError(RuntimeError):
+    """A follower rank failed (its error, or its exit code when it died without one)."""
+
+
+@dataclass
+class _Follower:
+    rank: int
+    process: Any  # multiprocessing.Process
+    pipe: multiprocessing.connection.Connection
+
+
+class Ranks:
+    """This process's rank in a tensor-parallel run, and what it owns of the run.
+
+    Attributes:
+        layout: its `TensorParallel` (size and rank).
+        device: its device (``cuda:(i + LOCAL_RANK)`` on cuda).
+        control: the gloo group of the step broadcast.
+    """
+
+    def __init__(self, layout: TensorParallel, device: str, control: Any, followers: list[_Follower],
+                 parent: multiprocessing.connection.Connection | None) -> None:
+        self.layout, self.device, self.control = layout, device, control
+        self._followers, self._parent = followers, parent
+        self._closed = False
+        if self.leader:  # the followers stop when rank 0's process exits, even if nobody closed the engine
+            atexit.register(self.close)
+
+    @property
+    def leader(self) -> bool:
+        """Whether this is rank 0 (the scheduler's rank)."""
+        return self.layout.rank == 0
+
+    def options(self, options: EngineOptions) -> EngineOptions:
+        """`options` with this rank's device."""
+        return dataclasses.replace(options, device=self.device)
+
+    def loaded(self) -> None:
+        """After this rank's weights are loaded: a follower started by rank 0 says so; rank 0 waits until every
+        follower it started has said so.
+
+        Raises:
+            FollowerError: a follower failed (its error) or died (its exit code) before loading its weights.
+        """
+        if self._parent is not None:
+            self._parent.send(("loaded", None))
+        for f in self._followers:
+            _wait(f, "loaded")
+
+    def agree(self, n: int) -> int:
+        """The smallest `n` over the ranks (each rank's cache holds the blocks they all have)."""
+        import torch.distributed as dist
+
+        value = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.control)
+        return int(value.item())
+
+    def send(self, kind: StepKind, batch: Batch | None) -> None:
+        """Rank 0: broadcast the step the followers run next (`infinilm.distributed.step`).
+
+        Raises:
+            RuntimeError: this is not rank 0 (a follower runs rank 0's steps, never its own).
+        """
+        if not self.leader:
+            raise RuntimeError(f"rank {self.layout.rank} is a follower: only rank 0 schedules and runs steps")
+        send_step(kind, batch, self.control)
+
+    def receive(self) -> tuple[StepKind, Batch | None]:
+        """A follower: the next step rank 0 broadcasts (blocks while rank 0 is idle)."""
+        return receive_step(self.control)
+
+    def failure(self) -> FollowerError | None:
+        """The error a follower started here reported or died of, if one did (rank 0, after a collective
+        failed)."""
+        for f in self._followers:
+            message = _message(f)
+            if message is not None:
+                return FollowerError(message)
+        return None
+
+    def close(self, *, abort: bool = False) -> None:
+        """End the run: rank 0 broadcasts the stop (unless `abort`: a failure, the followers are terminated) and
+        waits for the followers it started; every rank then destroys the process group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        import torch.distributed as dist
+
+        if self.leader:
+            atexit.unregister(self.close)
+        if self.leader and not abort:
+            try:
+                self.send(StepKind.STOP, None)
+            except RuntimeError:  # a follower is gone: nothing to stop
+                abort = True
+        for f in self._followers:
+            if not abort:
+                f.process.join(_JOIN_SECONDS)
+            if f.process.is_alive():
+                f.process.terminate()
+                f.process.join(_JOIN_SECONDS)
+            f.pipe.close()
+        if self._parent is not None:
+            self._parent.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _message(f: _Follower) -> str | None:
+    """The error `f` reported, or that it died, else None (it is alive and silent, or said something else)."""
+    while f.pipe.poll():
+        try:
+            what, detail = f.pipe.recv()
+        except (EOFError, OSError):
+            break
+        if what == "error":
+            return f"tensor-parallel rank {f.rank} failed: {detail}"
+    if not f.process.is_alive():
+        return f"tensor-parallel rank {f.rank} died (exit code {f.process.exitcode}) without reporting an error"
+    return None
+
+
+def _wait(f: _Follower, stage: str) -> None:
+    """Block until follower `f` reports `stage`.
+
+    Raises:
+        FollowerError: it reported an error, or died, first.
+    """
+    while True:
+        if f.pipe.poll(_POLL_SECONDS):
+            try:
+                what, detail = f.pipe.recv()
+            except (EOFError, OSError):
+                what, detail = "died", None
+            if what == stage:
+                return
+            if what == "error":
+                raise FollowerError(f"tensor-parallel rank {f.rank} failed: {detail}")
+        if not f.process.is_alive() and not f.pipe.poll():
+            f.process.join()
+            raise FollowerError(f"tensor-parallel rank {f.rank} died (exit code {f.process.exitcode}) before it "
+                                f"reported {stage!r}")
+
+
+def _torchrun() -> tuple[int, int, int] | None:
+    """``(RANK, WORLD_SIZE, LOCAL_RANK)`` when torchrun's variables are all set, else None.
+
+    Raises:
+        ConfigError: some of them are set but not all, or one is not an integer.
+    """
+    found = {k: os.environ.get(k) for k in _ENV}
+    if not any(found.values()):
+        return None
+    missing = [k for k, v in found.items() if not v]
+    if missing:
+        raise ConfigError(f"torchrun's variables are set in part: {', '.join(missing)} missing (set all of "
+                          f"{', '.join(_ENV)}, or none: rank 0 then starts the other ranks itself)")
+    try:
+        return int(found["RANK"] or ""), int(found["WORLD_SIZE"] or ""), int(found["LOCAL_RANK"] or "")
+    except ValueError:
+        raise ConfigError(f"RANK, WORLD_SIZE and LOCAL_RANK must be integers, got {found}") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _device(options: EngineOptions, local_rank: int) -> str:
+    device = torch.device(options.device)
+    if device.type != "cuda":
+        return options.device
+    return f"cuda:{(device.index or 0) + local_rank}"
+
+
+def _follower_main(rank: int, size: int, port: int, threads: int, environ: dict[str, str],
+                   pipe: multiprocessing.connection.Connection, follower: Callable[..., None],
+                   args: tuple[Any, ...]) -> None:
+    """A started follower: rank 0's environment `environ` (a forkserver's child would otherwise inherit the
+    server's, as it was when the server started) with torchrun's variables for rank `rank` and the pipe's
+    descriptor (`join` reads them), the resolver made again from it, rank 0's intra-op thread count, then
+    `follower(*args)`; an error goes to rank 0 over `pipe` before the process exits with status 1."""
+    import infiniops_py
+
+    os.environ.clear()
+    os.environ.update(environ, RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), **{_PIPE_ENV: str(pipe.fileno())})
+    infiniops_py.reload()  # INFINIOPS_* as rank 0 has them
+    torch.set_num_threads(threads)
+    try:
+        pipe.send(("started", None))
+        follower(*args)
+    except BaseException as err:
+        with contextlib.suppress(OSError):  # rank 0 may be gone
+            pipe.send(("error", f"{type(err).__name__}: {err}"))
+        raise SystemExit(1) from None
+
+
+def _context() -> Any:
+    import torch.multiprocessing as mp
+
+    if sys.platform != "linux":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["infinilm.engine"])  # the first start imports torch and infinilm once
+    return ctx
+
+
+def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any, ...]) -> Ranks:
+    """Make this process a rank of a run of ``options.tensor_parallel_size`` ranks (see the module docstring);
+    rank 0, unless torchrun's variables say otherwise, starts the others, each running `follower(*args)`.
+
+    Raises:
+        ConfigError: torchrun's ``WORLD_SIZE`` differs from ``tensor_parallel_size``; this process runs a
+            tensor-parallel engine already (its default process group is initialized).
+        FollowerError: a follower failed or died before joining the process group.
+    """
+    import torch.distributed as dist
+
+    size = options.tensor_parallel_size
+    if dist.is_initialized():
+        raise ConfigError("tensor_parallel_size: this process runs a tensor-parallel engine already (or initialized "
+                          "torch.distributed's default group itself); close that engine first")
+    backend = backend_for(torch.device(options.device).type)
+    found = _torchrun()
+    followers: list[_Follower] = []
+    if found is not None:
+        rank, world, local = found
+        if world != size:
+            raise ConfigError(f"tensor_parallel_size={size} but torchrun's WORLD_SIZE={world}: they must agree")
+        init = "env://"
+    else:
+        rank, local, port = 0, 0, _free_port()
+        init = f"tcp://127.0.0.1:{port}"
+        ctx = _context()
+        for r in range(1, size):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=_follower_main, name=f"infinilm-rank{r}", daemon=True,
+                                  args=(r, size, port, torch.get_num_threads(), dict(os.environ), child, follower,
+                                        args))
+            process.start()
+            child.close()
+            followers.append(_Follower(r, process, parent))
+        try:  # each follower runs the checks and gates too before it joins: rank 0 joins once they all have
+            for f in followers:
+                _wait(f, "joining")
+        except FollowerError:
+            for f in followers:
+                f.process.terminate()
+            raise
+    fd = os.environ.get(_PIPE_ENV) if found is not None else None
+    parent = multiprocessing.connection.Connection(os.dup(int(fd))) if fd else None
+    if parent is not None:
+        parent.send(("joining", None))
+    device = _device(options, local)
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=_CONTROL_TIMEOUT_DAYS))
+    return Ranks(TensorParallel(size, rank), device, control, followers, parent)
+
