@@ -2,18 +2,25 @@
 
 Exit status: 0 on success, 1 when the gates reject the configuration (the gate report is printed and no
 weight has been read), 2 for any other user error (a bad option, an unsupported config, a checkpoint that
-does not fit the model).
+does not fit the model, a tensor-parallel rank that failed).
+
+``--tensor-parallel-size N`` splits the model across N processes, which the command starts itself (this one is
+rank 0: the scheduler, the sampling and the output; the others stop when it exits). Under ``torchrun
+--nproc-per-node N infinilm ...`` every process runs the command: rank 0 does the command's work, the others
+load their shard and follow its steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
 
 from infinilm.config import ConfigError, EngineOptions, parse_dtype
+from infinilm.distributed.launch import FollowerError
 from infinilm.engine.gates import gate_report, parse_provider_overrides, plan
 from infinilm.engine.kv_cache import CacheError
 from infinilm.engine.loader import LoadError
@@ -40,6 +47,8 @@ def _engine_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on CUDA")
     p.add_argument("--prefill-graph-lengths", type=int, nargs="+", default=(), metavar="N",
                    help="Mamba-2 on CUDA: capture the prefill of a lone prompt as CUDA graphs at these lengths")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the model across N processes, one per device (default: 1)")
 
 
 def _options(args: argparse.Namespace, **extra: int) -> EngineOptions:
@@ -50,8 +59,20 @@ def _options(args: argparse.Namespace, **extra: int) -> EngineOptions:
     return EngineOptions(
         device=args.device, dtype=parse_dtype(args.dtype) if args.dtype else None, block_size=args.block_size,
         num_blocks=args.num_blocks, max_model_len=args.max_model_len, providers=providers, qk_norm=args.qk_norm,
-        cuda_graphs=not args.no_cuda_graphs, prefill_graph_lengths=tuple(args.prefill_graph_lengths), **extra,
+        cuda_graphs=not args.no_cuda_graphs, prefill_graph_lengths=tuple(args.prefill_graph_lengths),
+        tensor_parallel_size=args.tensor_parallel_size, **extra,
     )
+
+
+def _command_options(args: argparse.Namespace) -> EngineOptions:
+    """The engine options of the command (the same on every tensor-parallel rank)."""
+    if args.command == "bench":
+        return _options(args, max_num_seqs=args.batch, max_num_batched_tokens=max(8192, args.batch * args.input_len))
+    if args.command == "serve":
+        return _options(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.command in ("generate", "demo"):
+        return _options(args, max_num_seqs=1)
+    return _options(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -136,7 +157,7 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
             raise ConfigError(
                 f"{model} has no tokenizer.json: --prompt must be token ids, got {args.prompt!r}") from None
     prompt = check_prompt(prompt, config.vocab_size, "--prompt")
-    options = _options(args, max_num_seqs=1)
+    options = _command_options(args)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)  # checked before loading
     engine = Engine.from_pretrained(model, options)
@@ -166,8 +187,7 @@ def _bench(args: argparse.Namespace) -> int:
     from infinilm.engine import Engine
 
     check_bench_args(args.batch, args.input_len, args.output_len, args.seed)  # before the model loads
-    options = _options(args, max_num_seqs=args.batch,
-                       max_num_batched_tokens=max(8192, args.batch * args.input_len))
+    options = _command_options(args)
     engine = Engine.from_pretrained(args.model, options)
     result = run_bench(engine, args.batch, args.input_len, args.output_len, seed=args.seed, repeats=args.repeats)
     print(result.table())
@@ -194,10 +214,32 @@ def _demo(args: argparse.Namespace) -> int:
     return _generate(args, str(path), echo_prompt=True)
 
 
+def _torchrun_follower(args: argparse.Namespace) -> bool:
+    """Whether this process is a rank > 0 that torchrun started for a command that runs the model."""
+    return (args.command in ("generate", "bench", "serve", "demo") and args.tensor_parallel_size > 1
+            and os.environ.get("RANK", "0") not in ("", "0"))
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """A rank > 0 under torchrun: load this rank's shard with the command's options, follow rank 0's steps."""
+    from infinilm.engine import Engine
+
+    if args.command == "demo":
+        from infinilm.demo import demo_checkpoint
+
+        model = str(demo_checkpoint())
+    else:
+        model = args.model
+    Engine.from_pretrained(model, _command_options(args)).follow()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
+        if _torchrun_follower(args):
+            return _follow(args)
         if args.command == "check":
             return _check(args)
         if args.command == "generate":
@@ -209,13 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.command == "bench-serve":
                 return commands.run_bench_serve(args)
-            return commands.run_serve(args, _options(args, max_num_seqs=args.max_num_seqs,
-                                                     max_num_batched_tokens=args.max_num_batched_tokens))
+            return commands.run_serve(args, _command_options(args))
         return _demo(args)
     except GateError as err:
         print(gate_report(err), file=sys.stderr)
         return 1
-    except (ConfigError, LoadError, CacheError, ValueError) as err:
+    except (ConfigError, LoadError, CacheError, ValueError, FollowerError) as err:
         print(f"infinilm {args.command}: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:

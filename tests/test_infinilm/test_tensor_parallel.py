@@ -1,0 +1,212 @@
+"""Tensor parallelism on the CPU: two gloo ranks (this process is rank 0 and starts the other) against one process
+and against transformers, for Llama, Qwen3 and Mamba-2 checkpoints saved by transformers; the split check before
+anything starts; each rank reading only its slices; torchrun's launch of the CLI.
+
+The variants cover each split: Llama (biases on every projection: the row-parallel bias added after the
+all-reduce; 2 KV heads, one per rank; an untied head), Qwen3 with one KV head (replicated on both ranks; q/k
+norms; a tied head), Mamba-2 with one group (the gated norm over both ranks' channels, one all-reduce of the
+squared sums) and with two (a group per rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from lm_helpers import CheckpointFactory, headers_only
+
+from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
+from infinilm.cli import main
+from infinilm.distributed.parallel import Shard, TensorParallel
+from infinilm.engine.gates import plan
+from infinilm.engine.loader import load_weights
+from infinilm.models.registry import family_of, read_config
+
+OPTIONS = {"block_size": 8, "num_blocks": 64, "max_model_len": 128}
+STEPS = 8
+PROMPTS = ([17, 3, 99, 150, 41, 8, 8, 120, 64, 5, 77], [100, 13, 13, 7, 91, 33, 2, 150, 46, 19, 18, 111, 60], [42, 7],
+           [9])
+VARIANTS = {
+    "llama": ("llama", False, {}),
+    "qwen3-1kv": ("qwen3", True, {"num_key_value_heads": 1}),
+    "mamba2": ("mamba2", False, {}),
+    "mamba2-2groups": ("mamba2", False, {"n_groups": 2}),
+}
+
+
+@dataclass
+class Run:
+    """One variant: its checkpoint, the transformers model, and the engines of one process and of two ranks."""
+
+    path: Path
+    hf: torch.nn.Module
+    one: Engine
+    two: Engine
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def run(checkpoint: CheckpointFactory, request: pytest.FixtureRequest) -> Iterator[Run]:
+    """Variant `request.param`'s `Run` (pytest runs the tests of one variant together: one rank is started per
+    variant, and a process holds one tensor-parallel run at a time)."""
+    family, tied, overrides = VARIANTS[request.param]
+    path, hf = checkpoint(family, tied=tied, **overrides)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per rank on the 2-core machine (the started rank copies rank 0's)
+    try:
+        one = Engine.from_pretrained(path, EngineOptions(**OPTIONS))
+        with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as two:
+            yield Run(path, hf, one, two)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _hf_logits(hf: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([prompt])).logits[0]
+
+
+def _hf_greedy(hf: torch.nn.Module, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_two_ranks_give_the_logits_of_one_process_within_fp32_rounding(run: Run) -> None:
+    assert run.two.ranks is not None and run.two.ranks.layout == TensorParallel(2, 0)
+    prompts = list(PROMPTS)
+    two, one = run.two.prefill_logits(prompts), run.one.prefill_logits(prompts)
+    for prompt, a, b in zip(prompts, two, one):
+        assert a.shape == b.shape == (len(prompt), run.one.config.vocab_size)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # partial sums added in another order
+        torch.testing.assert_close(a, _hf_logits(run.hf, prompt), rtol=0, atol=1e-4)
+    assert run.two.cache.allocator.num_free == run.two.cache.allocator.num_blocks
+
+
+def test_two_ranks_give_the_greedy_tokens_of_one_process_and_transformers(run: Run) -> None:
+    params = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
+    seqs = [run.two.add_request(PROMPTS[0], params), run.two.add_request(PROMPTS[1], params)]
+    for step in range(100):  # the later prompts join running decodes: mixed steps broadcast too
+        if step in (2, 4):
+            seqs.append(run.two.add_request(PROMPTS[len(seqs)], params))
+        run.two.step()
+        if not run.two.has_work():
+            break
+    ones = run.one.generate(list(PROMPTS), params)
+    for prompt, seq, one in zip(PROMPTS, seqs, ones):
+        assert seq.output == one == _hf_greedy(run.hf, prompt), f"prompt of {len(prompt)} tokens"
+
+
+@pytest.mark.parametrize(("family", "message"), [
+    ("llama", "tensor_parallel_size=3 cannot split this llama model across 3 ranks: num_attention_heads=4 is not "
+              "a multiple of 3; num_key_value_heads=2 is not a multiple of 3 or a divisor of it (then replicated) "
+              "(fix: a tensor_parallel_size in [1, 2, 4])"),
+    ("mamba2", "tensor_parallel_size=3 cannot split this mamba2 model across 3 ranks: num_heads=4 is not a multiple "
+               "of 3 (fix: a tensor_parallel_size in [1, 2, 4])"),
+])
+def test_a_model_that_does_not_split_is_refused_before_any_rank_starts_or_weight_is_read(
+        checkpoint: CheckpointFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        family: str, message: str) -> None:
+    path, _ = checkpoint(family, tied=False)
+    import safetensors
+
+    def no_read(*args: object, **kwargs: object) -> None:
+        pytest.fail("a safetensors file was opened")
+
+    monkeypatch.setattr(safetensors, "safe_open", no_read)
+    before = set(multiprocessing.active_children())  # the runs of the tests above may hold a rank still
+    with pytest.raises(ConfigError) as err:
+        Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=3))
+    assert str(err.value) == message
+    assert set(multiprocessing.active_children()) <= before
+    assert main(["generate", "--model", str(path), "--prompt", "1 2 3", "--tensor-parallel-size", "3"]) == 2
+    assert capsys.readouterr().err == f"infinilm generate: error: {message}\n"
+
+
+def test_check_gates_the_all_reduce_of_a_split_model_and_reads_no_weights(
+        checkpoint: CheckpointFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = checkpoint("llama", tied=False)
+    headers_only(monkeypatch)
+    before = set(multiprocessing.active_children())
+    assert main(["check", "--model", str(path), "--tensor-parallel-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\nall_reduce " in out and "torch.distributed.all_reduce" in out
+    assert "backend=gloo, world_size=2" in out
+    assert set(multiprocessing.active_children()) <= before  # a check starts no rank
+
+
+def test_each_rank_reads_only_its_slices_of_the_sharded_tensors(checkpoint: CheckpointFactory,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 of 2 of Llama, loaded in this process: every split tensor comes from ``get_slice`` (never a whole
+    ``get_tensor``), and holds the rows (columns) of the second half."""
+    path, hf = checkpoint("llama", tied=False)
+    config = read_config(path)
+    options = EngineOptions(**OPTIONS, tensor_parallel_size=2)
+    rank1 = dataclasses.replace(plan(config, options), parallel=TensorParallel(2, 1))
+    model = Engine._build(config, options, rank1, torch.device("cpu"))
+    targets = model.targets()
+    import safetensors
+
+    real, whole = safetensors.safe_open, []
+
+    class Recording:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.file = real(*args, **kwargs)
+
+        def __enter__(self) -> Recording:
+            self.st = self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.__exit__(*exc)
+
+        def keys(self) -> list[str]:
+            return self.st.keys()
+
+        def get_slice(self, name: str) -> object:
+            return self.st.get_slice(name)
+
+        def get_tensor(self, name: str) -> torch.Tensor:
+            whole.append(name)
+            return self.st.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Recording)
+    load_weights(path, targets, ignored=lambda n: family_of("llama").model.ignored(n, tied=False))
+    assert whole and not [n for n in whole if isinstance(targets[n], Shard)]
+    assert sorted(n for n, t in targets.items() if not isinstance(t, Shard)) == sorted(whole)
+    state = hf.state_dict()
+    layer = model.layers[0]
+    attn = "model.layers.0.self_attn"
+    q, k, v = state[f"{attn}.q_proj.weight"], state[f"{attn}.k_proj.weight"], state[f"{attn}.v_proj.weight"]
+    assert torch.equal(layer.qkv_proj.weight, torch.cat([q[32:], k[16:], v[16:]]))  # q heads 2, 3 and KV head 1
+    assert torch.equal(layer.o_proj.weight, state[f"{attn}.o_proj.weight"][:, 32:])
+    assert torch.equal(layer.o_proj.bias, state[f"{attn}.o_proj.bias"])  # whole: added once after the sum
+    assert torch.equal(layer.down_proj.weight, state["model.layers.0.mlp.down_proj.weight"][:, 48:])
+    assert torch.equal(model.embed.weight, state["model.embed_tokens.weight"][128:])
+    assert torch.equal(model.lm_head.weight, state["lm_head.weight"][128:])
+
+
+def test_torchrun_runs_the_cli_on_two_ranks(checkpoint: CheckpointFactory) -> None:
+    """``torchrun --standalone --nproc-per-node 2 -m infinilm.cli generate --tensor-parallel-size 2``: rank 0
+    prints the tokens one process generates; rank 1 follows and exits 0."""
+    path, _ = checkpoint("llama", tied=False)
+    one = Engine.from_pretrained(path, EngineOptions(**OPTIONS))
+    expected = one.generate([PROMPTS[2]], SamplingParams(max_new_tokens=STEPS, ignore_eos=True))[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+         "infinilm.cli", "generate", "--model", str(path), "--prompt", " ".join(map(str, PROMPTS[2])),
+         "--max-new-tokens", str(STEPS), "--ignore-eos", "--tensor-parallel-size", "2",
+         *(f"--{k.replace('_', '-')}={v}" for k, v in OPTIONS.items())],
+        capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(" ".join(map(str, expected)) + " \n["), done.stdout
