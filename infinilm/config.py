@@ -206,7 +206,9 @@ class EngineOptions:
         max_num_batched_tokens: most tokens (prefill + decode) in one step.
         max_model_len: longest sequence (prompt + output); None: the config's, capped at 8192.
         providers: ``(op or None, provider)`` overrides, applied as ``infiniops_py.use`` scopes.
-        qk_norm: ``auto`` (fused where a non-reference provider serves fused_qk_norm), ``fused`` or ``per_head``.
+        qk_norm: ``auto`` (one fused_qk_norm_rope with RoPE where a non-reference provider serves it, else
+            fused_qk_norm where one serves that, else per-head rms_norm; RoPE then by rotary_embedding),
+            ``fused`` (fused_qk_norm) or ``per_head``.
         cuda_graphs: capture decode steps in CUDA graphs (CUDA only; falls back to eager when capture fails).
         prefill_graph_lengths: Mamba-2 only, CUDA only, with `cuda_graphs`: bucket lengths at which the prefill
             of a lone prompt (no other request in the step) is captured as a CUDA graph; a prompt is padded on

@@ -3,11 +3,13 @@
 From the model config and the engine options (device, dtype, block size, provider overrides), `plan`
 takes every ``(operator, problem)`` the config's family declares its model calls and resolves them with
 `infiniops_py.resolve_closure`, before any weight is read: an unsupported combination raises one
-`GateError` listing every gap. Two choices are made here, each from what the providers serve:
+`GateError` listing every gap. These choices are made here, each from what the providers serve:
 
-- Qwen3's q/k norm: `fused_qk_norm` when a provider other than the last-resort ``reference`` serves it
-  for this device, dtype and head dim (or when forced with ``qk_norm="fused"``), else two per-head
-  `rms_norm` calls over ``head_dim``.
+- Qwen3's q/k norm and RoPE: with ``qk_norm="auto"``, one `fused_qk_norm_rope` when a provider other than the
+  last-resort ``reference`` serves it for this device, dtype and head layout; else the norms (`fused_qk_norm`
+  when such a provider serves it, else two per-head `rms_norm` calls over ``head_dim``), then
+  `rotary_embedding`. ``qk_norm="fused"`` forces `fused_qk_norm` and ``"per_head"`` the two `rms_norm`
+  calls, each followed by `rotary_embedding`.
 - Linear bias: Gemm with the bias fused (``has_bias=True``) when a non-reference provider serves it, else
   Gemm then an in-place broadcast `add`.
 
@@ -30,6 +32,7 @@ import torch
 import infiniops_py
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.distributed.parallel import check_split, parallel_problems
+from infinilm.layers.rotary import qk_norm_rope_fields
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
 from infiniops_py import GateError, explain, make_problem, providers, resolve_closure, use
@@ -109,13 +112,17 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
             raise ConfigError(f"providers[{i}]={(op, name)!r}: {problem}")
     base = problem_base(config, options)
     with overrides(options):
+        fused_rope = False
         if options.qk_norm == "auto":
-            fused_qk = config.qk_norm and _served(
+            fused_rope = config.qk_norm and _served(
+                "fused_qk_norm_rope", **base, **qk_norm_rope_fields(config, config.num_heads, config.num_kv_heads))
+            fused_qk = config.qk_norm and not fused_rope and _served(
                 "fused_qk_norm", **base, head_dim=config.head_dim, num_q_heads=config.num_heads,
                 num_kv_heads=config.num_kv_heads)
         else:
             fused_qk = config.qk_norm and options.qk_norm == "fused"
-        choices = GatePlan(fused_qk_norm=fused_qk, fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True))
+        choices = GatePlan(fused_qk_norm=fused_qk, fused_qk_norm_rope=fused_rope,
+                           fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True))
         requests = family.gate_problems(config, options, base, choices) + parallel_problems(config, options, base)
         problems = list(dict.fromkeys(make_problem(op, **fields) for op, fields in requests))
         chosen = resolve_closure(problems)

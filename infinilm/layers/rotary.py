@@ -1,19 +1,27 @@
-"""Rotary position embedding, rotate-half (GPT-NeoX) form, as Hugging Face computes it.
+"""Rotary position embedding through `infiniops_py.rotary_embedding`, or `fused_qk_norm_rope` with Qwen3's q/k norms.
 
-HF computes ``freqs = position * inv_freq`` and ``cos``/``sin`` (times the RoPE type's attention
-scaling) in fp32, casts them to the activation dtype, then ``x * cos + rotate_half(x) * sin`` in that
-dtype. The tables here hold those cast values for every position up to ``max_len``, computed on the
-target device, so a lookup gives HF's numbers. ``inv_freq`` for scaled variants (linear, llama3, yarn)
-comes from transformers' own ``ROPE_INIT_FUNCTIONS``.
+The table is vLLM's ``cos_sin_cache`` ``[max_len, rotary_dim]``: for each position, the cosines then the sines
+of its ``rotary_dim / 2`` angles. As Hugging Face computes them, ``freqs = position * inv_freq`` and
+``cos``/``sin`` (times the RoPE type's attention scaling) are computed in fp32 on the target device and cast
+to the activation dtype, so a row holds HF's numbers; ``inv_freq`` for scaled variants (linear, llama3, yarn)
+comes from transformers' own ``ROPE_INIT_FUNCTIONS``. The rotation itself is the operator's: each pair turned
+in fp32 and rounded once (HF rounds ``x * cos``, ``rotate_half(x) * sin`` and their sum in the dtype: the
+results differ by those roundings). Pairs are GPT-NeoX's rotate-half channels ``(i, i + R/2)`` by default
+(Llama, Qwen, Mistral, Gemma 2), GPT-J's interleaved ``(2i, 2i + 1)`` with ``is_neox=False`` (GLM-4), over the
+first ``rotary_dim`` channels of each head.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from infinilm.config import ModelConfig
+from infinilm.layers.norm import QKNorm
+from infiniops_py import fused_qk_norm_rope, rotary_embedding
 
-__all__ = ["RotaryEmbedding", "inverse_frequencies"]
+__all__ = ["RotaryEmbedding", "inverse_frequencies", "qk_norm_rope_fields"]
 
 
 def inverse_frequencies(config: ModelConfig, rotary_dim: int | None = None) -> tuple[torch.Tensor, float]:
@@ -32,24 +40,49 @@ def inverse_frequencies(config: ModelConfig, rotary_dim: int | None = None) -> t
     return inv.float(), float(scaling)
 
 
+def qk_norm_rope_fields(config: ModelConfig, num_q_heads: int, num_kv_heads: int) -> dict[str, Any]:
+    """The `fused_qk_norm_rope` problem fields of a q/k-norm model of `config` (Qwen3: NeoX pairs over the whole
+    head, the `RotaryEmbedding` defaults) with `num_q_heads` / `num_kv_heads` heads."""
+    return {"head_dim": config.head_dim, "num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads,
+            "rotary_dim": config.head_dim, "is_neox": True}
+
+
 class RotaryEmbedding:
-    """Applies RoPE to q ``[T, Hq, D]`` and k ``[T, Hkv, D]`` at int64 positions ``[T]``."""
+    """Applies RoPE in place to q ``[T, Hq, D]`` and k ``[T, Hkv, D]`` at int64 positions ``[T]``.
 
-    __slots__ = ("cos", "half", "sin")
+    Attributes:
+        cos_sin_cache: ``[max_len, rotary_dim]`` in the activation dtype: cosines, then sines, per position.
+        head_dim, rotary_dim, is_neox: the heads' width, the channels turned, the pair layout.
+    """
 
-    def __init__(self, config: ModelConfig, max_len: int, *, dtype: torch.dtype, device: torch.device) -> None:
-        inv, scaling = inverse_frequencies(config)
+    __slots__ = ("cos_sin_cache", "head_dim", "is_neox", "rotary_dim")
+
+    def __init__(self, config: ModelConfig, max_len: int, *, dtype: torch.dtype, device: torch.device,
+                 rotary_dim: int | None = None, is_neox: bool = True) -> None:
+        """The table of positions ``0 .. max_len - 1`` for `rotary_dim` channels (default: the whole head)."""
+        inv, scaling = inverse_frequencies(config, rotary_dim)
         positions = torch.arange(max_len, device=device, dtype=torch.int64).float()
         freqs = positions[:, None] * inv.to(device)[None, :]
-        self.cos = (freqs.cos() * scaling).to(dtype)
-        self.sin = (freqs.sin() * scaling).to(dtype)
-        self.half = config.head_dim // 2
+        self.cos_sin_cache = torch.cat(((freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)), dim=-1)
+        self.head_dim = config.head_dim
+        self.rotary_dim = config.head_dim if rotary_dim is None else rotary_dim
+        self.is_neox = is_neox
+
+    def problem_fields(self) -> dict[str, Any]:
+        """The `rotary_embedding` problem fields of this table's calls."""
+        return {"head_dim": self.head_dim, "rotary_dim": self.rotary_dim, "is_neox": self.is_neox}
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        """Turn `q` and `k` (views of the packed projection, or tensors of their own) in place; returns them."""
+        rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, self.is_neox)
+        return q, k
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : self.half], x[..., self.half :]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def with_qk_norm(self, positions: torch.Tensor, qkv: torch.Tensor, norm: QKNorm
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`norm`'s per-head RMSNorms of the Q and K heads of the packed `qkv` ``[T, (Hq + 2 Hkv) * D]``, then this
+        RoPE, in one `fused_qk_norm_rope` call in place; returns the q ``[T, Hq, D]``, k and untouched v views."""
+        t, d, hq, hkv = qkv.shape[0], norm.head_dim, norm.num_heads, norm.num_kv_heads
+        fused_qk_norm_rope(qkv, norm.q_weight, norm.k_weight, self.cos_sin_cache, positions, num_q_heads=hq,
+                           num_kv_heads=hkv, head_dim=d, eps=norm.eps, is_neox=self.is_neox)
+        q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+        return q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)

@@ -6,8 +6,9 @@ residual stream kept apart) and a final norm before the LM head. The families di
 head tied to the embedding), and a family module may subclass both classes: `DecoderModel.attention` gives a
 layer's attention (its window, softcap and scale), `DecoderModel.layer_class` the layer (`SandwichLayer` adds a
 norm after each sub-block), `DecoderLayer.norm_class` every norm. Every Gemm, Add,
-RmsNorm, FusedQkNorm, cache write and attention runs through `infiniops_py`; RoPE, the embedding lookup and
-SiLU-and-multiply are plain PyTorch. Weights are allocated empty and filled by the loader through
+RmsNorm, FusedQkNorm, RoPE (`rotary_embedding`, or `fused_qk_norm_rope` with Qwen3's q/k norms where the gate
+plan fuses them), SiLU-and-multiply (`silu_and_mul`), cache write and attention runs through `infiniops_py`; the
+embedding lookup is plain PyTorch. Weights are allocated empty and filled by the loader through
 `targets()`, which maps each checkpoint tensor name to the view it loads into.
 
 Tensor parallelism (``plan.parallel`` set, the layout of `infinilm.distributed.parallel`): the embedding and the
@@ -43,8 +44,8 @@ class DecoderLayer:
     `SandwichLayer` applies to each sub-block's output.
     """
 
-    __slots__ = ("attn", "attn_out_norm", "down_proj", "gate_up_proj", "input_layernorm", "kv", "mlp_out_norm",
-                 "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
+    __slots__ = ("attn", "attn_out_norm", "down_proj", "fused_rope", "gate_up_proj", "input_layernorm", "kv",
+                 "mlp_out_norm", "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
     norm_class: ClassVar[type[RMSNorm]] = RMSNorm
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
@@ -85,6 +86,7 @@ class DecoderLayer:
         self.kv = (*heads, c.head_dim)
         self.attn_out_norm: RMSNorm | None = None
         self.mlp_out_norm: RMSNorm | None = None
+        self.fused_rope = plan.fused_qk_norm_rope  # q/k norms and RoPE in one fused_qk_norm_rope
 
     def norms(self, prefix: str) -> dict[str, torch.Tensor]:
         """Checkpoint name -> weight of each norm of the layer."""
@@ -108,12 +110,15 @@ class DecoderLayer:
         """The attention sub-block over normed `hidden` ``[T, hidden]``: qkv, q/k norms, RoPE, attention, o_proj."""
         qkv = self.qkv_proj(hidden)
         hq, hkv, d = self.kv
-        if self.qk_norm is not None:
-            q, k, v = self.qk_norm(qkv)
+        if self.qk_norm is not None and self.fused_rope:
+            q, k, v = rope.with_qk_norm(positions, qkv, self.qk_norm)
         else:
-            q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
-            q, k, v = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
-        q, k = rope(positions, q, k)
+            if self.qk_norm is not None:
+                q, k, v = self.qk_norm(qkv)
+            else:
+                q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+                q, k, v = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
+            q, k = rope(positions, q, k)
         return self.o_proj(self.attn(q, k, v, k_cache, v_cache, ctx))
 
     def mlp(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,13 @@ GEMM_FIELDS: Final[Mapping[str, bool]] = MappingProxyType(
 
 @dataclass(frozen=True)
 class GatePlan:
-    """What the gates decided: the two path choices and the implementation of every problem.
+    """What the gates decided: the path choices and the implementation of every problem.
 
     Attributes:
-        fused_qk_norm: Qwen3 q/k norms through `fused_qk_norm` (else per-head `rms_norm`).
+        fused_qk_norm: Qwen3 q/k norms through `fused_qk_norm` (else per-head `rms_norm`), when not
+            `fused_qk_norm_rope`.
+        fused_qk_norm_rope: Qwen3 q/k norms and RoPE in one `fused_qk_norm_rope` (else the norms, then
+            `rotary_embedding`).
         fused_bias: linear biases fused into `gemm` (else `gemm` + `add`).
         chosen: each problem the model needs -> the implementation that serves it.
         parallel: the tensor-parallel rank the model is built for (its shard of every weight), None for one
@@ -42,6 +45,7 @@ class GatePlan:
     """
 
     fused_qk_norm: bool = False
+    fused_qk_norm_rope: bool = False
     fused_bias: bool = True
     chosen: dict[Problem, Implementation] = field(default_factory=dict)
     parallel: TensorParallel | None = None
@@ -61,7 +65,9 @@ class GatePlan:
         for problem, impl in self.chosen.items():
             fields = ", ".join(f"{k}={v}" for k, v in problem.fields.items())
             lines.append(f"{problem.op:<26} {impl.name:<34} {problem.dtype}, {problem.device_type}: {fields}")
-        lines.append(f"qk norm: {'fused_qk_norm' if self.fused_qk_norm else 'per-head rms_norm'}; "
+        qk = ("fused_qk_norm_rope (with RoPE)" if self.fused_qk_norm_rope else
+              "fused_qk_norm" if self.fused_qk_norm else "per-head rms_norm")
+        lines.append(f"qk norm: {qk}; "
                      f"linear bias: {'fused into gemm' if self.fused_bias else 'gemm + add'}")
         return "\n".join(lines)
 

@@ -88,11 +88,12 @@ def _translate(hf: Any) -> ModelConfig:
 
 def _gate(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any],
           plan: GatePlan) -> list[GateRequest]:
-    """The decoder's problems, with local attention when a layer slides and softcapped scores when capped."""
+    """The decoder's problems, with local attention when a layer slides and softcapped scores when capped; its
+    MLP's gelu is plain PyTorch (no `silu_and_mul`)."""
     c = cast(Gemma2Config, config)
     windows = {c.window(i) for i in range(c.num_layers)} - {None}
     return attention_problems(config, options, base, plan, window=min(windows, default=None),
-                              softcap=bool(c.attn_logit_softcapping))
+                              softcap=bool(c.attn_logit_softcapping), silu_mlp=False)
 
 
 class OffsetRMSNorm(RMSNorm):

@@ -10,16 +10,17 @@ frequency i of ``rotary_dim / 2``; the other channels pass through.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import torch
 
-from infinilm.config import ModelConfig
-from infinilm.layers.rotary import RotaryEmbedding, inverse_frequencies
+from infinilm.config import EngineOptions, ModelConfig
+from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.decoder import DecoderModel, SandwichLayer
 from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import Family
+from infinilm.models.family import Family, GatePlan, GateRequest
 
 __all__ = ["GLM4", "Glm4Config", "Glm4Layer", "Glm4Model", "InterleavedRotary"]
 
@@ -42,23 +43,14 @@ def _translate(hf: Any) -> ModelConfig:
 
 class InterleavedRotary(RotaryEmbedding):
     """RoPE on the first `rotary_dim` channels of q ``[T, Hq, D]`` and k ``[T, Hkv, D]``, pairing channels
-    ``2i`` and ``2i + 1``; cos/sin tables computed in fp32 and cast to the model dtype, as transformers does."""
+    ``2i`` and ``2i + 1`` (`rotary_embedding` with ``is_neox=False``); cos/sin tables computed in fp32 and cast
+    to the model dtype, as transformers does."""
 
-    __slots__ = ("rotary_dim",)
+    __slots__ = ()
 
     def __init__(self, config: ModelConfig, rotary_dim: int, max_len: int, *, dtype: torch.dtype,
                  device: torch.device) -> None:
-        inv, scaling = inverse_frequencies(config, rotary_dim)
-        freqs = torch.arange(max_len, device=device, dtype=torch.int64).float()[:, None] * inv.to(device)[None, :]
-        self.cos = (freqs.cos() * scaling).to(dtype)
-        self.sin = (freqs.sin() * scaling).to(dtype)
-        self.half, self.rotary_dim = rotary_dim // 2, rotary_dim
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        turned, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        even, odd = turned[..., 0::2], turned[..., 1::2]
-        pairs = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
-        return torch.cat((pairs, rest), dim=-1)
+        super().__init__(config, max_len, dtype=dtype, device=device, rotary_dim=rotary_dim, is_neox=False)
 
 
 class Glm4Layer(SandwichLayer):
@@ -86,4 +78,11 @@ class Glm4Model(DecoderModel):
         return InterleavedRotary(config, cast(Glm4Config, config).rotary_dim, max_len, dtype=dtype, device=device)
 
 
-GLM4: Final = Family("glm4", _LIMITS, _translate, attention_problems, Glm4Model)
+def _gate(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any],
+          plan: GatePlan) -> list[GateRequest]:
+    """The decoder's problems, its RoPE turning interleaved pairs over `Glm4Config.rotary_dim` channels."""
+    return attention_problems(config, options, base, plan, rotary_dim=cast(Glm4Config, config).rotary_dim,
+                              is_neox=False)
+
+
+GLM4: Final = Family("glm4", _LIMITS, _translate, _gate, Glm4Model)

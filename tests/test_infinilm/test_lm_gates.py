@@ -47,3 +47,21 @@ def test_problems_every_candidate_rejects_for_one_reason_alone_get_a_short_repor
     mixed = GateError([gap("rms_norm"), gap("fused_add_rms_norm", (wide,))])
     assert gate_report(mixed) == f"gate check failed: this configuration cannot run\n{mixed.render()}"
     assert "hidden_size=64 not in {128}" in gate_report(mixed)
+
+
+def test_the_plan_lists_the_rope_and_activation_problems_of_each_family(checkpoint: CheckpointFactory) -> None:
+    """Each family's RoPE problem is its own (GLM-4: interleaved pairs over half the head), Qwen3's q/k norms take
+    it into fused_qk_norm_rope, and only SwiGLU families call silu_and_mul (Gemma 2's gelu is plain PyTorch)."""
+    options = EngineOptions(block_size=16, max_model_len=40)
+
+    def fields(family: str, op: str) -> list[dict[str, object]]:
+        path, _ = checkpoint(family)
+        return [p.fields for p in plan(read_config(path), options).chosen if p.op == op]
+
+    assert fields("llama", "rotary_embedding") == [{"head_dim": 16, "rotary_dim": 16, "is_neox": True}]
+    assert fields("glm4", "rotary_embedding") == [{"head_dim": 32, "rotary_dim": 16, "is_neox": False}]
+    assert fields("qwen3", "rotary_embedding") == []
+    assert fields("qwen3", "fused_qk_norm_rope") == [{"head_dim": 32, "num_q_heads": 4, "num_kv_heads": 2,
+                                                      "rotary_dim": 32, "is_neox": True}]
+    assert fields("qwen2", "silu_and_mul") == [{"d": 96}]
+    assert fields("gemma2", "silu_and_mul") == []

@@ -76,10 +76,26 @@ def test_qwen3_fused_and_per_head_qk_norm_give_the_same_logits(checkpoint: Check
 
 
 def test_auto_qk_norm_takes_the_fused_path_where_a_provider_serves_it(checkpoint: CheckpointFactory) -> None:
+    """fused_qk_norm_rope where a fast provider serves it, else fused_qk_norm, else per-head norms; RoPE is then
+    rotary_embedding."""
     path, _ = checkpoint("qwen3")
-    assert _engine(path).plan.fused_qk_norm  # the torch provider serves fused_qk_norm on CPU
-    with infiniops_py.use(deny="torch", op="fused_qk_norm"):  # only the reference is left: not a fast path
-        assert not _engine(path).plan.fused_qk_norm
+    plan = _engine(path).plan  # the torch provider serves fused_qk_norm_rope on CPU
+    assert plan.fused_qk_norm_rope and not plan.fused_qk_norm
+    assert "fused_qk_norm_rope" in plan.providers_by_op() and "rotary_embedding" not in plan.providers_by_op()
+    with infiniops_py.use(deny="torch", op="fused_qk_norm_rope"):  # only the reference is left: not a fast path
+        plan = _engine(path).plan
+        assert plan.fused_qk_norm and not plan.fused_qk_norm_rope and "rotary_embedding" in plan.providers_by_op()
+    with infiniops_py.use(deny="torch", op=("fused_qk_norm_rope", "fused_qk_norm")):
+        plan = _engine(path).plan
+        assert not plan.fused_qk_norm and not plan.fused_qk_norm_rope and "rotary_embedding" in plan.providers_by_op()
+
+
+def test_qwen3_norms_fused_with_rope_and_separate_give_the_same_logits(checkpoint: CheckpointFactory) -> None:
+    path, _ = checkpoint("qwen3")
+    with_rope, separate = _engine(path), _engine(path, qk_norm="fused")
+    assert with_rope.plan.fused_qk_norm_rope and not separate.plan.fused_qk_norm_rope
+    for a, b in zip(with_rope.prefill_logits(list(PROMPTS)), separate.prefill_logits(list(PROMPTS))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 class _NoBiasGemm:
