@@ -309,6 +309,8 @@ def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any,
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
+    if backend == "nccl":  # the communicator is made lazily by the first collective: never inside a graph capture
+        dist.all_reduce(torch.zeros(1, device=device))
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=_CONTROL_TIMEOUT_DAYS))
     return Ranks(TensorParallel(size, rank), device, control, followers, parent)
 
