@@ -959,3 +959,22 @@ def test_unchecked_max_seqlen_below_the_sequences_never_indexes_out_of_bounds(pr
         with ip.use(provider), ip.unchecked_indices():
             out, lse = flash_attn_varlen(q, k, v, _cu([1, 2]), _cu([2, 2]), max_q, 2, return_softmax_lse=True)
         assert out.shape == q.shape and lse.shape == (2, 3)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_an_append_of_no_new_tokens_is_valid_and_writes_nothing(provider: str, paged: bool) -> None:
+    """k/v of 0 new tokens (an empty input: valid, does nothing) attend as a call without them and leave
+    the caches as they were."""
+    q, kc, vc = _randn(2, 1, 2, 16, seed=220), _randn(4, 8, 1, 16, seed=221), _randn(4, 8, 1, 16, seed=222)
+    lens = torch.tensor([3, 8], dtype=torch.int32)
+    table = {"block_table": torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)} if paged else {}
+    if not paged:
+        kc, vc = kc[:2], vc[:2]
+    before = kc.clone(), vc.clone()
+    empty = _randn(2, 0, 1, 16, seed=223)
+    with ip.use(provider):
+        got = flash_attn_with_kvcache(q, kc, vc, empty, empty, cache_seqlens=lens, **table)
+        want = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, **table)
+    assert torch.equal(got, want)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])

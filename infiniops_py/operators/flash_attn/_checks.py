@@ -48,7 +48,8 @@ def check_q(op: str, q: torch.Tensor, rank: int) -> tuple[int, int]:
 def check_kv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: tuple[str, str], rank: int,
              hq: int, d: int, expect_hkv: int | None = None, dtype: torch.dtype | None = None) -> int:
     """Check a k/v pair against q; returns Hkv. Their dtype is `dtype` when given (new k/v: the caches'),
-    else q's or float8_e4m3fn (an fp8 KV cache), the same for both."""
+    else q's or float8_e4m3fn (an fp8 KV cache), the same for both. A rank-4 cache (`dtype` None) needs
+    block_size (or S_max) >= 1; new k/v (`dtype` given) may hold 0 tokens, an empty append."""
     layout = " ([total_k, Hkv, D])" if rank == 3 else " ([num_blocks or B, block_size or S, Hkv, D])"
     if dtype is not None and k.dtype != dtype:
         raise ContractError(op, names[0], f"expected dtype {dtype} (same as the caches), got {k.dtype}")
@@ -70,7 +71,7 @@ def check_kv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: 
         raise ContractError(op, names[0], f"expected {expect_hkv} kv heads (same as the cache), got {hkv}")
     if hkv < 1 or hq % hkv:
         raise ContractError(op, names[0], f"{hkv} kv heads do not divide the {hq} query heads (Hq % Hkv != 0)")
-    if rank == 4 and k.shape[1] < 1:
+    if rank == 4 and dtype is None and k.shape[1] < 1:
         raise ContractError(op, names[0], f"expected block_size (or S_max) >= 1 in dim 1, got {list(k.shape)}")
     return hkv
 
