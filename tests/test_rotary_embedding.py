@@ -175,6 +175,10 @@ CONTRACT_ERRORS: list[tuple[str, str, Callable[[], Any]]] = [
     ("strides", "cos_sin_cache", _call(cos_sin_cache=torch.randn(8, 4).T)),
     ("overlap", "key", lambda: (lambda b: io.rotary_embedding(torch.tensor([0, 1]), b[:, :16], b[:, 8:24], 8,
                                                               _cache(4, 8), True))(torch.randn(2, 32))),
+    # key's rows run past the end of a packed row into query's next row (columns 28..35 of rows 32 apart)
+    ("overlap", "key", lambda: (lambda b: io.rotary_embedding(torch.tensor([0, 1]), b[:, :8],
+                                                              b.view(-1)[28:].as_strided((2, 8), (32, 1)), 8,
+                                                              _cache(4, 8), True))(torch.randn(3, 32))),
     ("overlap", "query", lambda: io.rotary_embedding(torch.tensor([0, 1]), torch.randn(1, 16).expand(2, 16), None,
                                                      8, _cache(4, 8), True)),
     ("index", "positions", _call(positions=torch.tensor([0, 4, 1]))),

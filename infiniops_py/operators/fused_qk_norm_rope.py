@@ -26,7 +26,6 @@ from infiniops_py.operators._base import (
     check_dtype,
     check_index_range,
     check_no_grad,
-    check_no_overlap,
     check_real,
     check_tensor,
     check_writable,
@@ -35,7 +34,7 @@ from infiniops_py.operators._base import (
 )
 from infiniops_py.operators._torch_library import lowered
 from infiniops_py.operators.fused_qk_norm import reference as _qk_norm_reference
-from infiniops_py.operators.rotary_embedding import check_cos_sin_cache, check_positions
+from infiniops_py.operators.rotary_embedding import check_apart, check_cos_sin_cache, check_positions
 from infiniops_py.operators.rotary_embedding import reference as _rotary_reference
 
 __all__ = ["SPECS", "fused_qk_norm_rope", "reference"]
@@ -135,9 +134,7 @@ def fused_qk_norm_rope(
     if qkv.shape[0] == 0:
         return qkv
     check_writable(_OP, "qkv", qkv)
-    for name, t in tensors.items():
-        if name != "qkv":
-            check_no_overlap(_OP, name, t, "qkv", qkv)
+    check_apart(_OP, {"qkv": qkv}, {name: t for name, t in tensors.items() if name != "qkv"})
     check_index_range(_OP, "positions", positions, cos_sin_cache.shape[0], allow_negative=False)
     key = (device_type(qkv), qkv.dtype, head_dim, num_q_heads, num_kv_heads, rotary_dim, is_neox,
            size_class(qkv.shape[0]))

@@ -16,12 +16,15 @@ Size bucket: tokens, the `size_class` (power of two at or above) of T.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     OpSpec,
+    byte_extent,
     check_bool,
     check_device,
     check_dtype,
@@ -35,7 +38,7 @@ from infiniops_py.operators._base import (
 )
 from infiniops_py.operators._torch_library import lowered
 
-__all__ = ["SPECS", "check_cos_sin_cache", "check_positions", "reference", "rotary_embedding"]
+__all__ = ["SPECS", "check_apart", "check_cos_sin_cache", "check_positions", "reference", "rotary_embedding"]
 
 _OP = "rotary_embedding"
 
@@ -110,14 +113,13 @@ def rotary_embedding(
     rotary_dim = check_cos_sin_cache(_OP, cos_sin_cache, query.dtype, query.device, head_size, "head_size")
     if tokens == 0:
         return query, key
-    written = {"query": query} if key is None else {"query": query, "key": key}
-    for name, t in written.items():
-        check_writable(_OP, name, t)
+    check_writable(_OP, "query", query)
     if key is not None:
-        check_no_overlap(_OP, "key", key, "query", query)
-    for name, t in (("positions", positions), ("cos_sin_cache", cos_sin_cache)):
-        for other, w in written.items():
-            check_no_overlap(_OP, name, t, other, w)
+        check_writable(_OP, "key", key)
+        if not _rows_apart(query, key):  # the common case, views of one packed projection, needs no solver
+            check_apart(_OP, {"query": query}, {"key": key})
+    check_apart(_OP, {"query": query} if key is None else {"query": query, "key": key},
+                {"positions": positions, "cos_sin_cache": cos_sin_cache})
     check_index_range(_OP, "positions", positions, cos_sin_cache.shape[0], allow_negative=False)
     SPEC.call((device_type(query), query.dtype, head_size, rotary_dim, is_neox, size_class(tokens)), positions, q3, k3,
               cos_sin_cache, is_neox)
@@ -136,6 +138,50 @@ def _heads(name: str, x: torch.Tensor, head_size: int) -> torch.Tensor:
         return x
     raise ContractError(_OP, name, f"expected shape [T, H * {head_size}] or [T, H, {head_size}] (head_size "
                                    f"{head_size}, H >= 1 heads), got {list(x.shape)}")
+
+
+def check_apart(op: str, written: Mapping[str, torch.Tensor], read: Mapping[str, torch.Tensor]) -> None:
+    """Raise `ContractError`, naming the tensor of `read`, when one of `read` shares memory with one of
+    `written` (`check_no_overlap`); the overlap solver runs only for the pairs whose byte ranges meet
+    (``byte_extent``), so tensors far apart cost a few pointer reads (this runs on every call)."""
+    ranges = [(name, t, t.data_ptr(), t.data_ptr() + _extent(t)) for name, t in written.items()]
+    for name, t in read.items():
+        low = t.data_ptr()
+        high = low + _extent(t)
+        for other, w, w_low, w_high in ranges:
+            if low < w_high and w_low < high:
+                check_no_overlap(op, name, t, other, w)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """`byte_extent`, read off ``nbytes`` for a contiguous tensor (a cache, the positions)."""
+    return t.nbytes if t.is_contiguous() else byte_extent(t)
+
+
+def _row_runs(t: torch.Tensor) -> tuple[int, int] | None:
+    """(row stride, row width) in elements when each token's row of `t` is one contiguous run of elements:
+    ``[T, W]`` with strides ``(s, 1)``, or ``[T, H, D]`` with strides ``(s, D, 1)``; else None."""
+    if t.dim() == 2 and t.stride(1) == 1:
+        return t.stride(0), t.shape[1]
+    if t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2]:
+        return t.stride(0), t.shape[1] * t.shape[2]
+    return None
+
+
+def _rows_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` provably share no memory because their rows are runs with one row stride ``s``
+    whose offsets modulo ``s`` never meet (query and key as column slices of one packed ``[T, W]``
+    projection); False means "not proven", not "overlapping"."""
+    ra, rb = _row_runs(a), _row_runs(b)
+    size = a.element_size()
+    if ra is None or rb is None or ra[0] != rb[0] or b.element_size() != size:
+        return False
+    (stride, wa), (_, wb) = ra, rb
+    gap, misaligned = divmod(b.data_ptr() - a.data_ptr(), size)
+    if misaligned or wa > stride or wb > stride:
+        return False
+    d = gap % stride  # where b's runs start within a's period
+    return wa <= d and d + wb <= stride
 
 
 def check_positions(op: str, positions: torch.Tensor, tokens: int, device: torch.device) -> None:
