@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import torch
 
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
+from infinilm.distributed.parallel import TensorParallel, check_split
 from infinilm.engine.kv_cache import KVCache
 from infinilm.engine.memory import check_cache_fits
 from infinilm.engine.state_pool import StatePool, describe_state
@@ -95,8 +96,9 @@ def check_options(config: ModelConfig, options: EngineOptions) -> None:
     Raises:
         ConfigError: ``max_model_len`` beyond `max_positions`; a CUDA device index this machine does not have;
             ``num_blocks`` that cannot hold one sequence of ``max_model_len``; a KV cache (Mamba-2: a state
-            pool) of ``num_blocks`` larger than the device's total memory, with the bytes it would need;
-            ``prefill_graph_lengths`` for a model that is not recurrent.
+            pool) of ``num_blocks`` larger than the device's total memory, with the bytes it would need (of one
+            rank's heads when split across ``tensor_parallel_size`` ranks); ``prefill_graph_lengths`` for a model
+            that is not recurrent; a model that does not split across ``tensor_parallel_size`` ranks.
     """
     limit = max_positions(config)
     if options.max_model_len is not None and options.max_model_len > limit:
@@ -113,7 +115,9 @@ def check_options(config: ModelConfig, options: EngineOptions) -> None:
     if options.num_blocks is not None:
         if cache is KVCache:
             KVCache.check_blocks(config, options, options.num_blocks)
-        check_cache_fits(cache.WHAT, options.num_blocks, cache.unit_bytes(config, options), options, device, now=False)
+        check_split(config, options)  # each rank's cache holds its heads alone (one rank: all of them)
+        local = TensorParallel(options.tensor_parallel_size).local_config(config)
+        check_cache_fits(cache.WHAT, options.num_blocks, cache.unit_bytes(local, options), options, device, now=False)
     if options.prefill_graph_lengths and cache is not StatePool:
         raise ConfigError(f"prefill_graph_lengths={options.prefill_graph_lengths}: prefill graphs serve recurrent "
                           f"(Mamba-2) models only, not {config.model_type}")

@@ -26,8 +26,10 @@ from lm_helpers import CheckpointFactory, headers_only
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
 from infinilm.distributed.parallel import Shard, TensorParallel
+from infinilm.engine.checks import cache_class, check_options
 from infinilm.engine.gates import plan
 from infinilm.engine.loader import load_weights
+from infinilm.engine.memory import device_memory
 from infinilm.models.registry import family_of, read_config
 
 OPTIONS = {"block_size": 8, "num_blocks": 64, "max_model_len": 128}
@@ -129,6 +131,23 @@ def test_a_model_that_does_not_split_is_refused_before_any_rank_starts_or_weight
     assert set(multiprocessing.active_children()) <= before
     assert main(["generate", "--model", str(path), "--prompt", "1 2 3", "--tensor-parallel-size", "3"]) == 2
     assert capsys.readouterr().err == f"infinilm generate: error: {message}\n"
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_a_given_cache_size_is_checked_against_the_memory_of_one_rank_s_heads(checkpoint: CheckpointFactory,
+                                                                            family: str) -> None:
+    """``num_blocks`` that one rank's cache (its KV heads, or its Mamba-2 heads' states) fits in memory is accepted,
+    though the whole model's cache of as many blocks would not fit."""
+    path, _ = checkpoint(family, tied=False)
+    config = read_config(path)
+    memory = device_memory(torch.device("cpu"))
+    assert memory is not None
+    small = {"block_size": 8, "max_model_len": 128}
+    per_rank = cache_class(config).unit_bytes(TensorParallel(2).local_config(config), EngineOptions(**small))
+    blocks = memory[1] // per_rank  # one rank's cache fits; the whole model's, twice the bytes, does not
+    check_options(config, EngineOptions(**small, num_blocks=blocks, tensor_parallel_size=2))
+    with pytest.raises(ConfigError, match=f"num_blocks={blocks}: the"):
+        check_options(config, EngineOptions(**small, num_blocks=blocks))
 
 
 def test_check_gates_the_all_reduce_of_a_split_model_and_reads_no_weights(
