@@ -2,9 +2,9 @@
 
 `join` makes this process a rank of a run of ``options.tensor_parallel_size`` ranks and returns its `Ranks`:
 
-- launched by ``torchrun`` (or anything that sets torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``MASTER_ADDR`` and ``MASTER_PORT``): it joins the run those name (``init_method="env://"``), as does each
-  follower this module starts (it sets the same variables in it);
+- launched by ``torchrun`` (or anything that sets torchrun's ``RANK`` and ``WORLD_SIZE``, with ``MASTER_ADDR``
+  and ``MASTER_PORT``; ``LOCAL_RANK`` picks the device): it joins the run those name
+  (``init_method="env://"``), as does each follower this module starts (it sets the same variables in it);
 - otherwise the process is rank 0 and starts the other ranks itself, one process each
   (``torch.multiprocessing``, forkserver on Linux, else spawn; daemonic, so they end with it), each running
   `follower(*args)` (the engine's: the checks and gates, then join, load its shard and follow rank 0's
@@ -195,20 +195,25 @@ def _wait(f: _Follower, stage: str) -> None:
 
 
 def _torchrun() -> tuple[int, int, int] | None:
-    """``(RANK, WORLD_SIZE, LOCAL_RANK)`` when torchrun's variables are all set, else None.
+    """``(RANK, WORLD_SIZE, LOCAL_RANK)`` of a torchrun launch (``RANK`` and ``WORLD_SIZE`` set; ``LOCAL_RANK``
+    defaults to ``RANK``), else None: ``MASTER_ADDR``/``MASTER_PORT`` alone (a scheduler sets them for every job)
+    make no launch.
 
     Raises:
-        ConfigError: some of them are set but not all, or one is not an integer.
+        ConfigError: a launch without ``MASTER_ADDR`` or ``MASTER_PORT`` (the rendezvous), or a rank, world size or
+            local rank that is not an integer.
     """
-    found = {k: os.environ.get(k) for k in _ENV}
-    if not any(found.values()):
+    found = {k: os.environ.get(k) or None for k in _ENV}
+    if found["RANK"] is None or found["WORLD_SIZE"] is None:
         return None
-    missing = [k for k, v in found.items() if not v]
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if found[k] is None]
     if missing:
-        raise ConfigError(f"torchrun's variables are set in part: {', '.join(missing)} missing (set all of "
-                          f"{', '.join(_ENV)}, or none: rank 0 then starts the other ranks itself)")
+        raise ConfigError(f"RANK and WORLD_SIZE are set (a torchrun launch) but {' and '.join(missing)} not: set "
+                          "the rendezvous address too, or unset RANK and WORLD_SIZE (rank 0 then starts the other "
+                          "ranks itself)")
     try:
-        return int(found["RANK"] or ""), int(found["WORLD_SIZE"] or ""), int(found["LOCAL_RANK"] or "")
+        rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
+        return rank, world, int(found["LOCAL_RANK"] or rank)
     except ValueError:
         raise ConfigError(f"RANK, WORLD_SIZE and LOCAL_RANK must be integers, got {found}") from None
 

@@ -213,6 +213,18 @@ def test_each_rank_reads_only_its_slices_of_the_sharded_tensors(checkpoint: Chec
     assert torch.equal(model.lm_head.weight, state["lm_head.weight"][128:])
 
 
+def test_a_rendezvous_address_alone_in_the_environment_is_no_torchrun_launch(checkpoint: CheckpointFactory,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schedulers set ``MASTER_ADDR``/``MASTER_PORT`` for every job: without ``RANK`` and ``WORLD_SIZE`` this process
+    is still rank 0 of a run it starts itself (on its own port)."""
+    path, _ = checkpoint("mamba2", tied=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")  # nothing listens there
+    with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as engine:
+        assert engine.ranks is not None and engine.ranks.layout == TensorParallel(2, 0)
+        assert engine.generate([PROMPTS[3]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+
+
 def test_torchrun_runs_the_cli_on_two_ranks(checkpoint: CheckpointFactory) -> None:
     """``torchrun --standalone --nproc-per-node 2 -m infinilm.cli generate --tensor-parallel-size 2``: rank 0
     prints the tokens one process generates; rank 1 follows and exits 0."""
