@@ -68,10 +68,6 @@ class RotaryEmbedding:
         self.rotary_dim = config.head_dim if rotary_dim is None else rotary_dim
         self.is_neox = is_neox
 
-    def problem_fields(self) -> dict[str, Any]:
-        """The `rotary_embedding` problem fields of this table's calls."""
-        return {"head_dim": self.head_dim, "rotary_dim": self.rotary_dim, "is_neox": self.is_neox}
-
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Turn `q` and `k` (views of the packed projection, or tensors of their own) in place; returns them."""
         rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, self.is_neox)
