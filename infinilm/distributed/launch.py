@@ -305,6 +305,8 @@ def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any,
         except FollowerError:
             for f in followers:
                 f.process.terminate()
+                f.process.join(_JOIN_SECONDS)
+                f.pipe.close()
             raise
     fd = os.environ.get(_PIPE_ENV) if found is not None else None
     parent = multiprocessing.connection.Connection(os.dup(int(fd))) if fd else None

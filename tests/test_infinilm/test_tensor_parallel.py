@@ -21,10 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import cpu_capability
 from lm_helpers import CheckpointFactory, headers_only
 
+import infiniops_py
 from infinilm import ConfigError, Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
+from infinilm.distributed.launch import FollowerError
 from infinilm.distributed.parallel import Shard, TensorParallel
 from infinilm.engine.checks import cache_class, check_options
 from infinilm.engine.gates import plan
@@ -54,20 +57,15 @@ class Run:
     two: Engine
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(params=list(VARIANTS))
 def run(checkpoint: CheckpointFactory, request: pytest.FixtureRequest) -> Iterator[Run]:
-    """Variant `request.param`'s `Run` (pytest runs the tests of one variant together: one rank is started per
-    variant, and a process holds one tensor-parallel run at a time)."""
+    """Variant `request.param`'s `Run`, its two-rank engine closed after the test (a process holds one
+    tensor-parallel run at a time)."""
     family, tied, overrides = VARIANTS[request.param]
     path, hf = checkpoint(family, tied=tied, **overrides)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread per rank on the 2-core machine (the started rank copies rank 0's)
-    try:
-        one = Engine.from_pretrained(path, EngineOptions(**OPTIONS))
-        with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as two:
-            yield Run(path, hf, one, two)
-    finally:
-        torch.set_num_threads(threads)
+    one = Engine.from_pretrained(path, EngineOptions(**OPTIONS))  # one intra-op thread, as the started rank
+    with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as two:
+        yield Run(path, hf, one, two)
 
 
 def _hf_logits(hf: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
@@ -82,18 +80,17 @@ def _hf_greedy(hf: torch.nn.Module, prompt: list[int]) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def test_two_ranks_give_the_logits_of_one_process_within_fp32_rounding(run: Run) -> None:
+def test_two_ranks_compute_the_logits_and_greedy_tokens_of_one_process_and_transformers(run: Run) -> None:
+    """Prefill logits within fp32 rounding of one process's (the partial sums are added in another order) and
+    within 1e-4 of transformers'; greedy tokens, with prompts joining running decodes, equal to both."""
     assert run.two.ranks is not None and run.two.ranks.layout == TensorParallel(2, 0)
     prompts = list(PROMPTS)
     two, one = run.two.prefill_logits(prompts), run.one.prefill_logits(prompts)
     for prompt, a, b in zip(prompts, two, one):
         assert a.shape == b.shape == (len(prompt), run.one.config.vocab_size)
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # partial sums added in another order
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a, _hf_logits(run.hf, prompt), rtol=0, atol=1e-4)
     assert run.two.cache.allocator.num_free == run.two.cache.allocator.num_blocks
-
-
-def test_two_ranks_give_the_greedy_tokens_of_one_process_and_transformers(run: Run) -> None:
     params = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
     seqs = [run.two.add_request(PROMPTS[0], params), run.two.add_request(PROMPTS[1], params)]
     for step in range(100):  # the later prompts join running decodes: mixed steps broadcast too
@@ -211,6 +208,35 @@ def test_each_rank_reads_only_its_slices_of_the_sharded_tensors(checkpoint: Chec
     assert torch.equal(layer.down_proj.weight, state["model.layers.0.mlp.down_proj.weight"][:, 48:])
     assert torch.equal(model.embed.weight, state["model.embed_tokens.weight"][128:])
     assert torch.equal(model.lm_head.weight, state["lm_head.weight"][128:])
+
+
+class _InProcess:
+    """A provider registered in this process only (the ranks rank 0 starts do not see it): a gemm on the CPU."""
+
+    @infiniops_py.hookimpl
+    def infiniops_provider(self) -> infiniops_py.Provider:
+        def gemm(a, b, c, bias, alpha, beta, trans_a, trans_b, out):  # type: ignore[no-untyped-def]
+            return torch.matmul(a, b.t() if trans_b else b, out=out)
+
+        impl = infiniops_py.Implementation("gemm", "inprocess", "inprocess.gemm", cpu_capability(), 5, gemm)
+        return infiniops_py.Provider(name="inprocess", implementations=[impl])
+
+
+def test_a_follower_s_error_is_raised_by_rank_0_and_no_rank_is_left(checkpoint: CheckpointFactory) -> None:
+    """Rank 1 refuses the override of a provider only rank 0 has: rank 0 raises its error, and nothing is left
+    running (no rank, no process group)."""
+    path, _ = checkpoint("mamba2", tied=False)
+    before = set(multiprocessing.active_children())
+    infiniops_py.register_provider(_InProcess(), name="inprocess")
+    try:
+        with pytest.raises(FollowerError, match=r"tensor-parallel rank 1 failed: ConfigError: providers\[0\]="
+                                                r"\('gemm', 'inprocess'\): no provider is named 'inprocess'"):
+            Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2,
+                                                       providers=(("gemm", "inprocess"),)))
+    finally:
+        infiniops_py.unregister_provider("inprocess")
+    assert set(multiprocessing.active_children()) <= before
+    assert not torch.distributed.is_initialized()
 
 
 def test_a_rendezvous_address_alone_in_the_environment_is_no_torchrun_launch(checkpoint: CheckpointFactory,
