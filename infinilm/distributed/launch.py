@@ -72,6 +72,8 @@ class Ranks:
 
     def __init__(self, layout: TensorParallel, device: str, control: Any, followers: list[_Follower],
                  parent: multiprocessing.connection.Connection | None) -> None:
+        """`followers`: the ranks this process started (rank 0 of a run it launched); `parent`: a started
+        follower's pipe to rank 0 (None under torchrun)."""
         self.layout, self.device, self.control = layout, device, control
         self._followers, self._parent = followers, parent
         self._closed = False

@@ -316,9 +316,11 @@ class Engine:
             self.ranks.close()
 
     def __enter__(self) -> Engine:
+        """The engine itself; `close` runs when the block ends."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """`close` (an exception in the block propagates)."""
         self.close()
 
 
