@@ -31,7 +31,7 @@ import torch
 
 import infiniops_py
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
-from infinilm.distributed.parallel import check_split, parallel_problems
+from infinilm.distributed.parallel import TensorParallel, check_split, parallel_problems
 from infinilm.layers.rotary import qk_norm_rope_fields
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
@@ -98,6 +98,10 @@ def problem_base(config: ModelConfig, options: EngineOptions) -> dict[str, Any]:
 def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
     """Resolve every operator problem the family of `config` declares under `options`; reads no weights.
 
+    Split across ``options.tensor_parallel_size`` ranks, the problems are those of one rank's heads, KV heads and
+    groups (`infinilm.distributed.parallel.TensorParallel.local_config`, the same on every rank), plus the
+    collectives of the split (`infinilm.distributed.parallel.parallel_problems`).
+
     Raises:
         ConfigError: no family serves ``config.model_type``; a provider override (``options.providers``)
             names an operator or a provider the runtime does not know; ``options.tensor_parallel_size`` ranks
@@ -106,6 +110,7 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
     """
     family = family_of(config.model_type)
     check_split(config, options)
+    full, config = config, TensorParallel(options.tensor_parallel_size).local_config(config)  # one rank's heads
     for i, (op, name) in enumerate(options.providers):
         problem = _override_problem(op, name)
         if problem is not None:
@@ -123,7 +128,7 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
             fused_qk = config.qk_norm and options.qk_norm == "fused"
         choices = GatePlan(fused_qk_norm=fused_qk, fused_qk_norm_rope=fused_rope,
                            fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True))
-        requests = family.gate_problems(config, options, base, choices) + parallel_problems(config, options, base)
+        requests = family.gate_problems(config, options, base, choices) + parallel_problems(full, options, base)
         problems = list(dict.fromkeys(make_problem(op, **fields) for op, fields in requests))
         chosen = resolve_closure(problems)
     return dataclasses.replace(choices, chosen=chosen)

@@ -147,6 +147,21 @@ def test_a_given_cache_size_is_checked_against_the_memory_of_one_rank_s_heads(ch
         check_options(config, EngineOptions(**small, num_blocks=blocks))
 
 
+@pytest.mark.parametrize(("variant", "op", "fields"), [
+    ("llama", "reshape_and_cache_flash", {"num_kv_heads": 1}),  # 2 KV heads, one per rank
+    ("qwen3-1kv", "flash_attn_with_kvcache", {"gqa_ratio": 2}),  # 4 query heads over 1 KV head: 2 per rank
+    ("mamba2-2groups", "selective_state_update", {"n_groups": 1}),  # one group per rank
+])
+def test_the_gates_check_the_problems_of_one_rank_s_heads(checkpoint: CheckpointFactory, variant: str, op: str,
+                                                          fields: dict[str, int]) -> None:
+    """A split model's gates resolve the problems its ranks call: the heads, KV heads and groups of one rank."""
+    family, tied, overrides = VARIANTS[variant]
+    path, _ = checkpoint(family, tied=tied, **overrides)
+    gate_plan = plan(read_config(path), EngineOptions(**OPTIONS, tensor_parallel_size=2))
+    found = [p.fields for p in gate_plan.chosen if p.op == op]
+    assert found and all(all(f[k] == v for k, v in fields.items()) for f in found), found
+
+
 def test_check_gates_the_all_reduce_of_a_split_model_and_reads_no_weights(
         checkpoint: CheckpointFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = checkpoint("llama", tied=False)
