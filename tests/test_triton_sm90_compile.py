@@ -236,6 +236,7 @@ def _prefill_args(d: int, ptr: str, precision: str, config: Any) -> dict[str, An
     return {"Q": _Ptr(ptr), "K": _Ptr(ptr), "V": _Ptr(ptr), "Out": _Ptr(ptr), "CuQ": _Ptr("*i32"),
             "CuK": _Ptr("*i32"), "BlockTable": _Ptr("*i32"), "stride_qt": 32 * d, "stride_qh": d, "stride_kt": 8 * d,
             "stride_vt": 8 * d, "stride_ot": 32 * d, "num_bh": 128, "max_seqlen_q": 4096, "GROUP": 8,
+            "total_q": 4 * 4096, "total_k": 4 * 4096,
             "SeqUsedK": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_h": 0, "HAS_SEQUSED": False, "HAS_LSE": False,
             **_attention_sizes(d, precision), **config.kwargs}
 

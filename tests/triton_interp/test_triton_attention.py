@@ -162,6 +162,29 @@ def test_varlen_unchecked_out_of_range_blocks_are_skipped() -> None:
     assert not bool(got.isnan().any())
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_varlen_unchecked_cu_seqlens_stay_inside_the_tensors(paged: bool) -> None:
+    # cu_seqlens past the rows or below 0 (unchecked): unspecified numbers, but every q/k/v row read and every
+    # out/lse row written lies inside its tensor: views into sentinel buffers show any access beyond them
+    gen = torch.Generator().manual_seed(31)
+    qbuf, obuf = torch.randn(64, 2, 32, generator=gen), torch.full((64, 2, 32), 7.0)
+    lbuf = torch.full((2, 64), 7.0)
+    kbuf, vbuf = torch.full((64, 1, 32), torch.nan), torch.full((64, 1, 32), torch.nan)
+    kbuf[16:23], vbuf[16:23] = torch.randn(7, 1, 32, generator=gen), torch.randn(7, 1, 32, generator=gen)
+    q, out, lse = qbuf[16:21], obuf[16:21], lbuf[:, 16:21]
+    k, v, table = kbuf[16:23], vbuf[16:23], None
+    if paged:
+        k, v = torch.randn(1, 16, 1, 32, generator=gen), torch.randn(1, 16, 1, 32, generator=gen)
+        table = torch.zeros(2, 1, dtype=torch.int32)  # one page of 16 keys per sequence
+    for cu_q, cu_k in (([0, 32, 40], [-8, 20, 30]), ([3, 1, 5], [2**31 - 1, -2**31, 7])):
+        q_lens = torch.tensor(cu_q, dtype=torch.int32)
+        tfa.flash_attn_varlen(q, k, v, q_lens, torch.tensor(cu_k, dtype=torch.int32), 32, 40, 0.2, False,
+                              (-1, -1), 0.0, table, out, softmax_lse=lse)
+        assert bool((obuf[:16] == 7.0).all()) and bool((obuf[21:] == 7.0).all()), cu_q
+        assert bool((lbuf[:, :16] == 7.0).all()) and bool((lbuf[:, 21:] == 7.0).all()), cu_q
+        assert not bool(out.isnan().any()), cu_k  # no key row read outside k (NaN there)
+
+
 # --- kvcache ---------------------------------------------------------------------------------------
 
 # (batch, cached, Hq, Hkv, D, capacity, Sq, new, block_size, window, softcap)

@@ -12,6 +12,11 @@ The epilogue writes each row's log-sum-exp when asked (``HAS_LSE``: ``(m + log2(
 row that saw no key); ``HAS_SEQUSED`` takes each sequence's key count from ``seqused_k`` (clamped to its
 ``cu_seqlens_k`` rows, or to the block table's capacity when paged).
 
+A sequence's rows are clamped into the tensors first: its query rows into ``[0, total_q)``, its key rows
+into ``[0, total_k)`` (contiguous K/V) and its key count into the block table's capacity (paged), so that
+``cu_seqlens`` that do not cut the rows (unchecked metadata) give unspecified numbers, never an access out
+of bounds.
+
 Programs run longest first: within each group of ``GROUP`` (sequence, head) pairs, the program id walks
 the query blocks from the last (the most keys under a causal mask) to the first, and the heads of a group
 run side by side so their keys stay in L2.
@@ -36,7 +41,7 @@ SMEM_BUDGET = 200 * 1024  # bytes of shared memory a configuration may plan for 
 # "divisible by 16" or "equal to 1" among them (hundreds of compiles over a varlen workload); strides stay
 # specialized, since their alignment decides vectorized loads.
 _SIZES = ("stride_btb", "stride_lse_h", "num_bh", "num_heads_q", "kv_group", "max_seqlen_q", "max_blocks",
-          "num_pages", "window_left", "window_right")
+          "num_pages", "total_q", "total_k", "window_left", "window_right")
 
 # Skip the accumulator rescale until some row's max grew by more than 2**8 (log2 units); fp32 holds it.
 _RESCALE_LOG2 = tl.constexpr(8.0)
@@ -215,6 +220,8 @@ def attn_fwd_kernel(
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_btb, stride_lse_h,
     num_bh, num_heads_q, kv_group, max_seqlen_q, max_blocks, num_pages,
+    total_q,  # rows of Q and Out
+    total_k,  # rows of K and V (contiguous K/V only)
     qk_scale,  # log2 units: softmax_scale * log2(e), or softcap * log2(e) with SOFTCAP
     softcap_scale,  # softmax_scale / softcap (SOFTCAP only)
     window_left, window_right,  # keys [i + Sk - Sq - left, i + Sk - Sq + right]; right = 0 when causal
@@ -238,12 +245,18 @@ def attn_fwd_kernel(
     h = bh % num_heads_q
     h_kv = h // kv_group
 
-    q_start = tl.load(CuQ + b)
-    q_len = tl.load(CuQ + b + 1) - q_start
+    # rows clamped into the tensors: unchecked cu_seqlens never move an access out of bounds
+    q_start = tl.minimum(tl.maximum(tl.load(CuQ + b), 0), total_q)
+    q_len = tl.minimum(tl.maximum(tl.load(CuQ + b + 1), q_start), total_q) - q_start
     if start_m * BLOCK_M >= q_len:
         return
-    kv_start = tl.load(CuK + b).to(tl.int64)
-    kv_len = (tl.load(CuK + b + 1) - kv_start).to(tl.int32)
+    if PAGED:  # cu_seqlens_k gives lengths only: at most the block table's capacity
+        kv_start = tl.zeros([], dtype=tl.int64)
+        kv_len = tl.minimum(tl.maximum(tl.load(CuK + b + 1).to(tl.int64) - tl.load(CuK + b), 0),
+                            max_blocks * PAGE_SIZE).to(tl.int32)
+    else:
+        kv_start = tl.minimum(tl.maximum(tl.load(CuK + b), 0), total_k).to(tl.int64)
+        kv_len = (tl.minimum(tl.maximum(tl.load(CuK + b + 1), kv_start), total_k) - kv_start).to(tl.int32)
     if HAS_SEQUSED:  # clamped to the sequence's keys (its cu_seqlens_k rows, or the block table's capacity)
         kv_len = tl.minimum(tl.maximum(tl.load(SeqUsedK + b), 0), max_blocks * PAGE_SIZE if PAGED else kv_len)
     q_off = kv_len - q_len  # bottom-right alignment

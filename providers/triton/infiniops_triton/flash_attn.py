@@ -136,8 +136,8 @@ def flash_attn_varlen(
     lse = out if softmax_lse is None else softmax_lse
     args = (q, k, v, out, cu_seqlens_q, cu_seqlens_k, table, used, lse, q.stride(0), q.stride(1), kb, kt, kh, vb,
             vt, vh, out.stride(0), out.stride(1), stride_btb, 0 if softmax_lse is None else softmax_lse.stride(0),
-            num_bh, num_heads_q, num_heads_q // k.shape[-2], max_seqlen_q, max_blocks, num_pages, qk_scale,
-            softcap_scale, left, right)
+            num_bh, num_heads_q, num_heads_q // k.shape[-2], max_seqlen_q, max_blocks, num_pages, q.shape[0],
+            0 if paged else k.shape[0], qk_scale, softcap_scale, left, right)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": _GROUP, "HAS_LEFT": has_left, "HAS_RIGHT": has_right,
             "SOFTCAP": softcap > 0, "PAGED": paged, "PAGE_SIZE": page,
             "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32", "HAS_SEQUSED": seqused_k is not None,
