@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -38,6 +39,7 @@ from infinilm.serve.errors import APIError, bad_request
 __all__ = ["GenerationRequest", "ModelInfo", "parse_body", "parse_chat", "parse_completion"]
 
 _SEED_RANGE: Final = (0, 2**64 - 1)  # SamplingParams.seed's
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of U+D800..U+DFFF
 _MAX_STOP: Final = 4
 _ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 # fields of the API the engine does not implement: accepted at these values only
@@ -116,7 +118,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise bad_request("body", f"is not valid JSON ({str(err)[:120]})") from None
     if not isinstance(body, dict):
         raise bad_request("body", f"must be a JSON object, got {type(body).__name__}")
-    if "\\u" in text:  # only an escape can make a surrogate: the raw text is valid UTF-8
+    if _SURROGATE_ESCAPE.search(text):  # only an escape can make a surrogate: the raw text is valid UTF-8
         _check_unicode(body)
     return body
 
@@ -128,8 +130,8 @@ def _check_unicode(body: dict[str, Any]) -> None:
         where, value = stack.pop()
         if isinstance(value, str):
             _check_text(value, where, "")
-        elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, list):  # only text can hold one: token ids and numbers are skipped
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value) if isinstance(v, (str, list, dict)))
         elif isinstance(value, dict):
             for key, v in value.items():
                 _check_text(key, where, "a key ")
