@@ -196,3 +196,18 @@ def test_torch_provider_conformance() -> None:
     report = run_conformance("torch", ops=["fused_qk_norm_rope"], max_examples=20)
     assert report.ok, report.render()
     assert {r.dtype for r in report.ops} == {"float16", "bfloat16", "float32"}
+
+
+def test_triton_launch_parameters_are_powers_of_two_for_every_head_and_rotary_dim() -> None:
+    # Triton refuses a num_warps that is not a power of two: D 80 with rotary_dim 20 gave 3 warps on the H200
+    from infiniops_triton.fused_qk_norm_rope import launch_params
+
+    def power_of_two(n: int) -> bool:
+        return n > 0 and n & (n - 1) == 0
+
+    for heads in (1, 3, 24, 72):
+        for head_dim in range(2, 257, 2):
+            for rotary_dim in range(2, head_dim + 1, 2):
+                block_h, block_r, block_p, warps = launch_params(heads, head_dim, rotary_dim)
+                assert all(map(power_of_two, (block_h, block_r, warps))), (heads, head_dim, rotary_dim)
+                assert block_p == 0 or power_of_two(block_p)
