@@ -24,6 +24,10 @@ class Implementation:
         capability: what it serves.
         priority: higher wins among the implementations that accept a problem.
         fn: the callable, with the operator's implementation calling convention (see its module).
+        graph_safe: whether its calls can be captured in a CUDA graph (no host synchronization, and no library
+            call or allocation that stream capture forbids). The tuner times only graph-safe implementations,
+            so a measured ranking never puts one that cannot be captured ahead of one that can (an engine's
+            CUDA graphs would then fail to capture); the others serve in priority order.
     """
 
     op: str
@@ -32,6 +36,7 @@ class Implementation:
     capability: Capability
     priority: int
     fn: Callable[..., Any]
+    graph_safe: bool = True
 
     def __repr__(self) -> str:
         return f"<Implementation {self.name} for {self.op}, priority {self.priority}>"

@@ -115,6 +115,38 @@ def test_tuning_makes_the_fastest_win_over_priority(fakes: None, calls: list[str
     assert "is the fastest measured" in ex.why
 
 
+@pytest.mark.parametrize("graph_safe", [True, False])
+def test_an_implementation_that_cannot_be_captured_is_never_promoted_by_time(calls: list[str],
+                                                                            graph_safe: bool) -> None:
+    # CuPy's cuBLAS Gemm was measured fastest for a bucket and chosen: every CUDA-graph capture of the engine
+    # then failed (CuPy refuses cuBLAS calls during stream capture). Only graph-safe implementations are timed,
+    # so the faster, lower-priority one wins by time only when it can be captured.
+    from fakes import _Plugin
+
+    from infiniops_py import Implementation, Provider
+
+    fast = Implementation("gemm", "other", "other.gemm.0", cpu_capability(), 30, _gemm(0.0, calls, "other"),
+                          graph_safe=graph_safe)
+    io.register_provider(_Plugin(Provider(name="other", version="0", implementations=[fast])), name="other")
+    try:
+        with registered(("slow", [("gemm", cpu_capability(), 40, _gemm(SLEEP_S, calls, "slow"))])):
+            report = tune_problem("gemm", sizes=SIZES)
+            timed = [r.measurement.times for r in report.results if r.measurement is not None]
+            assert any("other.gemm.0" in t for t in timed) == graph_safe, timed
+            calls.clear()
+            _call()
+            assert calls == (["other"] if graph_safe else ["slow"])
+    finally:
+        io.unregister_provider("other")
+
+
+def test_every_cupy_implementation_is_marked_not_graph_safe() -> None:
+    from infiniops_cupy import infiniops_provider
+
+    impls = infiniops_provider().implementations
+    assert impls and not any(i.graph_safe for i in impls)
+
+
 def test_a_tie_inside_the_noise_margin_goes_to_priority(fakes: None, calls: list[str]) -> None:
     table = {"slow": 1.0e-3, "fast": 1.0e-3 * (1 - NOISE_MARGIN / 2)}  # fast is faster, but inside the margin
 

@@ -91,12 +91,14 @@ class TuneReport:
 def candidates(problem: Problem, resolver: Any = None) -> list[Implementation]:
     """The implementations that accept `problem` and that the tuner times: every candidate of the resolver's
     ranking (no scope applies; the environment's deny list does) whose capability accepts it, less the
-    last-resort ``reference``; in priority order."""
+    last-resort ``reference`` and those that are not `Implementation.graph_safe` (they keep their place in
+    the priority order, after the measured ones); in priority order."""
     resolver = resolver or _resolver()
     ex = resolver.explain(problem, ())
     by_name = {i.name: i for i in resolver.by_op.get(problem.op, ())}
     return [by_name[c.implementation] for c in ex.candidates
-            if c.accepted and c.provider != _REFERENCE and c.implementation in by_name]
+            if c.accepted and c.provider != _REFERENCE and c.implementation in by_name
+            and by_name[c.implementation].graph_safe]
 
 
 def _resolver() -> Any:

@@ -7,6 +7,8 @@ CUDA stream. The provider imports without CuPy or a GPU: its implementations are
 
 from __future__ import annotations
 
+import dataclasses
+
 from infiniops_py import Provider, hookimpl
 from infiniops_py.operators import FAMILIES
 from infiniops_py.registry import provider_from_modules
@@ -24,5 +26,10 @@ def infiniops_provider() -> Provider:
 
     Importing its modules needs neither CuPy nor a GPU (each module defers CuPy to its first call).
     """
-    return provider_from_modules("cupy", "infiniops_cupy", [f for f in FAMILIES if f not in _UNSERVED],
-                                 api_version=1)
+    provider = provider_from_modules("cupy", "infiniops_cupy", [f for f in FAMILIES if f not in _UNSERVED],
+                                     api_version=1)
+    # CuPy refuses cuBLAS (and most CUDA library) calls while a stream captures a graph, and its own memory
+    # pool may allocate: none of its implementations is graph-safe, so measured ranking never promotes one
+    # over a capturable implementation (they serve by priority, or when forced with use("cupy")).
+    provider.implementations = [dataclasses.replace(i, graph_safe=False) for i in provider.implementations]
+    return provider
