@@ -3,7 +3,8 @@
 Two times closer than `NOISE_MARGIN` (relative to the faster one) are a tie: the higher priority wins it (then
 the earlier in the priority order). An implementation with no time (not timed, or failed when timed) is not
 ranked here: the resolver keeps it after the measured ones, in priority order. The last-resort ``reference``
-provider is never ranked by time (it is the oracle, not a contender).
+provider is never ranked by time (it is the oracle, not a contender), nor is an implementation that is not
+``graph_safe`` (a measured choice of it would break an engine's CUDA graphs).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def measured_order(impls: Sequence[Implementation], accepted: Collection[str], m
     fastest first; ties inside `margin` go to the higher priority, then to the one earlier in `impls`."""
     times = measurement.times
     place = {impl.name: n for n, impl in enumerate(impls)}
-    left = [i for i in impls if i.name in accepted and i.name in times and i.provider != _REFERENCE]
+    left = [i for i in impls if i.name in accepted and i.name in times and i.provider != _REFERENCE
+            and i.graph_safe]  # a time of one that cannot be captured (an older file's) is not used either
     order: list[Implementation] = []
     while left:
         best = min(times[i.name] for i in left)
