@@ -5,6 +5,7 @@ gates run before anything is swapped, and `restore` undoes the swaps."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,25 +17,26 @@ from infiniops_py.testing.tolerances import Allclose, tolerance
 FAMILIES = ("llama", "qwen2", "qwen3", "mamba2")
 # the operators each family's kernelized forward must call
 CALLED = {
-    "llama": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen"},
-    "qwen2": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen"},
-    "qwen3": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen"},
+    "llama": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul"},
+    "qwen2": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul"},
+    "qwen3": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul"},
     "mamba2": {"rms_norm"},
 }
 
 
-def _model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
-    """A 2-layer model from transformers' config classes, random weights (norm weights around 1, so that a norm
-    applied with the wrong weight changes the logits), eval mode."""
+def _model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **extra: object) -> torch.nn.Module:
+    """A 2-layer model from transformers' config classes (`extra`: more config fields), random weights (norm
+    weights around 1, so that a norm applied with the wrong weight changes the logits), eval mode. Llama has
+    attention and MLP biases."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Mamba2Config, Qwen2Config, Qwen3Config
 
     common = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
               "eos_token_id": 255, "bos_token_id": 0, "pad_token_id": 0}
     config = {
-        "llama": lambda: LlamaConfig(**common, attention_bias=True),
-        "qwen2": lambda: Qwen2Config(**common),
-        "qwen3": lambda: Qwen3Config(**common, head_dim=32),
+        "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True, **extra),
+        "qwen2": lambda: Qwen2Config(**common, **extra),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=32, **extra),
         "mamba2": lambda: Mamba2Config(vocab_size=160, hidden_size=32, num_hidden_layers=2, state_size=16, expand=2,
                                        head_dim=16, num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8,
                                        eos_token_id=159, pad_token_id=0, bos_token_id=0),
@@ -85,7 +87,9 @@ def test_kernelize_logits_equal_the_unpatched_models(family: str, dtype: torch.d
     if family != "mamba2":
         assert patched.config._attn_implementation == ATTENTION
         assert len(report.swapped["fused_add_rms_norm"]) == 2
-        assert any("silu_and_mul" in why for why in report.left)
+        assert len(report.swapped["gated_mlp"]) == 2
+        assert "silu_and_mul by" in report.render()
+        assert not any("mlp" in why.lower() or "silu_and_mul" in why for why in report.left), report.render()
     else:
         assert any("MambaRMSNormGated" in why for why in report.left)
 
@@ -120,28 +124,88 @@ def test_kernelize_attention_keeps_packed_sequences_apart() -> None:
 
 def test_kernelize_gates_every_problem_before_swapping_anything() -> None:
     model = _model("qwen3")
+    pointers = [p.data_ptr() for p in model.parameters()]
     with pytest.raises(GateError) as caught:
         kernelize(model, device="tpu")  # no provider serves tpu
     err = caught.value
     assert {p.op for p, _ in err.gaps} == {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen",
-                                           "flash_attn_with_kvcache"}
+                                           "flash_attn_with_kvcache", "silu_and_mul"}
+    assert [p.get("d") for p, _ in err.gaps if p.op == "silu_and_mul"] == [96]  # the intermediate size
     assert sorted(p.get("hidden_size") for p, _ in err.gaps if p.op == "rms_norm") == [32, 64]  # q/k and hidden
     assert "nothing was swapped" in str(err)
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation != ATTENTION
     assert not hasattr(model, "infiniops_kernelized")
+    assert [p.data_ptr() for p in model.parameters()] == pointers  # no gate|up weights packed either
 
 
-def test_kernelize_restore_puts_back_transformers_forwards() -> None:
-    model = _model("llama")
+def test_kernelize_restore_puts_back_transformers_forwards_and_parameters(tmp_path: Path) -> None:
+    model = _model("llama")  # MLP biases too
     before = model.config._attn_implementation
+    params = {name: id(p) for name, p in model.named_parameters()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     first = kernelize(model)
-    second = kernelize(model)  # again: the first swaps are undone first, nothing wraps twice
+    mlp = model.model.layers[0].mlp
+    packed = mlp.up_proj.weight.data_ptr()
+    second = kernelize(model)  # again: the first swaps are undone first, nothing wraps (or packs) twice
     assert not first.swapped and second.swapped
-    assert sum("forward" in m.__dict__ for m in model.modules()) == 5 + 2  # 5 norms, 2 fused layers
+    assert sum("forward" in m.__dict__ for m in model.modules()) == 5 + 2 + 2  # 5 norms, 2 fused layers, 2 MLPs
+    assert mlp.up_proj.weight.data_ptr() == packed
+    for proj in ("weight", "bias"):  # up right after gate in one [2I, ...] buffer
+        gate, up = getattr(mlp.gate_proj, proj), getattr(mlp.up_proj, proj)
+        assert up.data_ptr() == gate.data_ptr() + gate.numel() * gate.element_size()
     second.restore()
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation == before
+    assert {name: id(p) for name, p in model.named_parameters()} == params  # the same parameter objects
+    after = model.state_dict()
+    assert after.keys() == state.keys()
+    for name, value in state.items():
+        assert after[name].shape == value.shape and torch.equal(after[name], value), name
+    model.save_pretrained(tmp_path)  # the packed views save as separate tensors and load back
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).state_dict()
+    assert all(torch.equal(loaded[name], value) for name, value in state.items() if name in loaded)
+    assert {n for n in state if "mlp" in n} <= loaded.keys()
+
+
+def test_kernelize_leaves_a_gated_mlp_whose_activation_is_not_silu() -> None:
+    # silu_and_mul is SiLU's: a GELU-gated MLP keeps transformers' forward, and the report says why
+    model = _model("qwen3", hidden_act="gelu_pytorch_tanh")
+    patched = copy.deepcopy(model)
+    pointers = [p.data_ptr() for p in patched.parameters()]
+    report = kernelize(patched)
+    assert "gated_mlp" not in report.swapped
+    assert not any("forward" in m.__dict__ for m in patched.modules() if type(m).__name__ == "Qwen3MLP")
+    assert sum("hidden_act='gelu_pytorch_tanh'" in why for why in report.left) == 2, report.render()
+    assert [p.data_ptr() for p in patched.parameters()] == pointers  # nothing packed
+    ids, _ = _ids()
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+
+
+def test_kernelize_mlp_uses_weights_replaced_after_packing() -> None:
+    # a parameter replaced (or moved by model.to) after kernelize no longer lies in the packed gate|up buffer:
+    # the MLP computes with the new weights, not with the stale packed ones
+    model, patched, _ = _pair("llama")
+    torch.manual_seed(4)
+    with torch.no_grad():
+        for plain, kernelized in zip(model.model.layers, patched.model.layers, strict=True):
+            up = 0.1 * torch.randn_like(plain.mlp.up_proj.weight)
+            bias = torch.randn_like(plain.mlp.gate_proj.bias)
+            for mlp in (plain.mlp, kernelized.mlp):
+                mlp.up_proj.weight = torch.nn.Parameter(up.clone())
+                mlp.gate_proj.bias = torch.nn.Parameter(bias.clone())
+    ids, _ = _ids()
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    runtime.get_resolver().cache.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+    assert "silu_and_mul" in {key[0] for key in runtime.get_resolver().cache}
 
 
 def test_kernelize_refuses_training_mode_and_unknown_families() -> None:

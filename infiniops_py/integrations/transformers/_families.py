@@ -7,7 +7,6 @@ from typing import Final
 
 __all__ = ["FAMILIES", "Family"]
 
-_MLP: Final = "the gated MLP act_fn(gate_proj(x)) * up_proj(x): no silu_and_mul operator exists yet"
 _ROPE: Final = "rotary embeddings: transformers' own (no rotary operator exists yet)"
 
 
@@ -20,6 +19,8 @@ class Family:
             with the mean in float32 (``LlamaRMSNorm``), the semantics of `rms_norm`.
         layers: pre-norm decoder layers whose attention residual add and ``post_attention_layernorm`` fuse.
         attention: attention classes that call ``ALL_ATTENTION_FUNCTIONS.get_interface``.
+        mlps: gated MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+            (``LlamaMLP``), swapped where ``act_fn`` is SiLU (the semantics of `silu_and_mul`).
         float32_inputs: module names (last component) of norms that see float32 inputs when the config's
             ``residual_in_fp32`` is set (Mamba-2's ``norm_f`` gets the float32 residual stream).
         left: what stays in transformers' code, and why.
@@ -28,14 +29,15 @@ class Family:
     norms: tuple[str, ...]
     layers: tuple[str, ...] = ()
     attention: tuple[str, ...] = ()
+    mlps: tuple[str, ...] = ()
     float32_inputs: tuple[str, ...] = ()
     left: tuple[str, ...] = ()
 
 
 FAMILIES: Final[dict[str, Family]] = {
-    "llama": Family(("LlamaRMSNorm",), ("LlamaDecoderLayer",), ("LlamaAttention",), left=(_MLP, _ROPE)),
-    "qwen2": Family(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), left=(_MLP, _ROPE)),
-    "qwen3": Family(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), left=(_MLP, _ROPE)),
+    "llama": Family(("LlamaRMSNorm",), ("LlamaDecoderLayer",), ("LlamaAttention",), ("LlamaMLP",), left=(_ROPE,)),
+    "qwen2": Family(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), ("Qwen2MLP",), left=(_ROPE,)),
+    "qwen3": Family(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), ("Qwen3MLP",), left=(_ROPE,)),
     "mamba2": Family(("Mamba2RMSNorm",), float32_inputs=("norm_f",), left=(
         "MambaRMSNormGated: its silu(gate) product and per-group weight have no operator",
         "Mamba2Mixer: its causal conv and scans stay transformers' own",

@@ -16,7 +16,10 @@ __all__ = ["kernelize"]
 
 def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = None,
               mode: str = "inference") -> Kernelized:
-    """Swap `model`'s norms, fusable residual adds and attention for InfiniOps-Py operators, in place.
+    """Swap `model`'s norms, fusable residual adds, attention and SiLU-gated MLPs for InfiniOps-Py operators,
+    in place. A swapped MLP's ``gate_proj``/``up_proj`` weights (and biases) become the two halves of one
+    packed tensor, allocated once (the parameters keep their identity and values; the packing stays after
+    ``restore()``).
 
     Args:
         model: a transformers model (``PreTrainedModel``) of a family in `FAMILIES` (its
@@ -62,6 +65,8 @@ def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = Non
     if isinstance(previous, Kernelized):
         previous.restore()
     report = Kernelized(model_type, device_type, left=[*plan.left, *family.left], chosen=chosen)
+    for prepare in plan.prepare:
+        prepare()
     for kind, name, module, forward in plan.swaps:
         swap_forward(report, module, forward)
         report.swapped.setdefault(kind, []).append(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -11,7 +12,12 @@ import torch
 
 from infiniops_py import Problem, make_problem
 from infiniops_py.integrations.transformers._families import Family
-from infiniops_py.integrations.transformers._swaps import fused_layer_forward, rms_norm_forward
+from infiniops_py.integrations.transformers._swaps import (
+    fused_layer_forward,
+    gated_mlp_forward,
+    pack_gate_up,
+    rms_norm_forward,
+)
 
 __all__ = ["Plan", "make_plan"]
 
@@ -23,16 +29,19 @@ class Plan(NamedTuple):
     swaps: list[tuple[str, str, torch.nn.Module, Callable[..., Any]]]  # kind, name, module, new forward
     attention: list[str]  # the attention modules that will dispatch to ATTENTION
     left: list[str]
+    prepare: list[Callable[[], None]]  # run once the gates pass, before the swaps (the gate|up packing)
 
 
 def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
     """The swaps of `family` that `model` admits on `device_type`, the problems they need, and what is left
     (with the reason): a norm class whose module is not the RMSNorm `rms_norm` computes, a decoder layer whose
-    forward is not the residual pattern (`_residual_pattern`), attention the model cannot redirect."""
+    forward is not the residual pattern (`_residual_pattern`), attention the model cannot redirect, a gated MLP
+    that is not SiLU's or not laid out as ``LlamaMLP`` (`_mlp_unsupported`)."""
     problems: dict[Problem, None] = {}
     swaps: list[tuple[str, str, torch.nn.Module, Callable[..., Any]]] = []
     left: list[str] = []
     attention: list[str] = []
+    prepare: list[Callable[[], None]] = []
     config = model.config  # type: ignore[attr-defined]
     fp32_residual = bool(getattr(config, "residual_in_fp32", False))
     norms = {id(m) for m in model.modules() if type(m).__name__ in family.norms and _is_rms_norm(m)}
@@ -70,7 +79,15 @@ def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
             for op, fields in _attention_problems(module, config):
                 need(op, module.q_proj.weight.dtype, **fields)
             attention.append(name)
-    return Plan(list(problems), swaps, attention, left)
+        elif cls in family.mlps:
+            why = _mlp_unsupported(module, config)
+            if why:
+                left.append(f"{name} ({cls}): {why}")
+                continue
+            need("silu_and_mul", module.gate_proj.weight.dtype, d=module.gate_proj.weight.shape[0])
+            prepare.append(functools.partial(pack_gate_up, module))
+            swaps.append(("gated_mlp", name, module, gated_mlp_forward))
+    return Plan(list(problems), swaps, attention, left, prepare)
 
 
 def _is_rms_norm(module: torch.nn.Module) -> bool:
@@ -128,3 +145,53 @@ def _attention_problems(module: torch.nn.Module, config: Any) -> list[tuple[str,
     common = {"head_dim": head_dim, "gqa_ratio": heads // kv_heads, "causal": True, "softcap": False}
     return [(op, {**common, "local": local}) for op in ("flash_attn_varlen", "flash_attn_with_kvcache")
             for local in windows]
+
+
+# LlamaMLP.forward, whitespace and comments removed: an optional annotation, then `name = <product>; return name`
+# or `return <product>`
+_MLP_FORWARD: Final = re.compile(r"defforward\(self,(\w+)(?::[\w.|\[\]]+)?\)(?:->[\w.|\[\]]+)?:(?:(\w+)=|return)"
+                                 r"self\.down_proj\(self\.act_fn\(self\.gate_proj\(\1\)\)\*self\.up_proj\(\1\)\)"
+                                 r"(?:return(\w+))?")
+_SILU: Final = ("silu", "swish")  # transformers' ACT2FN names of SiLU
+
+
+def _mlp_unsupported(module: torch.nn.Module, config: Any) -> str:
+    """Why the gated MLP `module` cannot run as one gate|up projection and `silu_and_mul` ('' when it can): an
+    activation other than SiLU (``config.hidden_act`` and the module's ``act_fn``), projections that are not
+    plain ``nn.Linear`` of one shape, dtype and device (biases on both or neither), or a forward that is not
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
+    act = getattr(config, "hidden_act", None)
+    act_fn = getattr(module, "act_fn", None)
+    if act not in _SILU or type(act_fn) not in (torch.nn.SiLU, _silu_class()):
+        return (f"its activation is hidden_act={act!r} ({type(act_fn).__name__}), not SiLU: silu_and_mul "
+                "computes silu(gate) * up, so the MLP stays transformers' own")
+    gate, up, down = (getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    if not all(type(m) is torch.nn.Linear for m in (gate, up, down)):
+        kinds = ", ".join(type(m).__name__ for m in (gate, up, down))
+        return f"its gate/up/down projections are {kinds}, not torch.nn.Linear, so the MLP stays transformers' own"
+    w, v = gate.weight, up.weight
+    if (w.shape, w.dtype, w.device) != (v.shape, v.dtype, v.device) or (gate.bias is None) != (up.bias is None):
+        return (f"gate_proj ({list(w.shape)} {w.dtype} {w.device}, bias {gate.bias is not None}) and up_proj "
+                f"({list(v.shape)} {v.dtype} {v.device}, bias {up.bias is not None}) differ, so they do not pack "
+                "into one projection")
+    if w.device.type == "meta":
+        return "its weights are on the meta device (not loaded, or offloaded), so they cannot be packed"
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        source = ""
+    code = re.sub(r"\s+", "", "".join(line.split("#")[0] for line in source.splitlines()))
+    found = _MLP_FORWARD.fullmatch(code)
+    if found is None or found[2] != found[3]:
+        return "its forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x)), so the MLP stays transformers' own"
+    return ""
+
+
+@functools.cache
+def _silu_class() -> type:
+    """transformers' ``SiLUActivation`` (ACT2FN's ``"silu"``), or ``torch.nn.SiLU`` where it has none."""
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return torch.nn.SiLU
+    return SiLUActivation

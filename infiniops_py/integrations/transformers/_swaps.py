@@ -1,19 +1,22 @@
 """The module swaps of `kernelize`: a module's forward replaced (and put back), the RMSNorm forward over
-`rms_norm` (the models' norms and Qwen3's q/k norms), and the decoder layer forward over `fused_add_rms_norm`."""
+`rms_norm` (the models' norms and Qwen3's q/k norms), the decoder layer forward over `fused_add_rms_norm`, and
+the gated MLP over one packed gate|up projection and `silu_and_mul` (`pack_gate_up`, `gated_mlp_forward`)."""
 
 from __future__ import annotations
 
 import inspect
+import math
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from infiniops_py import ContractError, fused_add_rms_norm, rms_norm
+from infiniops_py import ContractError, fused_add_rms_norm, rms_norm, silu_and_mul
 from infiniops_py.integrations.transformers._report import Kernelized
 
-__all__ = ["fused_layer_forward", "rms_norm_forward", "swap_forward"]
+__all__ = ["fused_layer_forward", "gated_mlp_forward", "pack_gate_up", "rms_norm_forward", "swap_forward"]
 
 
 def swap_forward(report: Kernelized, module: torch.nn.Module, forward: Callable[..., Any]) -> None:
@@ -73,3 +76,48 @@ def fused_layer_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> tor
     norm = self.post_attention_layernorm
     fused_add_rms_norm(x, residual, norm.weight, norm.variance_epsilon)  # residual += x; x = norm(residual)
     return residual.add_(self.mlp(x))
+
+
+def _gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """The ``[2n, ...]`` tensor whose first half is `gate` ``[n, ...]`` and second half `up` (the same storage,
+    both contiguous, `up` right after `gate`), or None when they are not laid out so."""
+    if (gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device or gate.numel() == 0
+            or not gate.is_contiguous() or not up.is_contiguous()
+            or up.storage_offset() != gate.storage_offset() + gate.numel()
+            or gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()):
+        return None
+    shape = (2 * gate.shape[0], *gate.shape[1:])
+    return gate.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+
+
+def pack_gate_up(mlp: torch.nn.Module) -> None:
+    """Lay ``mlp.gate_proj.weight`` ``[I, H]`` and ``mlp.up_proj.weight`` out as the two halves of one
+    ``[2I, H]`` tensor (vLLM's ``gate_up_proj``), and their biases as the halves of one ``[2I]`` where they
+    have biases. The parameters stay the same objects with the same values (their ``.data`` becomes a view
+    of the packed tensor, allocated once: the old storages are freed when nothing else holds them); a pair
+    already packed so is left as it is. The packing outlives `Kernelized.restore` (it changes no value)."""
+    with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even if called in inference mode
+        for attr in ("weight", "bias"):
+            gate, up = getattr(mlp.gate_proj, attr), getattr(mlp.up_proj, attr)
+            if gate is None or _gate_up(gate, up) is not None:
+                continue
+            n = gate.shape[0]
+            packed = torch.empty((2 * n, *gate.shape[1:]), dtype=gate.dtype, device=gate.device)
+            packed[:n].copy_(gate)
+            packed[n:].copy_(up)
+            gate.data, up.data = packed[:n], packed[n:]
+
+
+def gated_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``LlamaMLP.forward``, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU, as vLLM computes it:
+    one ``[..., 2I]`` gate|up projection over the weights `pack_gate_up` packed, `silu_and_mul`, then
+    ``down_proj``. Weights no longer packed (a ``model.to(...)`` or a parameter replaced since) still give the
+    same result, through the two projections concatenated."""
+    gate, up = self.gate_proj, self.up_proj
+    weight = _gate_up(gate.weight, up.weight)
+    bias = None if gate.bias is None else _gate_up(gate.bias, up.bias)
+    if weight is None or (bias is None) != (gate.bias is None):
+        h = torch.cat((gate(x), up(x)), dim=-1)
+    else:
+        h = F.linear(x, weight, bias)
+    return self.down_proj(silu_and_mul(h))
