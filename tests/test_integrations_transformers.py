@@ -17,9 +17,9 @@ from infiniops_py.testing.tolerances import Allclose, tolerance
 FAMILIES = ("llama", "qwen2", "qwen3", "mamba2")
 # the operators each family's kernelized forward must call
 CALLED = {
-    "llama": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul"},
-    "qwen2": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul"},
-    "qwen3": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul"},
+    "llama": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"},
+    "qwen2": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"},
+    "qwen3": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"},
     "mamba2": {"rms_norm"},
 }
 
@@ -87,9 +87,9 @@ def test_kernelize_logits_equal_the_unpatched_models(family: str, dtype: torch.d
     if family != "mamba2":
         assert patched.config._attn_implementation == ATTENTION
         assert len(report.swapped["fused_add_rms_norm"]) == 2
-        assert len(report.swapped["gated_mlp"]) == 2
-        assert "silu_and_mul by" in report.render()
-        assert not any("mlp" in why.lower() or "silu_and_mul" in why for why in report.left), report.render()
+        assert len(report.swapped["gated_mlp"]) == len(report.swapped["rope"]) == 2
+        assert "silu_and_mul by" in report.render() and "rotary_embedding by" in report.render()
+        assert not report.left, report.render()  # the MLP and RoPE run through the operators too
     else:
         assert any("MambaRMSNormGated" in why for why in report.left)
 
@@ -129,8 +129,10 @@ def test_kernelize_gates_every_problem_before_swapping_anything() -> None:
         kernelize(model, device="tpu")  # no provider serves tpu
     err = caught.value
     assert {p.op for p, _ in err.gaps} == {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen",
-                                           "flash_attn_with_kvcache", "silu_and_mul"}
+                                           "flash_attn_with_kvcache", "silu_and_mul", "rotary_embedding"}
     assert [p.get("d") for p, _ in err.gaps if p.op == "silu_and_mul"] == [96]  # the intermediate size
+    assert [(p.get("head_dim"), p.get("rotary_dim"), p.get("is_neox")) for p, _ in err.gaps
+            if p.op == "rotary_embedding"] == [(32, 32, True)]
     assert sorted(p.get("hidden_size") for p, _ in err.gaps if p.op == "rms_norm") == [32, 64]  # q/k and hidden
     assert "nothing was swapped" in str(err)
     assert not any("forward" in m.__dict__ for m in model.modules())
@@ -149,7 +151,7 @@ def test_kernelize_restore_puts_back_transformers_forwards_and_parameters(tmp_pa
     packed = mlp.up_proj.weight.data_ptr()
     second = kernelize(model)  # again: the first swaps are undone first, nothing wraps (or packs) twice
     assert not first.swapped and second.swapped
-    assert sum("forward" in m.__dict__ for m in model.modules()) == 5 + 2 + 2  # 5 norms, 2 fused layers, 2 MLPs
+    assert sum("forward" in m.__dict__ for m in model.modules()) == 5 + 2 + 2 + 2  # norms, layers, MLPs, RoPE
     assert mlp.up_proj.weight.data_ptr() == packed
     for proj in ("weight", "bias"):  # up right after gate in one [2I, ...] buffer
         gate, up = getattr(mlp.gate_proj, proj), getattr(mlp.up_proj, proj)
@@ -206,6 +208,31 @@ def test_kernelize_mlp_uses_weights_replaced_after_packing() -> None:
     with torch.no_grad():
         torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
     assert "silu_and_mul" in {key[0] for key in runtime.get_resolver().cache}
+
+
+def test_kernelize_leaves_rope_in_an_attention_forward_it_does_not_know() -> None:
+    # an attention forward other than transformers' own statements keeps its RoPE (kernelize replaces the whole
+    # forward to rotate q and k in place, so it must know every step); its attention still dispatches to ATTENTION
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    def forward(self: LlamaAttention, *args: object, **kwargs: object) -> tuple[torch.Tensor, object]:
+        out, weights = LlamaAttention.forward(self, *args, **kwargs)
+        return 2 * out, weights
+
+    doubled = type("LlamaAttention", (LlamaAttention,), {"forward": forward})  # the family's class name
+    model = _model("llama")
+    model.model.layers[0].self_attn.__class__ = doubled
+    patched = copy.deepcopy(model)
+    report = kernelize(patched)
+    assert report.swapped["rope"] == ["model.layers.1.self_attn"]
+    assert len(report.swapped["attention"]) == 2
+    assert [why.partition(":")[0] for why in report.left] == ["model.layers.0.self_attn (LlamaAttention)"]
+    assert "rotary embeddings stay transformers' own" in report.left[0]
+    ids, _ = _ids()
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
 
 
 def test_kernelize_refuses_training_mode_and_unknown_families() -> None:

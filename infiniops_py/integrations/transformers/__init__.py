@@ -19,15 +19,20 @@ instances of the same classes are untouched). Per family (`FAMILIES`, keyed by `
   batches, `flash_attn_with_kvcache` for decode steps over transformers' cache (a view of it, no copy).
   The causal mask is bottom-right aligned, as transformers' masks are for queries that follow a cache;
   a sliding window of ``w`` keys is ``window_size=(w - 1, 0)``; the scale is the module's ``scaling``.
+- RoPE (``apply_rotary_pos_emb`` in the attention forward of Llama, Qwen2, Qwen3, when that forward is
+  transformers' own statement for statement) -> one in-place `rotary_embedding` of q and k (NeoX pairs
+  over the whole head) on the ``[T, H, D]`` projection views, the attention forward otherwise the same.
+  Its ``cos_sin_cache`` is built once per forward from the model's own ``(cos, sin)`` (one row per token),
+  so every RoPE type's values (scaled, dynamic) are transformers'; the rotation is rounded once from fp32.
 - the gated MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU (``config.hidden_act``
   ``"silu"``/``"swish"``; Llama, Qwen2, Qwen3) -> one gate|up projection then `silu_and_mul`, then
   ``down_proj``, as vLLM runs it. ``gate_proj.weight`` ``[I, H]`` and ``up_proj.weight`` become the two
   halves of one ``[2I, H]`` tensor, allocated once (the biases likewise): the same parameter objects with
   the same values, not a second copy of the weights. Another activation leaves the MLP as it is.
 
-Left in transformers' code, and listed in `Kernelized.left`: rotary embeddings, and Mamba-2's gated
-``MambaRMSNormGated`` (its ``silu(gate)`` product and per-group weight have no operator) and
-``Mamba2Mixer`` (its conv and scans stay transformers' own).
+Left in transformers' code, and listed in `Kernelized.left` with the reason: any of the above whose module
+is not what `kernelize` knows, and Mamba-2's gated ``MambaRMSNormGated`` (its ``silu(gate)`` product and
+per-group weight have no operator) and ``Mamba2Mixer`` (its conv and scans stay transformers' own).
 
 Every operator problem the swaps need is resolved first (`infiniops_py.resolve_closure`): when any has no
 provider, one `GateError` lists them all and nothing is swapped. The swapped calls then resolve per call

@@ -11,6 +11,7 @@ import torch
 
 from infiniops_py import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.integrations.transformers._report import Kernelized
+from infiniops_py.integrations.transformers._rope import forget_tables
 
 __all__ = ["ATTENTION", "swap_attention"]
 
@@ -54,9 +55,11 @@ _LAST_POSITIONS: list[tuple[torch.Tensor, int, list[int] | None]] = []
 
 
 def forget(*_: Any) -> None:
-    """Drop the masks and position ids read on the host so far (run before each forward of a kernelized model)."""
+    """Drop the masks and position ids read on the host so far, and the RoPE tables built (run before each forward
+    of a kernelized model)."""
     _LAST_MASK.clear()
     _LAST_POSITIONS.clear()
+    forget_tables()
 
 
 def _cu(lengths: list[int], device: torch.device) -> torch.Tensor:

@@ -7,9 +7,6 @@ from typing import Final
 
 __all__ = ["FAMILIES", "Family"]
 
-_ROPE: Final = "rotary embeddings: transformers' own (no rotary operator exists yet)"
-
-
 @dataclass(frozen=True)
 class Family:
     """What `kernelize` swaps in one model family, by transformers class name.
@@ -35,9 +32,9 @@ class Family:
 
 
 FAMILIES: Final[dict[str, Family]] = {
-    "llama": Family(("LlamaRMSNorm",), ("LlamaDecoderLayer",), ("LlamaAttention",), ("LlamaMLP",), left=(_ROPE,)),
-    "qwen2": Family(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), ("Qwen2MLP",), left=(_ROPE,)),
-    "qwen3": Family(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), ("Qwen3MLP",), left=(_ROPE,)),
+    "llama": Family(("LlamaRMSNorm",), ("LlamaDecoderLayer",), ("LlamaAttention",), ("LlamaMLP",)),
+    "qwen2": Family(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), ("Qwen2MLP",)),
+    "qwen3": Family(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), ("Qwen3MLP",)),
     "mamba2": Family(("Mamba2RMSNorm",), float32_inputs=("norm_f",), left=(
         "MambaRMSNormGated: its silu(gate) product and per-group weight have no operator",
         "Mamba2Mixer: its causal conv and scans stay transformers' own",

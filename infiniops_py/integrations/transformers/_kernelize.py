@@ -16,10 +16,10 @@ __all__ = ["kernelize"]
 
 def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = None,
               mode: str = "inference") -> Kernelized:
-    """Swap `model`'s norms, fusable residual adds, attention and SiLU-gated MLPs for InfiniOps-Py operators,
-    in place. A swapped MLP's ``gate_proj``/``up_proj`` weights (and biases) become the two halves of one
-    packed tensor, allocated once (the parameters keep their identity and values; the packing stays after
-    ``restore()``).
+    """Swap `model`'s norms, fusable residual adds, attention, RoPE and SiLU-gated MLPs for InfiniOps-Py
+    operators, in place. A swapped MLP's ``gate_proj``/``up_proj`` weights (and biases) become the two halves
+    of one packed tensor, allocated once (the parameters keep their identity and values; the packing stays
+    after ``restore()``).
 
     Args:
         model: a transformers model (``PreTrainedModel``) of a family in `FAMILIES` (its

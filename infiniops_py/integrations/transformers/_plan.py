@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
@@ -12,6 +11,8 @@ import torch
 
 from infiniops_py import Problem, make_problem
 from infiniops_py.integrations.transformers._families import Family
+from infiniops_py.integrations.transformers._rope import rope_attention, rope_unsupported
+from infiniops_py.integrations.transformers._source import code_of
 from infiniops_py.integrations.transformers._swaps import (
     fused_layer_forward,
     gated_mlp_forward,
@@ -35,8 +36,9 @@ class Plan(NamedTuple):
 def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
     """The swaps of `family` that `model` admits on `device_type`, the problems they need, and what is left
     (with the reason): a norm class whose module is not the RMSNorm `rms_norm` computes, a decoder layer whose
-    forward is not the residual pattern (`_residual_pattern`), attention the model cannot redirect, a gated MLP
-    that is not SiLU's or not laid out as ``LlamaMLP`` (`_mlp_unsupported`)."""
+    forward is not the residual pattern (`_residual_pattern`), attention the model cannot redirect, RoPE that is
+    not transformers' rotate-half in ``LlamaAttention.forward`` (`rope_unsupported`), a gated MLP that is not
+    SiLU's or not laid out as ``LlamaMLP`` (`_mlp_unsupported`)."""
     problems: dict[Problem, None] = {}
     swaps: list[tuple[str, str, torch.nn.Module, Callable[..., Any]]] = []
     left: list[str] = []
@@ -45,6 +47,7 @@ def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
     config = model.config  # type: ignore[attr-defined]
     fp32_residual = bool(getattr(config, "residual_in_fp32", False))
     norms = {id(m) for m in model.modules() if type(m).__name__ in family.norms and _is_rms_norm(m)}
+    rotary = frozenset(type(m) for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
 
     def need(op: str, dtype: torch.dtype, **fields: Any) -> None:
         problems[make_problem(op, device_type=device_type, dtype=dtype, **fields)] = None
@@ -76,9 +79,16 @@ def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
             if why:
                 left.append(f"{name} ({cls}): {why}")
                 continue
+            dtype = module.q_proj.weight.dtype
             for op, fields in _attention_problems(module, config):
-                need(op, module.q_proj.weight.dtype, **fields)
+                need(op, dtype, **fields)
             attention.append(name)
+            why = rope_unsupported(type(module), rotary)
+            if why:
+                left.append(f"{name} ({cls}): rotary embeddings stay transformers' own: {why}")
+                continue
+            need("rotary_embedding", dtype, head_dim=module.head_dim, rotary_dim=module.head_dim, is_neox=True)
+            swaps.append(("rope", name, module, rope_attention(type(module))))
         elif cls in family.mlps:
             why = _mlp_unsupported(module, config)
             if why:
@@ -108,11 +118,7 @@ _PATTERN: Final = (
 def _residual_pattern(cls: type) -> bool:
     """Whether ``cls.forward`` is transformers' pre-norm decoder layer, statement for statement: norm, attention
     (returning ``(output, weights)``), residual add, norm, MLP, residual add, return the tensor."""
-    try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-    code = re.sub(r"\s+", "", "".join(line.split("#")[0] for line in source.splitlines()))
+    code = code_of(cls.forward)
     at = 0
     for statement in _PATTERN:
         at = code.find(statement, at)
@@ -176,12 +182,7 @@ def _mlp_unsupported(module: torch.nn.Module, config: Any) -> str:
                 "into one projection")
     if w.device.type == "meta":
         return "its weights are on the meta device (not loaded, or offloaded), so they cannot be packed"
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        source = ""
-    code = re.sub(r"\s+", "", "".join(line.split("#")[0] for line in source.splitlines()))
-    found = _MLP_FORWARD.fullmatch(code)
+    found = _MLP_FORWARD.fullmatch(code_of(type(module).forward))
     if found is None or found[2] != found[3]:
         return "its forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x)), so the MLP stays transformers' own"
     return ""

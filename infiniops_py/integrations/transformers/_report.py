@@ -17,8 +17,8 @@ class Kernelized:
     Attributes:
         model_type: the config's ``model_type``.
         device_type: the device type the gates were resolved for.
-        swapped: kind (``rms_norm``, ``qk_norm``, ``fused_add_rms_norm``, ``attention``, ``gated_mlp``) ->
-            the qualified names of the modules swapped.
+        swapped: kind (``rms_norm``, ``qk_norm``, ``fused_add_rms_norm``, ``attention``, ``rope``,
+            ``gated_mlp``) -> the qualified names of the modules swapped.
         left: what still runs in transformers' code, and why.
         chosen: each operator problem gated -> the implementation that serves it.
     """
@@ -46,7 +46,8 @@ class Kernelized:
             if impl.provider not in seen:
                 seen.append(impl.provider)
         ops = {"rms_norm": ("rms_norm",), "qk_norm": ("rms_norm",), "fused_add_rms_norm": ("fused_add_rms_norm",),
-               "attention": ("flash_attn_varlen", "flash_attn_with_kvcache"), "gated_mlp": ("silu_and_mul",)}
+               "attention": ("flash_attn_varlen", "flash_attn_with_kvcache"), "rope": ("rotary_embedding",),
+               "gated_mlp": ("silu_and_mul",)}
         lines = [f"kernelized {self.model_type} for {self.device_type}:"]
         for kind, names in self.swapped.items():
             by = ", ".join(f"{op} by {'+'.join(providers.get(op, ['?']))}" for op in ops[kind])
