@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from infiniops_py.capability import Capability, OneOf
-from infiniops_py.operators import OPERATORS
+from infiniops_py.problem import SPECS
 from infiniops_py.registry import Implementation, Provider
 
 __all__ = ["provider"]
@@ -25,5 +25,5 @@ def _shapes_only(*args: Any, **kwargs: Any) -> None:
 def provider() -> Provider:
     capability = Capability(OneOf("device_type", ("meta",)), OneOf("dtype", _DTYPES))
     impls = [Implementation(spec.name, "meta", f"meta.{spec.name}", capability, 0, _shapes_only)
-             for spec in OPERATORS.values()]
+             for spec in SPECS.values()]
     return Provider(name="meta", version="", source="built into infiniops-py", implementations=impls)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from infiniops_py._env import env_flag, split_names
-from infiniops_py.operators import OPERATORS
+from infiniops_py.problem import SPECS
 
 __all__ = ["Override", "Settings", "current_overrides", "use"]
 
@@ -127,10 +127,10 @@ def use(
     ops = None
     if op is not None:
         ops = frozenset(_names("op", op))
-        unknown = sorted(ops - set(OPERATORS))
+        unknown = sorted(ops - set(SPECS))
         if unknown:
             raise ValueError(f"use(op={op!r}): unknown operator(s) {', '.join(map(repr, unknown))} "
-                             f"(known: {', '.join(OPERATORS)})")
+                             f"(known: {', '.join(SPECS)})")
         if not ops:
             raise ValueError(f"use(op={op!r}): names no operator (leave op out to cover every operator)")
     return _scope(Override(names, ops, denied))

@@ -37,7 +37,7 @@ from infiniops_py import hookspecs
 from infiniops_py._env import env_flag, env_names
 from infiniops_py._version import __version__
 from infiniops_py.capability import Capability, Constraint
-from infiniops_py.operators import OPERATORS
+from infiniops_py.problem import SPECS
 from infiniops_py.registry import Implementation, Provider
 
 __all__ = ["OWNERS", "allow_list", "declaration_errors", "deduplicate", "discover", "duplicate", "load_plugin"]
@@ -160,8 +160,8 @@ def declaration_errors(provider: Provider) -> list[str]:
             errors.append(f"{what} appears twice: implementation names must be unique within a provider")
         else:
             names.add(impl.name)
-        if not isinstance(impl.op, str) or impl.op not in OPERATORS:
-            errors.append(f"{what} is for unknown operator {impl.op!r} (known: {', '.join(OPERATORS)})")
+        if not isinstance(impl.op, str) or impl.op not in SPECS:
+            errors.append(f"{what} is for unknown operator {impl.op!r} (known: {', '.join(SPECS)})")
         if impl.provider != provider.name:
             errors.append(f"{what} declares provider={impl.provider!r}, but it belongs to provider "
                           f"{provider.name!r}")

@@ -13,6 +13,11 @@ above the size (`size_class`). Each operator names its bucket entries in ``OpSpe
 fields; the hot path appends their classes to the dispatch key, so measured resolution stays one dict lookup
 per call. Capabilities never read the bucket: it ranks, it does not gate.
 
+Each `OpSpec` registers itself when it is defined: `SPECS` maps every operator name defined so far to its spec,
+and a second spec of a name already taken is refused. Discovery, the built-in providers and the overrides read
+`SPECS`, so none of them imports an operator module. Importing ``infiniops_py`` imports every operator family,
+so `SPECS` is complete before any call.
+
 `OpSpec.call` hands a call to the dispatcher that `install_dispatcher` sets (the runtime's resolver, once
 ``infiniops_py`` is imported).
 """
@@ -21,11 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final, final
 
 import torch
 
-__all__ = ["DTYPE_NAMES", "OpSpec", "Problem", "dtype_name", "install_dispatcher", "installed_dispatcher", "size_class"]
+__all__ = ["DTYPE_NAMES", "SPECS", "OpSpec", "Problem", "dtype_name", "install_dispatcher", "installed_dispatcher",
+           "size_class"]
 
 DTYPE_NAMES: Final[dict[torch.dtype, str]] = {
     torch.float16: "float16",
@@ -72,9 +79,15 @@ def installed_dispatcher() -> _Dispatcher | None:
     return _dispatcher
 
 
+_SPECS: dict[str, OpSpec] = {}
+SPECS: Final[Mapping[str, OpSpec]] = MappingProxyType(_SPECS)
+"""Every `OpSpec` defined so far, by operator name, in the order of the names (so the order does not depend on
+which module was imported first); a read-only view: specs register themselves when they are made."""
+
+
 @dataclass(frozen=True)
 class OpSpec:
-    """An operator as the framework sees it.
+    """An operator as the framework sees it; making one registers it in `SPECS` (see `__post_init__`).
 
     Attributes:
         name: the public entry point's name (``flash_attn_varlen``).
@@ -93,6 +106,21 @@ class OpSpec:
     reference: Callable[..., Any]
     doc: str = ""
     buckets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Register the spec in `SPECS` under its name.
+
+        Raises:
+            ValueError: a spec of that name is already registered (an operator name is defined once), naming the
+                module of the spec that holds it.
+        """
+        taken = _SPECS.get(self.name)
+        if taken is not None:
+            raise ValueError(f"OpSpec name {self.name!r} is already taken by the spec of {_where(taken.function)}: "
+                             f"each operator name is defined once (this spec's function: {_where(self.function)})")
+        ordered = sorted([*_SPECS.items(), (self.name, self)], key=lambda item: item[0])
+        _SPECS.clear()
+        _SPECS.update(ordered)
 
     def problem(self, device_type: str = "cpu", dtype: torch.dtype | str = "float32", **fields: Any) -> Problem:
         """Build a problem from named fields; missing fields take their defaults.
@@ -134,6 +162,12 @@ class OpSpec:
         n = len(self.fields)
         return Problem(self.name, device_type, dtype_name(dtype), dict(zip(self.fields, rest[:n], strict=True)),
                        dict(zip(self.buckets, rest[n:], strict=True)))
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a spec's function, or its repr when it has none (a partial)."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(fn)
 
 
 @final

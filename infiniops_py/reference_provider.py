@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from infiniops_py.capability import Capability, OneOf
-from infiniops_py.operators import OPERATORS
+from infiniops_py.problem import SPECS
 from infiniops_py.registry import Implementation, Provider
 
 __all__ = ["provider"]
@@ -31,6 +31,6 @@ def provider() -> Provider:
             priority=0,
             fn=spec.reference,
         )
-        for spec in OPERATORS.values()
+        for spec in SPECS.values()
     ]
     return Provider(name="reference", version=ver, source="built into infiniops-py", implementations=impls)

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from infiniops_py import plugins
-from infiniops_py.operators import OPERATORS
-from infiniops_py.problem import OpSpec, Problem, dtype_name, install_dispatcher
+from infiniops_py.problem import SPECS, OpSpec, Problem, dtype_name, install_dispatcher
 from infiniops_py.registry import Implementation, Provider
 from infiniops_py.resolver import _OVERRIDES, Explanation, Fallback, Resolver, Settings, current_overrides
 
@@ -41,7 +40,7 @@ def _build() -> Resolver:
     settings = Settings.from_env()  # first: a bad switch stops before any plugin loads
     found = plugins.deduplicate([reference_provider.provider(), meta_provider.provider(), *plugins.discover(),
                                   *_manual])
-    return Resolver(found, settings, OPERATORS)
+    return Resolver(found, settings, SPECS)
 
 
 def get_resolver() -> Resolver:
@@ -124,9 +123,9 @@ def make_problem(op: str, **fields: Any) -> Problem:
     """
     if not isinstance(op, str):
         raise TypeError(f"make_problem: the operator must be a str name, got {type(op).__name__} {op!r}")
-    if op not in OPERATORS:
-        raise KeyError(f"unknown operator {op!r}; known: {', '.join(sorted(OPERATORS))}")
-    spec = OPERATORS[op]
+    if op not in SPECS:
+        raise KeyError(f"unknown operator {op!r}; known: {', '.join(sorted(SPECS))}")
+    spec = SPECS[op]
     return spec.problem(**{name: _field_value(spec, name, value) for name, value in fields.items()})
 
 

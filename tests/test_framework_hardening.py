@@ -69,7 +69,7 @@ def test_duplicate_or_ill_declared_providers_are_refused_at_load() -> None:
     try:
         p = io.register_provider(_Plugin(bad), name="bad")
         assert not p.loaded and not p.implementations
-        for fact in ("'bad.unknown' is for unknown operator 'nope_op' (known: gemm, add,",
+        for fact in ("'bad.unknown' is for unknown operator 'nope_op' (known: add, all_reduce,",
                      "'bad.foreign' declares provider='other', but it belongs to provider 'bad'",
                      "'bad.not_callable': fn is int, not callable",
                      "'bad.not_a_capability': capability is OneOf, not a Capability"):
@@ -97,7 +97,7 @@ def test_a_raising_constraint_rejects_only_its_candidate() -> None:
 
 def test_overrides_naming_unknown_operators_or_providers_are_not_ignored(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(ValueError, match=r"unknown operator\(s\) 'nope_op' \(known: gemm, add,"):
+    with pytest.raises(ValueError, match=r"unknown operator\(s\) 'nope_op' \(known: add, all_reduce,"):
         io.use(provider="torch", op="nope_op")
     with pytest.raises(TypeError, match="use\\(provider=5\\): expected a name \\(str\\) or a sequence of names"):
         io.use(provider=5)  # type: ignore[arg-type]
@@ -117,7 +117,7 @@ def test_overrides_naming_unknown_operators_or_providers_are_not_ignored(
     io.reload()
     warnings = [r.getMessage() for r in caplog.records if r.name == "infiniops"]
     assert any("INFINIOPS_PRIORITY for rms_norm: provider 'nope' is not loaded (known: " in w for w in warnings)
-    assert any("INFINIOPS_PRIORITY: unknown operator 'nope_op', ignored (known: gemm," in w for w in warnings)
+    assert any("INFINIOPS_PRIORITY: unknown operator 'nope_op', ignored (known: add," in w for w in warnings)
     assert any("INFINIOPS_DENY: provider 'zzz' is not loaded" in w for w in warnings)
     assert len(warnings) == 3  # once each, at reload; resolving logs nothing more
     io.resolve("rms_norm", **CPU32)
