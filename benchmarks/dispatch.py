@@ -2,7 +2,7 @@
 
 Two rows per operator, on tiny CPU tensors (so the kernel is as cheap as it gets and the overhead shows):
 
-- dispatch: ``OpSpec.call(key, ...)`` (a contextvar read, a dict lookup in the resolution cache, the call)
+- dispatch: ``dispatch(spec, key, ...)`` (two contextvar reads, a dict lookup in the resolution cache, the call)
   against ``impl.fn(...)``;
 - full call: the public function (contract checks, key, dispatch) against ``impl.fn(...)``.
 
@@ -36,10 +36,10 @@ from rich.table import Table
 
 import infiniops_py as io
 from infiniops_py import runtime
+from infiniops_py.dispatch import Dispatched, dispatch, observing
 from infiniops_py.operators import OpSpec
-from infiniops_py.operators._base import install_dispatcher
 
-TARGET_US = 2.0  # the dispatch path (OpSpec.call) over the implementation
+TARGET_US = 2.0  # the dispatch path (`infiniops_py.dispatch.dispatch`) over the implementation
 FULL_TARGET_US = 3.0  # the whole public call (checks, lowering test, dispatch) over the implementation
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -56,19 +56,11 @@ def _cases() -> dict[str, Call]:
 
 def _capture(call: Call) -> tuple[OpSpec, tuple[Any, ...], tuple[Any, ...], dict[str, Any]]:
     """Run `call` once and record what it dispatches: (spec, key, implementation args, kwargs)."""
-    seen: list[tuple[OpSpec, tuple[Any, ...], tuple[Any, ...], dict[str, Any]]] = []
-
-    def recorder(spec: OpSpec, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        seen.append((spec, key, args, kwargs))
-        return runtime._dispatch(spec, key, args, kwargs)
-
-    install_dispatcher(recorder)
-    try:
-        fn, args, kwargs = call
+    seen: list[Dispatched] = []
+    fn, args, kwargs = call
+    with observing(seen.append):
         fn(*args, **kwargs)
-    finally:
-        install_dispatcher(runtime._dispatch)
-    return seen[0]
+    return seen[0].spec, seen[0].key, seen[0].args, seen[0].kwargs
 
 
 def _per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], calls: int) -> float:
@@ -85,7 +77,7 @@ def measure(call: Call, rounds: int, calls: int) -> dict[str, float]:
     fn, args, kwargs = call
     paths = {
         "direct": (impl.fn, impl_args, impl_kwargs),
-        "dispatch": (spec.call, (key, *impl_args), impl_kwargs),
+        "dispatch": (dispatch, (spec, key, *impl_args), impl_kwargs),
         "full": (fn, args, kwargs),
     }
     samples: dict[str, list[float]] = {name: [] for name in paths}
@@ -116,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         spec, key, _, _ = _capture(call)
         name = runtime.get_resolver().resolve_key(spec, key, ()).name
         t = measure(call, opts.rounds, opts.calls)
-        for path, label in (("dispatch", "dispatch (OpSpec.call)"), ("full", "full call (checks + dispatch)")):
+        for path, label in (("dispatch", "dispatch (dispatch())"), ("full", "full call (checks + dispatch)")):
             overhead = t[path] - t["direct"]
             ok = overhead <= (TARGET_US if path == "dispatch" else FULL_TARGET_US)
             dispatch_ok &= ok or path != "dispatch"

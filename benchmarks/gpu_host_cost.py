@@ -72,9 +72,7 @@ import torch
 import torch.nn.functional as F
 
 import infiniops_py as ops
-from infiniops_py import runtime
-from infiniops_py.operators._base import install_dispatcher
-from infiniops_py.resolver import current_overrides
+from infiniops_py.dispatch import Dispatched, observing
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
@@ -536,21 +534,15 @@ def measure(fn: Callable[[], Any], device: str, calls: int, rounds: int, warmup:
 
 
 def served_by(fn: Callable[[], Any]) -> str:
-    """The providers that served one call of `fn` (comma-separated, in call order), from a recording
-    dispatcher installed for that call only."""
+    """The providers that served one call of `fn` (comma-separated, in call order), observed for that call only."""
     seen: list[str] = []
 
-    def recorder(spec: Any, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        impl = runtime.get_resolver().resolve_key(spec, key, current_overrides())
-        if impl.provider not in seen:
-            seen.append(impl.provider)
-        return impl.fn(*args, **kwargs)
+    def record(call: Dispatched) -> None:
+        if call.impl.provider not in seen:
+            seen.append(call.impl.provider)
 
-    install_dispatcher(recorder)
-    try:
+    with observing(record):
         fn()
-    finally:
-        install_dispatcher(runtime._dispatch)
     return ",".join(seen) or "-"
 
 

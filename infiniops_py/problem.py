@@ -14,12 +14,10 @@ fields; the hot path appends their classes to the dispatch key, so measured reso
 per call. Capabilities never read the bucket: it ranks, it does not gate.
 
 Each `OpSpec` registers itself when it is defined: `SPECS` maps every operator name defined so far to its spec,
-and a second spec of a name already taken is refused. Discovery, the built-in providers and the overrides read
-`SPECS`, so none of them imports an operator module. Importing ``infiniops_py`` imports every operator family,
+and a second spec of a name already taken is refused. The call path (`infiniops_py.dispatch`) and what it builds
+the resolver from (discovery, the built-in providers, the overrides) read `SPECS`, so none of them imports an
+operator module (the operators import the call path). Importing ``infiniops_py`` imports every operator family,
 so `SPECS` is complete before any call.
-
-`OpSpec.call` hands a call to the dispatcher that `install_dispatcher` sets (the runtime's resolver, once
-``infiniops_py`` is imported).
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ from typing import Any, Final, final
 
 import torch
 
-__all__ = ["DTYPE_NAMES", "SPECS", "OpSpec", "Problem", "dtype_name", "install_dispatcher", "installed_dispatcher",
-           "size_class"]
+__all__ = ["DTYPE_NAMES", "SPECS", "OpSpec", "Problem", "dtype_name", "size_class"]
 
 DTYPE_NAMES: Final[dict[torch.dtype, str]] = {
     torch.float16: "float16",
@@ -62,21 +59,6 @@ def size_class(n: int) -> int:
     The classes of a size bucket (``OpSpec.buckets``); cheap enough for the hot path (two int operations).
     """
     return n and 1 << (n - 1).bit_length()
-
-
-_Dispatcher = Callable[["OpSpec", tuple[Any, ...], tuple[Any, ...], dict[str, Any]], Any]
-_dispatcher: _Dispatcher | None = None
-
-
-def install_dispatcher(fn: _Dispatcher) -> None:
-    """Called once by the framework layer: route every `OpSpec.call` through the resolver."""
-    global _dispatcher
-    _dispatcher = fn
-
-
-def installed_dispatcher() -> _Dispatcher | None:
-    """The dispatcher `install_dispatcher` set last; None until ``infiniops_py.runtime`` is imported."""
-    return _dispatcher
 
 
 _SPECS: dict[str, OpSpec] = {}
@@ -149,12 +131,6 @@ class OpSpec:
         values = {**self.fields, **fields}
         bucket = {name: size_class(sizes[name]) for name in self.buckets} if sizes else {}
         return Problem(self.name, device_type, dtype_name(dtype), values, bucket)
-
-    def call(self, key: tuple[Any, ...], *args: Any, **kwargs: Any) -> Any:
-        """Run the implementation the resolver picks for ``key = (device_type, dtype, *field values)``."""
-        if _dispatcher is None:
-            raise RuntimeError("infiniops_py did not install its dispatcher: import infiniops_py first")
-        return _dispatcher(self, key, args, kwargs)
 
     def problem_from_key(self, key: tuple[Any, ...]) -> Problem:
         """Build the problem behind a dispatch key ``(device_type, dtype, *field values, *bucket classes)``."""

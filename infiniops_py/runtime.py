@@ -1,22 +1,22 @@
-"""The process-wide runtime: discovered providers, the resolver, the call path and tracing.
+"""The process-wide runtime's public face: problems by name, explanations, resolutions, the providers.
 
-Built lazily on the first call (nothing happens at import time) and rebuilt by `reload()`, which also
-re-reads the environment (``INFINIOPS_*``).
+The resolver itself, its build (lazy, on the first call; nothing happens at import time), `reload()` (which
+also re-reads the environment, ``INFINIOPS_*``), the providers registered by hand and the call path live in
+`infiniops_py.dispatch`; `get_resolver`, `reload`, `register_provider` and `unregister_provider` are re-exported
+here.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from infiniops_py import plugins
-from infiniops_py.problem import SPECS, OpSpec, Problem, dtype_name, install_dispatcher
+from infiniops_py.dispatch import get_resolver, register_provider, reload, unregister_provider
+from infiniops_py.problem import SPECS, OpSpec, Problem
 from infiniops_py.registry import Implementation, Provider
-from infiniops_py.resolver import _OVERRIDES, Explanation, Fallback, Resolver, Settings, current_overrides
+from infiniops_py.resolver import Explanation, Fallback, current_overrides
 
 __all__ = [
     "explain",
@@ -28,80 +28,8 @@ __all__ = [
     "reload",
     "resolve",
     "resolve_closure",
+    "unregister_provider",
 ]
-
-_resolver: Resolver | None = None
-_manual: list[Provider] = []
-
-
-def _build() -> Resolver:
-    from infiniops_py import meta_provider, reference_provider
-
-    settings = Settings.from_env()  # first: a bad switch stops before any plugin loads
-    found = plugins.deduplicate([reference_provider.provider(), meta_provider.provider(), *plugins.discover(),
-                                  *_manual])
-    return Resolver(found, settings, SPECS)
-
-
-def get_resolver() -> Resolver:
-    """The current resolver, built on first use.
-
-    Raises:
-        ValueError: (`_env.EnvValueError`) a boolean ``INFINIOPS_*`` switch (``INFINIOPS_STRICT``,
-            ``INFINIOPS_TRACE_CALLS``, ``INFINIOPS_DISABLE_PLUGIN_AUTOLOAD``) set to a value that is neither
-            true nor false, naming the variable.
-    """
-    global _resolver
-    if _resolver is None:
-        _resolver = _build()
-    return _resolver
-
-
-def reload() -> Resolver:
-    """Re-discover providers and re-read the environment; clears the resolution cache.
-
-    Raises:
-        ValueError: as `get_resolver`.
-    """
-    global _resolver
-    _resolver = _build()
-    return _resolver
-
-
-def register_provider(plugin: Any, *, name: str | None = None) -> Provider:
-    """Register a provider plugin object by hand (a module or object with an ``infiniops_provider`` hook).
-
-    For use with ``INFINIOPS_DISABLE_PLUGIN_AUTOLOAD=1`` or in tests; returns the loaded `Provider`
-    (check ``provider.error``). `name`, when given, must be the provider's own name, as an entry point's
-    name must be; without it the provider keeps the name it gives itself. Nothing raises for a bad plugin
-    (``SystemExit`` and ``KeyboardInterrupt`` from its hook included, see `plugins.load_plugin`): a missing or
-    raising hook, a provider named otherwise than `name`, unusable declarations (see
-    `plugins.declaration_errors`) or a provider name already taken (``torch``) give a failed provider,
-    listed by ``infiniops providers``; the provider already holding the name keeps serving.
-    """
-    provider = plugins.load_plugin(plugin, name=name or _plugin_name(plugin), source="manual",
-                                   check_name=name is not None)
-    taken = get_resolver().providers.get(provider.name)
-    if taken is not None:
-        provider = plugins.duplicate(provider, taken, origin="manual")
-    _manual.append(provider)
-    reload()
-    return provider
-
-
-def _plugin_name(plugin: Any) -> str:
-    """The plugin's ``__name__`` (a module's), or ``manual``: the name of its provider should it fail."""
-    try:
-        found = getattr(plugin, "__name__", None)
-    except BaseException:  # a plugin object is foreign code, even its attributes
-        found = None
-    return found if isinstance(found, str) and found.strip() else "manual"
-
-
-def unregister_provider(name: str) -> None:
-    """Remove a provider registered by hand (and a duplicate of that name refused at registration)."""
-    _manual[:] = [p for p in _manual if p.name not in (name, f"{name} [manual]")]
-    reload()
 
 
 def providers() -> list[Provider]:
@@ -213,31 +141,3 @@ def _request(n: int, request: Any) -> Problem:
 def fallbacks() -> list[Fallback]:
     """Every fallback resolution so far (since the last reload)."""
     return list(get_resolver().fallbacks)
-
-
-def _dispatch(spec: OpSpec, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # the hot path of every call: a contextvar read and a dict lookup
-    r = _resolver or get_resolver()
-    overrides = _OVERRIDES.get()
-    impl = r.cache.get((spec.name, key, overrides))
-    if impl is None:
-        impl = r.resolve_key(spec, key, overrides)
-    if r.settings.trace:
-        _trace(spec, key, impl)
-    return impl.fn(*args, **kwargs)
-
-
-def _trace(spec: OpSpec, key: tuple[Any, ...], impl: Implementation) -> None:
-    record = {
-        "operator_name": spec.name,
-        "device_type": key[0],
-        "dtype": dtype_name(key[1]),
-        "provider": impl.provider,
-        "implementation": impl.name,
-    }
-    if spec.buckets:  # the size bucket that the decision (and its measured times) belongs to
-        record["bucket"] = dict(zip(spec.buckets, key[len(key) - len(spec.buckets):]))
-    sys.stderr.write(json.dumps(record) + "\n")
-
-
-install_dispatcher(_dispatch)

@@ -13,7 +13,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import infiniops_py as ip
-from infiniops_py import ContractError, OpSpec, flash_attn_varlen, flash_attn_with_kvcache
+from infiniops_py import ContractError, flash_attn_varlen, flash_attn_with_kvcache
+from infiniops_py.dispatch import observing
 from infiniops_py.operators._base import is_checked
 from infiniops_py.testing.conformance import run_conformance
 
@@ -226,17 +227,12 @@ def test_empty_inputs(provider: str) -> None:
     assert out.shape == (0, 1, 2, 8)
 
 
-def test_problem_key_normalizes_window_causal_and_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_problem_key_normalizes_window_causal_and_scale() -> None:
     seen: list[tuple[tuple[object, ...], tuple[object, ...]]] = []
-
-    def spy(self: OpSpec, key: tuple[object, ...], *args: object) -> object:
-        seen.append((key, args))
-        return args[-1]
-
-    monkeypatch.setattr(OpSpec, "call", spy)
     q, k = torch.randn(5, 4, 64), torch.randn(7, 2, 64)
-    flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, causal=True, window_size=(7, 3), softcap=30)
-    flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, window_size=(2, 9))
+    with observing(lambda call: seen.append((call.key, call.args))):
+        flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, causal=True, window_size=(7, 3), softcap=30)
+        flash_attn_varlen(q, k, k, _cu([5]), _cu([7]), 5, 7, window_size=(2, 9))
     (key1, args1), (key2, args2) = seen
     assert key1 == ("cpu", torch.float32, 64, 2, True, False, True, False, 0, False, False, False, False, 8, 8)
     assert args1[7] == pytest.approx(64**-0.5) and args1[9] == (-1, -1) and args1[10] == 30.0

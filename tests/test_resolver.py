@@ -18,7 +18,7 @@ from example_plugins import BROKEN, plugin_site
 from fakes import correct_add, cpu_capability, fresh_env, registered
 
 import infiniops_py as io
-from infiniops_py import GateError, OneOf, Provider, hookimpl, plugins, runtime
+from infiniops_py import GateError, OneOf, Provider, dispatch, hookimpl, plugins
 from infiniops_py.cli import main
 from infiniops_py.resolver import Settings
 from infiniops_py.runtime import get_resolver
@@ -291,7 +291,7 @@ def test_boolean_switches_parse_one_way_and_refuse_other_values(
         monkeypatch.setenv(var, "maybe")
         with pytest.raises(ValueError, match=f"environment variable {var}='maybe' is not a boolean: use one of 1, "):
             io.reload()
-        monkeypatch.setattr(runtime, "_resolver", None)  # as in a fresh process
+        monkeypatch.setattr(dispatch, "_resolver", None)  # as in a fresh process
         assert main(["providers"]) == 2
         assert capsys.readouterr().err.startswith(f"infiniops providers: environment variable {var}='maybe' ")
         monkeypatch.delenv(var)

@@ -1,8 +1,8 @@
 """The operators' argument-check helpers, shared by every operator module.
 
 Each helper raises `ContractError` naming the operator, the argument, the value found and what is needed.
-The framework types these modules also use (`Problem`, `OpSpec`, the dtype names, the dispatcher slot, the
-overlap solver, `ContractError`) live in `infiniops_py.problem`, `infiniops_py.memory` and
+The framework types these modules also use (`Problem`, `OpSpec`, the dtype names, the overlap solver,
+`ContractError`) live in `infiniops_py.problem`, `infiniops_py.memory` and
 `infiniops_py.errors`; they are re-exported here for the operator modules.
 """
 
@@ -21,7 +21,7 @@ import torch
 from infiniops_py._env import parse_flag
 from infiniops_py.errors import ContractError
 from infiniops_py.memory import byte_extent, overlaps, same_view
-from infiniops_py.problem import DTYPE_NAMES, OpSpec, Problem, dtype_name, install_dispatcher, size_class
+from infiniops_py.problem import DTYPE_NAMES, OpSpec, Problem, dtype_name, size_class
 
 __all__ = [
     "DTYPE_NAMES",
@@ -45,7 +45,6 @@ __all__ = [
     "checked_indices",
     "device_type",
     "dtype_name",
-    "install_dispatcher",
     "is_checked",
     "overlaps",
     "same_view",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -96,8 +97,8 @@ def add(
     if torch.is_grad_enabled() and (input.requires_grad or other.requires_grad or out.requires_grad):
         check_no_grad(_OP, {"input": input, "other": other, "out": out})
     # The implementation writes `out`; what it returns is not the result (it may be None or another tensor).
-    SPEC.call(("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace, size_class(out.numel())), input,
-              other, alpha, out)
+    dispatch(SPEC, ("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace, size_class(out.numel())), input,
+             other, alpha, out)
     return out
 
 

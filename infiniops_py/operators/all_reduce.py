@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -139,7 +140,7 @@ def all_reduce(tensor: torch.Tensor, *, group: object = None) -> torch.Tensor:
     pg = _resolve(group)
     if tensor.numel() == 0:
         return tensor
-    SPEC.call(("cpu" if tensor.is_cpu else device_type(tensor), tensor.dtype, pg.name(), pg.size()), tensor, pg)
+    dispatch(SPEC, ("cpu" if tensor.is_cpu else device_type(tensor), tensor.dtype, pg.name(), pg.size()), tensor, pg)
     return tensor
 
 

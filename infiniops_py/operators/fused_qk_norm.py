@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -101,7 +102,7 @@ def fused_qk_norm(
     check_no_overlap(_OP, "q_weight", q_weight, "qkv", qkv)
     check_no_overlap(_OP, "k_weight", k_weight, "qkv", qkv)
     key = (qkv.device.type, qkv.dtype, head_dim, num_q_heads, num_kv_heads, size_class(qkv.shape[0]))
-    SPEC.call(key, qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
+    dispatch(SPEC, key, qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
     return qkv
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -138,8 +139,8 @@ def fused_qk_norm_rope(
     check_index_range(_OP, "positions", positions, cos_sin_cache.shape[0], allow_negative=False)
     key = (device_type(qkv), qkv.dtype, head_dim, num_q_heads, num_kv_heads, rotary_dim, is_neox,
            size_class(qkv.shape[0]))
-    SPEC.call(key, qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
-              is_neox)
+    dispatch(SPEC, key, qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
+             is_neox)
     return qkv
 
 

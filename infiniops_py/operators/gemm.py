@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -125,7 +126,7 @@ def gemm(
         return out
     key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None, size_class(m), size_class(n),
            size_class(ka))
-    SPEC.call(key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
+    dispatch(SPEC, key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
     return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -159,8 +160,8 @@ def reshape_and_cache_flash(
     check_unique_indices(_OP, "slot_mapping", slot_mapping, "slot")
     if slot_mapping.shape[0] == 0 or key_cache.numel() == 0:
         return
-    SPEC.call((dev.type, dt, d, block_size, hkv, fp8, size_class(slot_mapping.shape[0])), key, value, key_cache,
-              value_cache, slot_mapping, **scales)
+    dispatch(SPEC, (dev.type, dt, d, block_size, hkv, fp8, size_class(slot_mapping.shape[0])), key, value, key_cache,
+             value_cache, slot_mapping, **scales)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -126,10 +127,10 @@ def rms_norm(
         return out
     key = ("cpu" if on_cpu else device_type(x), dtype, h, size_class(x.numel() // h))
     if len(shape) == 2:
-        SPEC.call(key, x, weight, eps, out)
+        dispatch(SPEC, key, x, weight, eps, out)
         return out
     x2 = x.view(-1, h) if _viewable(x) else x.reshape(-1, h)
-    SPEC.call(key, x2, weight, eps, out.view(-1, h))
+    dispatch(SPEC, key, x2, weight, eps, out.view(-1, h))
     return out
 
 
@@ -185,14 +186,14 @@ def fused_add_rms_norm(
     check_no_overlap(_FUSED, "weight", weight, "residual", residual)
     key = (x.device.type, x.dtype, h, size_class(x.numel() // h))
     if x.dim() == 2:
-        FUSED_SPEC.call(key, x, residual, weight, eps)
+        dispatch(FUSED_SPEC, key, x, residual, weight, eps)
         return x, residual
     if _viewable(x) and _viewable(residual):
-        FUSED_SPEC.call(key, x.view(-1, h), residual.view(-1, h), weight, eps)
+        dispatch(FUSED_SPEC, key, x.view(-1, h), residual.view(-1, h), weight, eps)
         return x, residual
     # Rows that cannot be flattened into one strided dim: run on 2-D copies, then write back in place.
     x2, r2 = x.reshape(-1, h).clone(), residual.reshape(-1, h).clone()
-    FUSED_SPEC.call(key, x2, r2, weight, eps)
+    dispatch(FUSED_SPEC, key, x2, r2, weight, eps)
     x.copy_(x2.view(x.shape))
     residual.copy_(r2.view(x.shape))
     return x, residual

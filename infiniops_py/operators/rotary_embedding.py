@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -121,8 +122,8 @@ def rotary_embedding(
     check_apart(_OP, {"query": query} if key is None else {"query": query, "key": key},
                 {"positions": positions, "cos_sin_cache": cos_sin_cache})
     check_index_range(_OP, "positions", positions, cos_sin_cache.shape[0], allow_negative=False)
-    SPEC.call((device_type(query), query.dtype, head_size, rotary_dim, is_neox, size_class(tokens)), positions, q3, k3,
-              cos_sin_cache, is_neox)
+    dispatch(SPEC, (device_type(query), query.dtype, head_size, rotary_dim, is_neox, size_class(tokens)), positions,
+             q3, k3, cos_sin_cache, is_neox)
     return query, key
 
 

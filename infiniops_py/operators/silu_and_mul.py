@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
@@ -80,7 +81,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     if out.numel() == 0:
         return out
     x2 = x.view(-1, width) if _viewable(x) else x.reshape(-1, width)
-    SPEC.call((device_type(x), x.dtype, d, size_class(x2.shape[0])), x2, out.view(-1, d))
+    dispatch(SPEC, (device_type(x), x.dtype, d, size_class(x2.shape[0])), x2, out.view(-1, d))
     return out
 
 

@@ -8,7 +8,7 @@ provider's implementation returns what its calling convention says (the ``out`` 
   a write past either end of an argument lands where `Snapshot` sees it;
 - `Snapshot` copies those buffers before the call and names, after it, any changed byte that no output
   element covers: an input the contract leaves untouched, or memory outside every output;
-- `recorded_calls` records each implementation call made through ``OpSpec.call`` in a block, with what the
+- `recorded_calls` records each implementation call of a block (`infiniops_py.dispatch.dispatch`), with what the
   implementation returned, and `convention_of` / `check_returns` compare those with the reference's.
 """
 
@@ -21,8 +21,8 @@ from typing import Any, Final
 
 import torch
 
+from infiniops_py.dispatch import Dispatched, observing
 from infiniops_py.memory import overlaps
-from infiniops_py.problem import OpSpec, install_dispatcher, installed_dispatcher
 
 __all__ = [
     "GUARD_BYTES",
@@ -165,32 +165,21 @@ def _outside(stray: torch.Tensor, on_storage: Mapping[str, torch.Tensor]) -> str
 
 @contextlib.contextmanager
 def recorded_calls() -> Iterator[list[Call]]:
-    """Record, in the block and on this thread, each implementation call made through ``OpSpec.call``:
+    """Record, in the block and on this thread, each implementation call that an operator dispatches:
     ``(arguments, what the implementation returned)``.
 
-    It wraps the installed dispatcher for the block (process-wide: calls from other threads still run,
-    unrecorded) and restores it afterwards.
-
-    Raises:
-        RuntimeError: no dispatcher is installed (infiniops_py was not imported).
+    It observes the block's context (`infiniops_py.dispatch.observing`); a call made on another thread, even one
+    run in a copy of this context, is not recorded.
     """
-    inner = installed_dispatcher()
-    if inner is None:
-        raise RuntimeError("infiniops_py did not install its dispatcher: import infiniops_py first")
     calls: list[Call] = []
     thread = threading.get_ident()
 
-    def record(spec: OpSpec, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        returned = inner(spec, key, args, kwargs)
+    def record(call: Dispatched) -> None:
         if threading.get_ident() == thread:
-            calls.append((args, returned))
-        return returned
+            calls.append((call.args, call.returned))
 
-    install_dispatcher(record)
-    try:
+    with observing(record):
         yield calls
-    finally:
-        install_dispatcher(inner)
 
 
 def convention_of(call: Call) -> int | str | None:

@@ -1,10 +1,10 @@
 """Recording the implementation calls that code makes: what the tuner times, at the exact sizes the code ran.
 
-Inside `recording()`, every call of a public operator still runs as usual (the dispatcher the runtime installed
-serves it); the first call of each dispatch key is also kept as a `CapturedCall`: the operator's spec, the key
-(device, dtype, fields, bucket classes) and the arguments in the implementation calling convention, so that
-each accepting implementation can be timed on exactly those arguments afterwards. The dispatcher is swapped
-for the whole process while the block runs: record from one thread.
+Inside `recording()`, every call of a public operator still runs as usual (the resolver's implementation serves
+it); the first call of each dispatch key is also kept as a `CapturedCall`: the operator's spec, the key (device,
+dtype, fields, bucket classes) and the arguments in the implementation calling convention, so that each
+accepting implementation can be timed on exactly those arguments afterwards. The block observes the calls of
+its own context (`infiniops_py.dispatch.observing`): this thread's, not another thread's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from infiniops_py.problem import OpSpec, Problem, install_dispatcher, installed_dispatcher
+from infiniops_py.problem import OpSpec, Problem
 
 __all__ = ["CapturedCall", "recording"]
 
@@ -43,25 +43,17 @@ class CapturedCall:
 
 @contextlib.contextmanager
 def recording() -> Iterator[list[CapturedCall]]:
-    """Record the first call of each dispatch key made inside the block into the list it yields.
+    """Record the first call of each dispatch key made inside the block, in this context, into the list it yields
+    (each call once its implementation has returned)."""
+    from infiniops_py.dispatch import Dispatched, observing  # it imports the resolver, which imports this package
 
-    Raises:
-        RuntimeError: the runtime has installed no dispatcher (``infiniops_py`` was not imported).
-    """
-    previous = installed_dispatcher()
-    if previous is None:
-        raise RuntimeError("infiniops_py did not install its dispatcher: import infiniops_py first")
     calls: list[CapturedCall] = []
     seen: set[tuple[str, tuple[Any, ...]]] = set()
 
-    def dispatch(spec: OpSpec, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if (spec.name, key) not in seen:
-            seen.add((spec.name, key))
-            calls.append(CapturedCall(spec, key, args, dict(kwargs)))
-        return previous(spec, key, args, kwargs)
+    def record(call: Dispatched) -> None:
+        if (call.spec.name, call.key) not in seen:
+            seen.add((call.spec.name, call.key))
+            calls.append(CapturedCall(call.spec, call.key, call.args, dict(call.kwargs)))
 
-    install_dispatcher(dispatch)
-    try:
+    with observing(record):
         yield calls
-    finally:
-        install_dispatcher(previous)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -155,7 +156,7 @@ def causal_conv1d(
     else:
         key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, seq_idx is not None,
                initial_states is not None, return_final_states, False, size_class(x.shape[0] * x.shape[-1]))
-        SPEC.call(key, x, weight, bias, activation, seq_idx, initial_states, out, final_states)
+        dispatch(SPEC, key, x, weight, bias, activation, seq_idx, initial_states, out, final_states)
     return (out, final_states) if final_states is not None else out
 
 
@@ -219,8 +220,8 @@ def _causal_conv1d_varlen(
     if dim and nseq:  # empty sequences still reset their slots
         key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, False, False, False, True,
                size_class(x3.shape[0] * x3.shape[-1]))
-        SPEC.call(key, x3, weight, bias, activation, None, None, out, None,
-                  ConvVarlen(conv_states, query_start_loc, cache_indices, has_initial_state))
+        dispatch(SPEC, key, x3, weight, bias, activation, None, None, out, None,
+                 ConvVarlen(conv_states, query_start_loc, cache_indices, has_initial_state))
     return out[0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -132,9 +133,9 @@ def causal_conv1d_update(
                cache_seqlens is not None, size_class(x3.shape[0]))
         args = (x3, conv_state, weight, bias, activation, conv_state_indices, out)
         if cache_seqlens is None:
-            SPEC_UPDATE.call(key, *args)
+            dispatch(SPEC_UPDATE, key, *args)
         else:
-            SPEC_UPDATE.call(key, *args, cache_seqlens)
+            dispatch(SPEC_UPDATE, key, *args, cache_seqlens)
     return out.squeeze(-1) if x.dim() == 2 else out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     ContractError,
     OpSpec,
@@ -198,8 +199,8 @@ def flash_attn_with_kvcache(
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size,
            slopes is not None, return_softmax_lse, fp8, k is not None, cache_batch_idx is not None,
            cache_leftpad is not None, rotary_cos is not None, size_class(b * q.shape[1]), size_class(capacity))
-    KVCACHE_SPEC.call(key, q, k_cache, v_cache, seqlens, block_table, k, v, scale, bool(causal), window, softcap,
-                      out, **extras)
+    dispatch(KVCACHE_SPEC, key, q, k_cache, v_cache, seqlens, block_table, k, v, scale, bool(causal), window, softcap,
+             out, **extras)
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     ContractError,
     OpSpec,
@@ -153,8 +154,8 @@ def flash_attn_varlen(
     key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size,
            slopes is not None, return_softmax_lse, fp8, seqused_k is not None, size_class(q.shape[0]),
            size_class(max_seqlen_k))
-    VARLEN_SPEC.call(key, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                     bool(causal), window, softcap, block_table, out, **extras)
+    dispatch(VARLEN_SPEC, key, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+             bool(causal), window, softcap, block_table, out, **extras)
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
 
 

@@ -8,6 +8,7 @@ from typing import Final
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -174,9 +175,9 @@ def selective_scan(
         args = (x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), tuple(dt_limit), initial_states, seq_idx,
                 chunk_size, out, final_states)
         if cu_seqlens is None:
-            SPEC.call(key, *args)
+            dispatch(SPEC, key, *args)
         else:
-            SPEC.call(key, *args, ScanVarlen(cu_seqlens, varlen_states))
+            dispatch(SPEC, key, *args, ScanVarlen(cu_seqlens, varlen_states))
     if varlen_states is not None and return_final_states:
         final_states = (varlen_states[-1:].clone() if sequences else
                         torch.zeros(1, heads, head_dim, d_state, dtype=sdt, device=x.device))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -142,7 +143,7 @@ def selective_state_update(
         key = (x.device.type, x.dtype, head_dim, d_state, groups, D is not None, z is not None,
                dt_bias is not None, bool(dt_softplus), state_batch_indices is not None, untied,
                dtype_name(state.dtype), size_class(x.shape[0]))
-        SPEC_UPDATE.call(key, state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices, out)
+        dispatch(SPEC_UPDATE, key, state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices, out)
     return out
 
 
