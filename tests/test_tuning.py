@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from fakes import cpu_capability, registered
 import infiniops_py as io
 from infiniops_py import GateError, runtime
 from infiniops_py.problem import size_class
-from infiniops_py.tuning import NOISE_MARGIN, recording, store, tune_calls, tune_problem
+from infiniops_py.tuning import NOISE_MARGIN, CapturedCall, recording, store, tune_calls, tune_problem
 from infiniops_py.tuning import timer as timer_module
 from infiniops_py.tuning.store import Measurement, TuningFileError, read_file
 
@@ -93,6 +94,30 @@ def test_the_dispatch_key_carries_the_bucket_of_the_call(fakes: None) -> None:
         _call()
     assert [c.problem.bucket for c in seen] == [{"m": 4, "n": 8, "k": 8}]
     assert seen[0].problem == io.make_problem("gemm", **BUCKET)
+
+
+def test_recording_keeps_the_calls_of_its_own_thread_only(fakes: None) -> None:
+    """A block records the calls of its thread: another thread's calls meanwhile (an engine's server thread)
+    run unrecorded, and a recording block on that thread sees only its own."""
+    started, stop = threading.Event(), threading.Event()
+    theirs: list[list[CapturedCall]] = []
+
+    def other() -> None:
+        with recording() as seen:
+            io.gemm(torch.randn(16, 8), torch.randn(8, 8))
+            started.set()
+            stop.wait(5)
+        theirs.append(seen)
+
+    thread = threading.Thread(target=other)
+    with recording() as mine:
+        thread.start()
+        started.wait(5)
+        _call()
+        stop.set()
+        thread.join()
+    assert [c.problem.bucket for c in mine] == [{"m": 4, "n": 8, "k": 8}]
+    assert [c.problem.bucket for c in theirs[0]] == [{"m": 16, "n": 8, "k": 8}]
 
 
 def test_without_measurements_priority_decides(fakes: None, calls: list[str]) -> None:
