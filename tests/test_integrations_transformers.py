@@ -32,11 +32,11 @@ def _model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **ext
 
     common = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-              "eos_token_id": 255, "bos_token_id": 0, "pad_token_id": 0}
+              "eos_token_id": 255, "bos_token_id": 0, "pad_token_id": 0, **extra}
     config = {
-        "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True, **extra),
-        "qwen2": lambda: Qwen2Config(**common, **extra),
-        "qwen3": lambda: Qwen3Config(**common, head_dim=32, **extra),
+        "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True),
+        "qwen2": lambda: Qwen2Config(**common),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=32),
         "mamba2": lambda: Mamba2Config(vocab_size=160, hidden_size=32, num_hidden_layers=2, state_size=16, expand=2,
                                        head_dim=16, num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8,
                                        eos_token_id=159, pad_token_id=0, bos_token_id=0),
@@ -208,6 +208,28 @@ def test_kernelize_mlp_uses_weights_replaced_after_packing() -> None:
     with torch.no_grad():
         torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
     assert "silu_and_mul" in {key[0] for key in runtime.get_resolver().cache}
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},  # frequencies rescaled past 16 positions
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8, "rope_theta": 10000.0},
+])
+def test_kernelize_rope_rotates_by_transformers_values_of_scaled_rope_types(rope: dict[str, object]) -> None:
+    # the cos_sin_cache is the forward's own (cos, sin), so a RoPE type whose frequencies depend on the sequence
+    # length (dynamic NTK) or are rescaled (llama3) rotates as transformers does
+    model = _model("llama", max_position_embeddings=16, rope_parameters=rope)
+    patched = copy.deepcopy(model)
+    report = kernelize(patched)
+    assert len(report.swapped["rope"]) == 2
+    torch.manual_seed(5)
+    ids = torch.randint(1, 150, (2, 24))
+    tol = tolerance("rotary_embedding", "float32")
+    assert isinstance(tol, Allclose)
+    runtime.get_resolver().cache.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+    assert "rotary_embedding" in {key[0] for key in runtime.get_resolver().cache}
 
 
 def test_kernelize_leaves_rope_in_an_attention_forward_it_does_not_know() -> None:
