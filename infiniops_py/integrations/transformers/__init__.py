@@ -31,8 +31,9 @@ instances of the same classes are untouched). Per family (`FAMILIES`, keyed by `
   the same values, not a second copy of the weights. Another activation leaves the MLP as it is.
 
 Left in transformers' code, and listed in `Kernelized.left` with the reason: any of the above whose module
-is not what `kernelize` knows, and Mamba-2's gated ``MambaRMSNormGated`` (its ``silu(gate)`` product and
-per-group weight have no operator) and ``Mamba2Mixer`` (its conv and scans stay transformers' own).
+is not what `kernelize` knows, and Mamba-2's gated ``MambaRMSNormGated`` (no operator is its float32
+``x * silu(gate)`` then per-group RMSNorm: `silu_and_mul` rounds the product to the dtype) and
+``Mamba2Mixer`` (its conv and scans stay transformers' own).
 
 Every operator problem the swaps need is resolved first (`infiniops_py.resolve_closure`): when any has no
 provider, one `GateError` lists them all and nothing is swapped. The swapped calls then resolve per call

@@ -36,7 +36,8 @@ FAMILIES: Final[dict[str, Family]] = {
     "qwen2": Family(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), ("Qwen2MLP",)),
     "qwen3": Family(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), ("Qwen3MLP",)),
     "mamba2": Family(("Mamba2RMSNorm",), float32_inputs=("norm_f",), left=(
-        "MambaRMSNormGated: its silu(gate) product and per-group weight have no operator",
+        "MambaRMSNormGated: no operator is its float32 x * silu(gate) followed by a per-group RMSNorm "
+        "(silu_and_mul rounds the product to the dtype and takes gate and x packed in one tensor)",
         "Mamba2Mixer: its causal conv and scans stay transformers' own",
     )),
 }
