@@ -273,12 +273,19 @@ def test_kernelize_benchmark_runs_on_the_cpu_and_writes_its_records(tmp_path: Pa
             "--prefill-len", "16", "--repeats", "1", "--match-tokens", "2", "--json", str(path)]
     assert gk.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| decode, batch 2 (tok/s) |" in out and "PASS greedy tokens" in out and "attention: 2 module(s)" in out
+    # the logits check decides; greedy-token agreement of random bf16 weights is information (near-tied logits)
+    assert "| decode, batch 2 (tok/s) |" in out and "PASS logits" in out and "greedy tokens" in out
+    assert "attention: 2 module(s)" in out
     recs = plots.load_records(path)
     assert {(r["provider"], r["role"]) for r in recs} == {("transformers", "peer"),
                                                           ("transformers + kernelize", "ours")}
     assert len(recs) == 2 * (2 * 2 + 1)  # per way: generate and decode per batch, the prefill forward
-    assert all(r["rate"] > 0 and r["ms"] > 0 and r["metric"] == "tok/s" for r in recs)
+    assert all(r["metric"] == "tok/s" for r in recs)
+    # decode = (full-length time - 1-token time): on a loaded CPU that difference of two short timings can be
+    # <= 0, which the script records as no rate (NaN -> None), never as a negative one
+    decode = [r for r in recs if r["shape"].startswith("decode")]
+    assert all(r["rate"] is None or r["rate"] > 0 for r in decode)
+    assert all(r["rate"] > 0 and r["ms"] > 0 for r in recs if r not in decode)
     assert plots.model_chart(recs, tmp_path / "m.png") and _png(tmp_path / "m.png") == plots.MODEL_PX
 
 
