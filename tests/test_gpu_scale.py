@@ -40,12 +40,16 @@ def _clean_runtime() -> Iterator[None]:
 
 
 def _triton_impl(op: str) -> Any:
-    """The Triton implementation of `op` (its declared limits shape the draws, as on the GPU)."""
-    provider = runtime.get_resolver().providers.get("triton")
-    if provider is None or provider.error:
-        pytest.fail(f"the triton provider is not loaded: {provider and provider.error}")
-    [impl] = [i for i in provider.implementations if i.op == op]
-    return impl
+    """The Triton implementation of `op` (its declared limits shape the draws, as on the GPU); the torch
+    provider's for an operator Triton does not implement (the all_reduce collective)."""
+    for name in ("triton", "torch"):
+        provider = runtime.get_resolver().providers.get(name)
+        if provider is None or provider.error:
+            pytest.fail(f"the {name} provider is not loaded: {provider and provider.error}")
+        impls = [i for i in provider.implementations if i.op == op]
+        if impls:
+            return impls[0]
+    pytest.fail(f"neither the triton nor the torch provider implements {op}")
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:

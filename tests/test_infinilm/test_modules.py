@@ -2,8 +2,8 @@
 
 A module-level list, dict, set, counter or mutable object is state shared by every engine of the process
 (request ids numbered across engines, a table one caller could change under another); constants are
-numbers, strings, tuples, frozensets, read-only mappings, dtypes, frozen dataclasses, and the module's
-functions, classes and imports.
+numbers, strings, tuples, frozensets, read-only mappings, dtypes, compiled regular expressions, frozen
+dataclasses, and the module's functions, classes and imports.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import importlib
 import pkgutil
+import re
 import types
 import typing
 
@@ -20,7 +21,7 @@ import torch
 import infinilm
 
 _CONSTANT_TYPES = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range,
-                   types.MappingProxyType, types.GenericAlias, torch.dtype, enum.Enum)
+                   types.MappingProxyType, types.GenericAlias, torch.dtype, enum.Enum, re.Pattern)
 
 
 def _is_constant(value: object) -> bool:
