@@ -9,8 +9,16 @@
   (``torch.multiprocessing``, forkserver on Linux, else spawn; daemonic, so they end with it), each running
   `follower(*args)` (the engine's: the checks and gates, then join, load its shard and follow rank 0's
   steps). Each reports over a pipe when it is about to join the process group, when its weights are loaded
-  (`Ranks.loaded`) and, when it fails, the error, which rank 0 raises (a follower that dies is reported with
-  its exit code); rank 0 waits for those, never for a collective a dead follower will not join.
+  (`Ranks.loaded`) and, when it fails, the error, which rank 0 raises (a follower that dies without a word,
+  its end of the pipe closed, is reported with its exit code or signal); rank 0 waits for those, never for a
+  collective a dead follower will not join. Rank 0 listens for the rendezvous (a ``TCPStore`` on a port the
+  system picks) before it starts them, so no other process can take the port in between.
+
+Joining is bounded: a rank that waits `RENDEZVOUS_SECONDS` for the others (a torchrun launch whose other ranks
+never start, such as ``RANK`` and ``WORLD_SIZE`` left set by an earlier torchrun), or whose ``MASTER_PORT`` is
+taken, raises `ConfigError` naming the variables. Once a step has been broadcast, a failure on rank 0 ends the
+run (`Ranks.guard`): the followers are inside the step or gone, so no further step can run; the error of a
+follower that failed or died is raised in place of the collective's.
 
 Groups: the model's collectives (`infiniops_py.all_reduce`) run over ``torch.distributed``'s default group
 (nccl on cuda, gloo on cpu, torch's default timeout); the step broadcast and the small agreements of the
@@ -28,9 +36,10 @@ import dataclasses
 import datetime
 import multiprocessing.connection
 import os
-import socket
+import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -41,13 +50,15 @@ from infinilm.distributed.parallel import TensorParallel, backend_for
 from infinilm.distributed.step import StepKind, receive_step, send_step
 from infinilm.engine.scheduler import Batch
 
-__all__ = ["FollowerError", "Ranks", "join"]
+__all__ = ["RENDEZVOUS_SECONDS", "FollowerError", "Ranks", "join"]
 
 _ENV: Final = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _PIPE_ENV: Final = "INFINILM_RANK_PIPE"  # a follower started here: the file descriptor of its pipe to rank 0
 _CONTROL_TIMEOUT_DAYS: Final = 365
 _POLL_SECONDS: Final = 0.05
 _JOIN_SECONDS: Final = 30.0
+_FAILURE_GRACE_SECONDS: Final = 5.0  # after a collective failed (a RuntimeError): how long to wait for the cause
+RENDEZVOUS_SECONDS = 300.0  # how long a rank waits for every rank to join the process group
 
 
 class FollowerError(RuntimeError):
@@ -77,6 +88,7 @@ class Ranks:
         self.layout, self.device, self.control = layout, device, control
         self._followers, self._parent = followers, parent
         self._closed = False
+        self._ended: FollowerError | None = None  # the failure that ended the run (`guard`)
         if self.leader:  # the followers stop when rank 0's process exits, even if nobody closed the engine
             atexit.register(self.close)
 
@@ -113,24 +125,61 @@ class Ranks:
         """Rank 0: broadcast the step the followers run next (`infinilm.distributed.step`).
 
         Raises:
-            RuntimeError: this is not rank 0 (a follower runs rank 0's steps, never its own).
+            RuntimeError: this is not rank 0 (a follower runs rank 0's steps, never its own), or the run is
+                closed. FollowerError: the run ended when a follower failed or died (that error, again).
         """
         if not self.leader:
             raise RuntimeError(f"rank {self.layout.rank} is a follower: only rank 0 schedules and runs steps")
+        if self._ended is not None:
+            raise FollowerError(f"the tensor-parallel run has ended: {self._ended}")
+        if self._closed:
+            raise RuntimeError("the tensor-parallel run is closed (Engine.close): it runs no further step")
         send_step(kind, batch, self.control)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Around what the ranks do together (the load, the start of the cache, each step on rank 0): an exception
+        inside ends the run (the other ranks are inside the same work, or gone: nothing later could line up with
+        theirs), terminating the followers rank 0 started and destroying the process group.
+
+        Raises:
+            FollowerError: a follower failed (its error) or died (its exit code): what made a collective fail here
+                (a RuntimeError, the cause), found within a few seconds. Any other exception, as it was.
+        """
+        try:
+            yield
+        except FollowerError as err:
+            self.close(abort=True)
+            self._ended = err
+            raise
+        except BaseException as err:
+            failure = self.failure(_FAILURE_GRACE_SECONDS if isinstance(err, RuntimeError) else 0.0)
+            self.close(abort=True)
+            if failure is None:
+                raise
+            self._ended = failure
+            raise failure from err
 
     def receive(self) -> tuple[StepKind, Batch | None]:
         """A follower: the next step rank 0 broadcasts (blocks while rank 0 is idle)."""
         return receive_step(self.control)
 
-    def failure(self) -> FollowerError | None:
+    def failure(self, grace: float = 0.0) -> FollowerError | None:
         """The error a follower started here reported or died of, if one did (rank 0, after a collective
-        failed)."""
-        for f in self._followers:
-            message = _message(f)
-            if message is not None:
-                return FollowerError(message)
-        return None
+        failed), waiting up to `grace` seconds for one: a collective fails here as soon as the first socket of a
+        dying follower closes, before its pipe has (a follower sends its error after it closed its process
+        group)."""
+        deadline = time.monotonic() + grace
+        while True:
+            for f in self._followers:
+                message = _message(f)
+                if message is not None:
+                    return FollowerError(message)
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._followers:
+                return None
+            multiprocessing.connection.wait([*(f.pipe for f in self._followers),
+                                             *(f.process.sentinel for f in self._followers)], left)
 
     def close(self, *, abort: bool = False) -> None:
         """End the run: rank 0 broadcasts the stop (unless `abort`: a failure, the followers are terminated) and
@@ -144,7 +193,7 @@ class Ranks:
             atexit.unregister(self.close)
         if self.leader and not abort:
             try:
-                self.send(StepKind.STOP, None)
+                send_step(StepKind.STOP, None, self.control)
             except RuntimeError:  # a follower is gone: nothing to stop
                 abort = True
         for f in self._followers:
@@ -160,17 +209,28 @@ class Ranks:
             dist.destroy_process_group()
 
 
+def _died(f: _Follower, when: str) -> str:
+    """That `f` died `when`, with its exit code (or the signal that killed it), once its end of the pipe has
+    closed or it is no longer alive (it is reaped first: the exit code is known only then)."""
+    f.process.join(_JOIN_SECONDS)
+    code = f.process.exitcode
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            code = f"{code}, killed by {signal.Signals(-code).name}"
+    return f"tensor-parallel rank {f.rank} died (exit code {code}) {when} without reporting an error"
+
+
 def _message(f: _Follower) -> str | None:
     """The error `f` reported, or that it died, else None (it is alive and silent, or said something else)."""
     while f.pipe.poll():
         try:
             what, detail = f.pipe.recv()
-        except (EOFError, OSError):
-            break
+        except (EOFError, OSError):  # its end closed: it exited, or is exiting
+            return _died(f, "during the run")
         if what == "error":
             return f"tensor-parallel rank {f.rank} failed: {detail}"
     if not f.process.is_alive():
-        return f"tensor-parallel rank {f.rank} died (exit code {f.process.exitcode}) without reporting an error"
+        return _died(f, "during the run")
     return None
 
 
@@ -178,22 +238,20 @@ def _wait(f: _Follower, stage: str) -> None:
     """Block until follower `f` reports `stage`.
 
     Raises:
-        FollowerError: it reported an error, or died, first.
+        FollowerError: it reported an error, or died (its end of the pipe closed, or it is not alive), first.
     """
     while True:
         if f.pipe.poll(_POLL_SECONDS):
             try:
                 what, detail = f.pipe.recv()
-            except (EOFError, OSError):
-                what, detail = "died", None
+            except (EOFError, OSError):  # EOF: poll() stays true, so this must end the wait
+                raise FollowerError(_died(f, f"before it reported {stage!r}")) from None
             if what == stage:
                 return
             if what == "error":
                 raise FollowerError(f"tensor-parallel rank {f.rank} failed: {detail}")
-        if not f.process.is_alive() and not f.pipe.poll():
-            f.process.join()
-            raise FollowerError(f"tensor-parallel rank {f.rank} died (exit code {f.process.exitcode}) before it "
-                                f"reported {stage!r}")
+        elif not f.process.is_alive():
+            raise FollowerError(_died(f, f"before it reported {stage!r}"))
 
 
 def _torchrun() -> tuple[int, int, int] | None:
@@ -202,8 +260,8 @@ def _torchrun() -> tuple[int, int, int] | None:
     make no launch.
 
     Raises:
-        ConfigError: a launch without ``MASTER_ADDR`` or ``MASTER_PORT`` (the rendezvous), or a rank, world size or
-            local rank that is not an integer.
+        ConfigError: a launch without ``MASTER_ADDR`` or ``MASTER_PORT`` (the rendezvous); a rank, world size or
+            local rank that is not an integer, or out of range (``0 <= RANK < WORLD_SIZE``, ``LOCAL_RANK >= 0``).
     """
     found = {k: os.environ.get(k) or None for k in _ENV}
     if found["RANK"] is None or found["WORLD_SIZE"] is None:
@@ -215,15 +273,60 @@ def _torchrun() -> tuple[int, int, int] | None:
                           "ranks itself)")
     try:
         rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
-        return rank, world, int(found["LOCAL_RANK"] or rank)
+        local = int(found["LOCAL_RANK"] or rank)
     except ValueError:
         raise ConfigError(f"RANK, WORLD_SIZE and LOCAL_RANK must be integers, got {found}") from None
+    if not 0 <= rank < world or local < 0:
+        raise ConfigError(f"RANK={rank}, WORLD_SIZE={world}, LOCAL_RANK={local}: a launch needs 0 <= RANK < "
+                          "WORLD_SIZE and LOCAL_RANK >= 0")
+    return rank, world, local
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=RENDEZVOUS_SECONDS)
+
+
+def _listen(size: int) -> Any:
+    """Rank 0 of a run it starts: the rendezvous, a ``TCPStore`` on 127.0.0.1 at a port the system picks (its
+    ``port``), listening before any follower starts."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=_timeout(), wait_for_workers=False)
+
+
+def _rendezvous(rank: int, size: int, started: bool) -> Any:
+    """The store of the run the environment names (``MASTER_ADDR``, ``MASTER_PORT``: torchrun's, or rank 0's for a
+    follower it `started`), joined within `RENDEZVOUS_SECONDS` (rank 0 of a torchrun launch waits that long for
+    every other rank to connect).
+
+    Raises:
+        ConfigError: the others did not come in time, the port could not be listened on (taken) or connected to,
+            or it is not a port; naming the variables and the value of each.
+    """
+    import torch.distributed as dist
+
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=size, timeout=_timeout()))
+    except (dist.DistError, ValueError) as err:
+        where = f"MASTER_ADDR={os.environ.get('MASTER_ADDR')}, MASTER_PORT={os.environ.get('MASTER_PORT')}"
+        cause = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+        if started:
+            raise ConfigError(f"rank {rank} could not join rank 0's rendezvous ({where}) within "
+                              f"{RENDEZVOUS_SECONDS:g} s ({cause})") from None
+        raise ConfigError(
+            f"RANK={rank} and WORLD_SIZE={size} are set (a torchrun launch), but this rank could not join the others "
+            f"at {where} within {RENDEZVOUS_SECONDS:g} s ({cause}): start all {size} ranks (torchrun "
+            f"--nproc-per-node {size}) on a free MASTER_PORT, or unset RANK and WORLD_SIZE if an earlier torchrun "
+            "left them set (rank 0 then starts the other ranks itself)") from None
+    return store
+
+
+def _terminate(followers: list[_Follower]) -> None:
+    for f in followers:
+        if f.process.is_alive():
+            f.process.terminate()
+        f.process.join(_JOIN_SECONDS)
+        f.pipe.close()
 
 
 def _device(options: EngineOptions, local_rank: int) -> str:
@@ -239,9 +342,14 @@ def _follower_main(rank: int, size: int, port: int, threads: int, environ: dict[
     """A started follower: rank 0's environment `environ` (a forkserver's child would otherwise inherit the
     server's, as it was when the server started) with torchrun's variables for rank `rank` and the pipe's
     descriptor (`join` reads them), the resolver made again from it, rank 0's intra-op thread count, then
-    `follower(*args)`; an error goes to rank 0 over `pipe` before the process exits with status 1."""
+    `follower(*args)`; an error goes to rank 0 over `pipe` before the process exits with status 1.
+
+    SIGINT is ignored: a Ctrl-C at a terminal reaches the whole process group, and rank 0 decides what it means
+    (``infinilm serve`` finishes the requests in flight first, which needs every rank); a follower ends with
+    rank 0's stop, its termination (SIGTERM) or rank 0's death (its connections close)."""
     import infiniops_py
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(environ, RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), **{_PIPE_ENV: str(pipe.fileno())})
@@ -271,8 +379,10 @@ def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any,
     rank 0, unless torchrun's variables say otherwise, starts the others, each running `follower(*args)`.
 
     Raises:
-        ConfigError: torchrun's ``WORLD_SIZE`` differs from ``tensor_parallel_size``; this process runs a
-            tensor-parallel engine already (its default process group is initialized).
+        ConfigError: torchrun's ``WORLD_SIZE`` differs from ``tensor_parallel_size``, or its variables are not a
+            launch (`_torchrun`) or name a rendezvous this rank cannot join within `RENDEZVOUS_SECONDS`
+            (`_rendezvous`); this process runs a tensor-parallel engine already (its default process group is
+            initialized).
         FollowerError: a follower failed or died before joining the process group.
     """
     import torch.distributed as dist
@@ -284,42 +394,42 @@ def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any,
     backend = backend_for(torch.device(options.device).type)
     found = _torchrun()
     followers: list[_Follower] = []
+    parent: multiprocessing.connection.Connection | None = None
     if found is not None:
         rank, world, local = found
         if world != size:
             raise ConfigError(f"tensor_parallel_size={size} but torchrun's WORLD_SIZE={world}: they must agree")
-        init = "env://"
+        fd = os.environ.get(_PIPE_ENV)
+        parent = multiprocessing.connection.Connection(os.dup(int(fd))) if fd else None
+        store = _rendezvous(rank, size, started=parent is not None)
     else:
-        rank, local, port = 0, 0, _free_port()
-        init = f"tcp://127.0.0.1:{port}"
+        rank, local = 0, 0
+        store = _listen(size)
         ctx = _context()
         for r in range(1, size):
-            parent, child = ctx.Pipe()
+            end, child = ctx.Pipe()
             process = ctx.Process(target=_follower_main, name=f"infinilm-rank{r}", daemon=True,
-                                  args=(r, size, port, torch.get_num_threads(), dict(os.environ), child, follower,
-                                        args))
+                                  args=(r, size, store.port, torch.get_num_threads(), dict(os.environ), child,
+                                        follower, args))
             process.start()
             child.close()
-            followers.append(_Follower(r, process, parent))
-        try:  # each follower runs the checks and gates too before it joins: rank 0 joins once they all have
-            for f in followers:
-                _wait(f, "joining")
-        except FollowerError:
-            for f in followers:
-                f.process.terminate()
-                f.process.join(_JOIN_SECONDS)
-                f.pipe.close()
-            raise
-    fd = os.environ.get(_PIPE_ENV) if found is not None else None
-    parent = multiprocessing.connection.Connection(os.dup(int(fd))) if fd else None
-    if parent is not None:
-        parent.send(("joining", None))
-    device = _device(options, local)
-    if torch.device(device).type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
-    if backend == "nccl":  # the communicator is made lazily by the first collective: never inside a graph capture
-        dist.all_reduce(torch.zeros(1, device=device))
-    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=_CONTROL_TIMEOUT_DAYS))
+            followers.append(_Follower(r, process, end))
+    try:
+        for f in followers:  # each runs the checks and gates too before it joins: rank 0 joins once they all have
+            _wait(f, "joining")
+        if parent is not None:
+            parent.send(("joining", None))
+        device = _device(options, local)
+        if torch.device(device).type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=size)
+        if backend == "nccl":  # the communicator is made lazily by the first collective: never inside a capture
+            dist.all_reduce(torch.zeros(1, device=device))
+        control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=_CONTROL_TIMEOUT_DAYS))
+    except BaseException:
+        _terminate(followers)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
     return Ranks(TensorParallel(size, rank), device, control, followers, parent)
 

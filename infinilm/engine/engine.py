@@ -144,19 +144,13 @@ class Engine:
             load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
             return cls(config, options, gate_plan, model)
         ranks = join(options, _follow, (str(path), options))
-        try:
+        with ranks.guard():  # a failure closes the run; a follower's error explains a collective that failed here
             options, gate_plan = ranks.options(options), dataclasses.replace(gate_plan, parallel=ranks.layout)
             model = cls._build(config, options, gate_plan)
             ignored = functools.partial(family_of(config.model_type).model.ignored, tied=config.tie_word_embeddings)
             load_weights(checkpoint, model.targets(), ignored=ignored, progress=options.progress)
             ranks.loaded()
             return cls(config, options, gate_plan, model, ranks=ranks)
-        except BaseException as err:
-            failure = ranks.failure()  # a follower's error explains a collective that failed here
-            ranks.close(abort=True)
-            if failure is not None:
-                raise failure from err
-            raise
 
     @classmethod
     def check_checkpoint(cls, path: str | Path, config: ModelConfig, options: EngineOptions,
@@ -185,6 +179,11 @@ class Engine:
         return family_of(config.model_type).model(config, gate_plan, dtype=options.resolved_dtype(config),
                                                   device=device or torch.device(options.device),
                                                   max_len=options.model_len(config))
+
+    def _ranks_guard(self) -> contextlib.AbstractContextManager[None]:
+        """Rank 0 of a tensor-parallel run: `Ranks.guard` (a failed step ends the run and raises the follower's
+        error); nothing alone."""
+        return self.ranks.guard() if self.ranks is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
@@ -217,12 +216,17 @@ class Engine:
 
     # -- the data path -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Schedule -> prepare inputs -> run model -> sample -> postprocess; one token per scheduled sequence."""
+        """Schedule -> prepare inputs -> run model -> sample -> postprocess; one token per scheduled sequence.
+
+        Raises:
+            FollowerError: a tensor-parallel follower failed or died in the step (or did before: the run has
+                ended, and every later step raises it again).
+        """
         batch = self.scheduler.schedule()
         if not batch:
             return []
         start = time.perf_counter()
-        with self._scope():
+        with self._scope(), self._ranks_guard():
             if self.ranks is not None:
                 self.ranks.send(StepKind.RUN, batch)
             logits = self.runner.run(batch)
@@ -260,7 +264,7 @@ class Engine:
             ValueError: no prompt, an empty prompt, a token id that is not an integer or is outside the
                 vocabulary, or a prompt longer than ``max_model_len`` (the positions the model was built for;
                 raised before any kernel runs). RuntimeError: requests are in flight. CacheError: the prompts
-                need more blocks than are free.
+                need more blocks than are free. FollowerError: as `step`.
         """
         if not prompts:
             raise ValueError("prompts: needs at least one prompt")
@@ -277,7 +281,7 @@ class Engine:
         try:
             for s in seqs:
                 alloc.append(s.block_table, len(s))
-            with self._scope():
+            with self._scope(), self._ranks_guard():
                 if self.ranks is not None:
                     self.ranks.send(StepKind.PREFILL_LOGITS, Batch(prefills=seqs))
                 logits = self.runner.prefill_logits(Batch(prefills=seqs))

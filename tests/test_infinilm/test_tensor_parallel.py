@@ -1,6 +1,8 @@
 """Tensor parallelism on the CPU: two gloo ranks (this process is rank 0 and starts the other) against one process
 and against transformers, for Llama, Qwen3 and Mamba-2 checkpoints saved by transformers; the split check before
-anything starts; each rank reading only its slices; torchrun's launch of the CLI.
+anything starts; each rank reading only its slices; a follower's error, its death (before it reports, or
+mid-generation) and Ctrl-C as rank 0 sees them; torchrun's variables that make no run; torchrun's launch of the
+CLI.
 
 The variants cover each split: Llama (biases on every projection: the row-parallel bias added after the
 all-reduce; 2 KV heads, one per rank; an untied head), Qwen3 with one KV head (replicated on both ranks; q/k
@@ -13,8 +15,12 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,6 +258,132 @@ def test_a_follower_s_error_is_raised_by_rank_0_and_no_rank_is_left(checkpoint: 
         infiniops_py.unregister_provider("inprocess")
     assert set(multiprocessing.active_children()) <= before
     assert not torch.distributed.is_initialized()
+
+
+def _subprocess_env() -> dict[str, str]:
+    """This process's environment for a child Python (its import path; one thread; no provider settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    return env
+
+
+_KILLED_WHILE_LOADING = """
+import multiprocessing, os, signal, sys
+import torch
+import infinilm.engine.engine as engine_module
+from infinilm import Engine, EngineOptions
+from infinilm.distributed.launch import FollowerError
+
+load = engine_module.load_weights
+
+def kill_then_load(*args, **kwargs):  # rank 0's load: its follower, killed now, never reports 'loaded'
+    for child in multiprocessing.active_children():
+        os.kill(child.pid, signal.SIGKILL)
+    return load(*args, **kwargs)
+
+engine_module.load_weights = kill_then_load
+try:
+    Engine.from_pretrained(sys.argv[1], EngineOptions(block_size=8, num_blocks=64, max_model_len=128,
+                                                      tensor_parallel_size=2))
+except FollowerError as err:
+    print(f"FollowerError: {err}")
+print("left:", multiprocessing.active_children(), torch.distributed.is_initialized())
+"""
+
+
+def test_a_follower_that_dies_without_a_word_is_raised_by_rank_0_with_its_signal(
+        checkpoint: CheckpointFactory) -> None:
+    """A follower killed (SIGKILL) before it reports its weights loaded: rank 0 raises its death, with the signal,
+    instead of waiting on a pipe that has closed (run in a child process: a wait that never ends fails the test by
+    its timeout rather than hanging it)."""
+    path, _ = checkpoint("llama", tied=False)
+    done = subprocess.run([sys.executable, "-c", _KILLED_WHILE_LOADING, str(path)], capture_output=True, text=True,
+                          env=_subprocess_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "FollowerError: tensor-parallel rank 1 died (exit code -9, killed by SIGKILL) before it reported 'loaded' "
+        "without reporting an error", "left: [] False"], done.stdout
+
+
+def test_a_follower_killed_mid_generation_ends_the_run_and_rank_0_raises_its_death(
+        checkpoint: CheckpointFactory) -> None:
+    """The step after a follower was killed raises its death (not the collective's connection error), ends the run
+    (no rank, no process group left: another run can start in this process), and every later step raises it
+    again."""
+    path, _ = checkpoint("llama", tied=False)
+    before = set(multiprocessing.active_children())
+    engine = Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2))
+    try:
+        (follower,) = set(multiprocessing.active_children()) - before
+        engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=STEPS, ignore_eos=True))
+        engine.step()
+        engine.step()
+        os.kill(follower.pid, signal.SIGKILL)
+        died = r"tensor-parallel rank 1 died \(exit code -9, killed by SIGKILL\) during the run"
+        with pytest.raises(FollowerError, match=f"^{died}"):
+            engine.step()
+        assert not torch.distributed.is_initialized()
+        assert set(multiprocessing.active_children()) <= before
+        with pytest.raises(FollowerError, match=f"^the tensor-parallel run has ended: {died}"):
+            engine.step()
+    finally:
+        engine.close()
+    with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as again:
+        assert again.generate([PROMPTS[3]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+
+
+def test_a_follower_ignores_ctrl_c_and_rank_0_decides_when_the_run_ends(checkpoint: CheckpointFactory) -> None:
+    """SIGINT (a Ctrl-C at a terminal reaches every process of the group) leaves a follower running: the run still
+    generates what one process does (``infinilm serve`` finishes its requests in flight on Ctrl-C)."""
+    path, _ = checkpoint("mamba2", tied=False)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    expected = Engine.from_pretrained(path, EngineOptions(**OPTIONS)).generate([PROMPTS[2]], params)
+    before = set(multiprocessing.active_children())
+    with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as engine:
+        (follower,) = set(multiprocessing.active_children()) - before
+        os.kill(follower.pid, signal.SIGINT)
+        time.sleep(0.5)  # a follower that took it as KeyboardInterrupt has exited by now
+        assert follower.is_alive()
+        assert engine.generate([PROMPTS[2]], params) == expected
+
+
+@pytest.mark.parametrize(("rank", "port", "message"), [
+    ("0", "free", r"RANK=0 and WORLD_SIZE=2 are set \(a torchrun launch\), but this rank could not join the others "
+                  r"at MASTER_ADDR=127\.0\.0\.1, MASTER_PORT=\d+ within 2 s \(DistStoreError: Timed out after \d+ "
+                  r"seconds waiting for clients\. 1/2 clients joined\.\): start all 2 ranks \(torchrun "
+                  r"--nproc-per-node 2\) on a free MASTER_PORT, or unset RANK and WORLD_SIZE if an earlier torchrun "
+                  r"left them set"),
+    ("0", "taken", r"RANK=0 and WORLD_SIZE=2 are set .* \(DistNetworkError: .*address already in use\)"),
+    ("2", "free", r"RANK=2, WORLD_SIZE=2, LOCAL_RANK=2: a launch needs 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0"),
+])
+def test_torchrun_variables_that_make_no_run_are_refused_in_bounded_time(
+        checkpoint: CheckpointFactory, rank: str, port: str, message: str) -> None:
+    """``RANK`` and ``WORLD_SIZE`` left set (an earlier torchrun's) with nobody else coming, a ``MASTER_PORT``
+    another process listens on, a rank outside the world: ``infinilm generate`` exits 2 with an error naming the
+    variables, after at most `RENDEZVOUS_SECONDS` (2 here), before any weight is read."""
+    path, _ = checkpoint("llama", tied=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if port == "free":
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                number = s.getsockname()[1]
+        else:
+            number = taken.getsockname()[1]
+        env = {**_subprocess_env(), "RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(number)}
+        script = ("import sys; import infinilm.distributed.launch as launch; launch.RENDEZVOUS_SECONDS = 2; "
+                  "import infinilm.engine.engine as engine; engine.load_weights = lambda *a, **k: print('read'); "
+                  "from infinilm.cli import main; sys.exit(main(sys.argv[1:]))")
+        start = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", script, "generate", "--model", str(path), "--prompt", "1 2", "--max-new-tokens",
+             "2", "--tensor-parallel-size", "2", *(f"--{k.replace('_', '-')}={v}" for k, v in OPTIONS.items())],
+            capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert re.search(f"^infinilm generate: error: {message}", done.stderr, re.MULTILINE), done.stderr[-3000:]
+    assert done.stdout == "" and time.monotonic() - start < 60  # no weight read ('read'), no token printed
 
 
 def test_a_rendezvous_address_alone_in_the_environment_is_no_torchrun_launch(checkpoint: CheckpointFactory,
