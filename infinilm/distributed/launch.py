@@ -153,6 +153,8 @@ class Ranks:
             self._ended = err
             raise
         except BaseException as err:
+            if self._closed:  # closed before (`send` refuses a step): no follower is left to explain it
+                raise
             failure = self.failure(_FAILURE_GRACE_SECONDS if isinstance(err, RuntimeError) else 0.0)
             self.close(abort=True)
             if failure is None:
@@ -221,7 +223,10 @@ def _died(f: _Follower, when: str) -> str:
 
 
 def _message(f: _Follower) -> str | None:
-    """The error `f` reported, or that it died, else None (it is alive and silent, or said something else)."""
+    """The error `f` reported, or that it died, else None (it is alive and silent, said something else, or the run
+    is closed: its pipe too)."""
+    if f.pipe.closed:
+        return None
     while f.pipe.poll():
         try:
             what, detail = f.pipe.recv()

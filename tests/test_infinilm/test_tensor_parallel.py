@@ -332,6 +332,20 @@ def test_a_follower_killed_mid_generation_ends_the_run_and_rank_0_raises_its_dea
         assert again.generate([PROMPTS[3]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
 
 
+def test_a_closed_tensor_parallel_engine_refuses_a_step_naming_the_close(checkpoint: CheckpointFactory) -> None:
+    """After `Engine.close` a step (or a prefill) is refused as such, not with torch's error about the destroyed
+    process group."""
+    path, _ = checkpoint("mamba2", tied=False)
+    engine = Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2))
+    engine.close()
+    closed = r"^the tensor-parallel run is closed \(Engine.close\): it runs no further step$"
+    with pytest.raises(RuntimeError, match=closed):
+        engine.prefill_logits([PROMPTS[3]])
+    engine.add_request(PROMPTS[3], SamplingParams(max_new_tokens=2))
+    with pytest.raises(RuntimeError, match=closed):
+        engine.step()
+
+
 def test_a_follower_ignores_ctrl_c_and_rank_0_decides_when_the_run_ends(checkpoint: CheckpointFactory) -> None:
     """SIGINT (a Ctrl-C at a terminal reaches every process of the group) leaves a follower running: the run still
     generates what one process does (``infinilm serve`` finishes its requests in flight on Ctrl-C)."""
