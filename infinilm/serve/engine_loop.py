@@ -27,6 +27,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Final
 
+from infinilm.distributed.launch import FollowerError
 from infinilm.engine import Engine
 from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
 from infinilm.serve.errors import APIError
@@ -95,7 +96,8 @@ class EngineLoop:
         max_waiting: most requests waiting for their first token before `submit` answers 429.
         num_waiting: requests submitted that have no token yet.
         in_flight: requests submitted whose final event has not been delivered.
-        failure: the exception that ended the engine thread, if one did (a bug: steps' exceptions are caught).
+        failure: the exception that ended the engine thread, if one did (a bug: steps' exceptions are caught,
+            but for the `FollowerError` of a tensor-parallel run that has ended).
     """
 
     def __init__(self, engine: Engine, metrics: ServerMetrics, *, max_waiting: int) -> None:
@@ -234,6 +236,9 @@ class EngineLoop:
                 self.metrics.finished.labels("error").inc()
                 out.append((req, Event(error=error)))
             self._live.clear()
+            if isinstance(err, FollowerError):  # a tensor-parallel run that ended runs no step again: end the
+                self._publish(out)  # thread too (`failure`), so that /health says 503 and new requests get it
+                raise
             return
         if not outputs:
             time.sleep(_IDLE_SLEEP)

@@ -12,6 +12,7 @@ squared sums) and with two (a group per rank).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import multiprocessing
 import os
@@ -330,6 +331,45 @@ def test_a_follower_killed_mid_generation_ends_the_run_and_rank_0_raises_its_dea
         engine.close()
     with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as again:
         assert again.generate([PROMPTS[3]], SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread ends by it
+def test_a_server_whose_follower_died_stops_its_engine_thread_and_answers_503(checkpoint: CheckpointFactory) -> None:
+    """``infinilm serve``'s engine thread: the request in flight when the follower died fails with its death (500),
+    then the thread ends, so that ``/health`` answers 503 and a new request gets 503 naming the death, instead of a
+    healthy server failing every request."""
+    from infinilm.serve.engine_loop import EngineLoop
+    from infinilm.serve.errors import APIError
+    from infinilm.serve.metrics import ServerMetrics
+
+    path, _ = checkpoint("mamba2", tied=False)
+    before = set(multiprocessing.active_children())
+    with Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)) as engine:
+        (follower,) = set(multiprocessing.active_children()) - before
+        os.kill(follower.pid, signal.SIGKILL)
+        follower.join(30)
+
+        async def serve() -> tuple[list[object], EngineLoop]:
+            loop = EngineLoop(engine, ServerMetrics("state_row", engine.cache.allocator.num_blocks), max_waiting=4)
+            loop.start()
+            req = loop.submit(PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True))
+            events = [await asyncio.wait_for(req.events.get(), 60)]
+            while not events[-1].final:
+                events.append(await asyncio.wait_for(req.events.get(), 60))
+            for _ in range(600):
+                if not loop.alive:
+                    break
+                await asyncio.sleep(0.05)
+            return events, loop
+
+        events, loop = asyncio.run(serve())
+    died = "tensor-parallel rank 1 died (exit code -9, killed by SIGKILL) during the run"
+    error = events[-1].error
+    assert error is not None and error.status == 500 and died in error.message
+    assert not loop.alive and isinstance(loop.failure, FollowerError)  # /health: 503 "engine stopped"
+    with pytest.raises(APIError) as refused:
+        loop.submit(PROMPTS[1], SamplingParams(max_new_tokens=2))
+    assert refused.value.status == 503 and died in refused.value.message
 
 
 def test_a_closed_tensor_parallel_engine_refuses_a_step_naming_the_close(checkpoint: CheckpointFactory) -> None:
