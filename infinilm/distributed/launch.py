@@ -328,9 +328,9 @@ def _rendezvous(rank: int, size: int, started: bool) -> Any:
 
 def _terminate(followers: list[_Follower]) -> None:
     for f in followers:
-        if f.process.is_alive():
+        if f.process.pid is not None:  # started
             f.process.terminate()
-        f.process.join(_JOIN_SECONDS)
+            f.process.join(_JOIN_SECONDS)
         f.pipe.close()
 
 
@@ -369,6 +369,20 @@ def _follower_main(rank: int, size: int, port: int, threads: int, environ: dict[
         raise SystemExit(1) from None
 
 
+def _start(followers: list[_Follower], size: int, port: int, follower: Callable[..., None],
+           args: tuple[Any, ...]) -> None:
+    """Start ranks 1 .. `size` - 1 (`_follower_main` with rendezvous `port`), each added to `followers` before it
+    starts, so that a start that fails still leaves the ones before it to be terminated."""
+    ctx = _context()
+    for r in range(1, size):
+        end, child = ctx.Pipe()
+        process = ctx.Process(target=_follower_main, name=f"infinilm-rank{r}", daemon=True,
+                              args=(r, size, port, torch.get_num_threads(), dict(os.environ), child, follower, args))
+        followers.append(_Follower(r, process, end))
+        process.start()
+        child.close()
+
+
 def _context() -> Any:
     import torch.multiprocessing as mp
 
@@ -387,7 +401,7 @@ def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any,
         ConfigError: torchrun's ``WORLD_SIZE`` differs from ``tensor_parallel_size``, or its variables are not a
             launch (`_torchrun`) or name a rendezvous this rank cannot join within `RENDEZVOUS_SECONDS`
             (`_rendezvous`); this process runs a tensor-parallel engine already (its default process group is
-            initialized).
+            initialized); this process is a daemonic multiprocessing process (it may not start the others).
         FollowerError: a follower failed or died before joining the process group.
     """
     import torch.distributed as dist
@@ -408,18 +422,15 @@ def join(options: EngineOptions, follower: Callable[..., None], args: tuple[Any,
         parent = multiprocessing.connection.Connection(os.dup(int(fd))) if fd else None
         store = _rendezvous(rank, size, started=parent is not None)
     else:
+        if multiprocessing.current_process().daemon:
+            raise ConfigError(f"tensor_parallel_size={size}: this process is a daemonic multiprocessing process, "
+                              "which may not start the other ranks; run the engine in a process that is not "
+                              "daemonic, or start every rank with torchrun")
         rank, local = 0, 0
         store = _listen(size)
-        ctx = _context()
-        for r in range(1, size):
-            end, child = ctx.Pipe()
-            process = ctx.Process(target=_follower_main, name=f"infinilm-rank{r}", daemon=True,
-                                  args=(r, size, store.port, torch.get_num_threads(), dict(os.environ), child,
-                                        follower, args))
-            process.start()
-            child.close()
-            followers.append(_Follower(r, process, end))
     try:
+        if found is None:
+            _start(followers, size, store.port, follower, args)
         for f in followers:  # each runs the checks and gates too before it joins: rank 0 joins once they all have
             _wait(f, "joining")
         if parent is not None:

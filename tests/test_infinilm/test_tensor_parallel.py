@@ -401,6 +401,30 @@ def test_a_follower_ignores_ctrl_c_and_rank_0_decides_when_the_run_ends(checkpoi
         assert engine.generate([PROMPTS[2]], params) == expected
 
 
+def _split_engine_in_a_daemon(path: str, out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
+    try:
+        Engine.from_pretrained(path, EngineOptions(**OPTIONS, tensor_parallel_size=2)).close()
+        out.put("no error")
+    except BaseException as err:
+        out.put(f"{type(err).__name__}: {err}")
+
+
+def test_a_daemonic_process_that_cannot_start_the_ranks_is_refused_naming_the_argument(
+        checkpoint: CheckpointFactory) -> None:
+    """A daemonic multiprocessing process (which multiprocessing lets start no child) is refused with a
+    `ConfigError`, not multiprocessing's bare AssertionError."""
+    path, _ = checkpoint("mamba2", tied=False)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.SimpleQueue()
+    daemon = ctx.Process(target=_split_engine_in_a_daemon, args=(str(path), out), daemon=True)
+    daemon.start()
+    daemon.join(120)
+    assert daemon.exitcode == 0 and not out.empty()
+    assert out.get() == ("ConfigError: tensor_parallel_size=2: this process is a daemonic multiprocessing process, "
+                         "which may not start the other ranks; run the engine in a process that is not daemonic, or "
+                         "start every rank with torchrun")
+
+
 @pytest.mark.parametrize(("rank", "port", "message"), [
     ("0", "free", r"RANK=0 and WORLD_SIZE=2 are set \(a torchrun launch\), but this rank could not join the others "
                   r"at MASTER_ADDR=127\.0\.0\.1, MASTER_PORT=\d+ within 2 s \(DistStoreError: Timed out after \d+ "
