@@ -372,12 +372,20 @@ def _follower_main(rank: int, size: int, port: int, threads: int, environ: dict[
 def _start(followers: list[_Follower], size: int, port: int, follower: Callable[..., None],
            args: tuple[Any, ...]) -> None:
     """Start ranks 1 .. `size` - 1 (`_follower_main` with rendezvous `port`), each added to `followers` before it
-    starts, so that a start that fails still leaves the ones before it to be terminated."""
+    starts, so that a start that fails still leaves the ones before it to be terminated. The ranks share this
+    host's cores: unless ``OMP_NUM_THREADS`` says otherwise, each rank (this one too, for the rest of the process)
+    gets its share of torch's
+    intra-op threads, as torchrun's one thread per rank does (all ranks with every core each ran the CPU decode
+    about 10x slower on 2 cores)."""
+    threads = torch.get_num_threads()
+    if not os.environ.get("OMP_NUM_THREADS"):
+        threads = max(1, threads // size)
+        torch.set_num_threads(threads)
     ctx = _context()
     for r in range(1, size):
         end, child = ctx.Pipe()
         process = ctx.Process(target=_follower_main, name=f"infinilm-rank{r}", daemon=True,
-                              args=(r, size, port, torch.get_num_threads(), dict(os.environ), child, follower, args))
+                              args=(r, size, port, threads, dict(os.environ), child, follower, args))
         followers.append(_Follower(r, process, end))
         process.start()
         child.close()
