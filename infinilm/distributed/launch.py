@@ -374,9 +374,8 @@ def _start(followers: list[_Follower], size: int, port: int, follower: Callable[
     """Start ranks 1 .. `size` - 1 (`_follower_main` with rendezvous `port`), each added to `followers` before it
     starts, so that a start that fails still leaves the ones before it to be terminated. The ranks share this
     host's cores: unless ``OMP_NUM_THREADS`` says otherwise, each rank (this one too, for the rest of the process)
-    gets its share of torch's
-    intra-op threads, as torchrun's one thread per rank does (all ranks with every core each ran the CPU decode
-    about 10x slower on 2 cores)."""
+    gets its share of torch's intra-op threads, as torchrun's one thread per rank does (all ranks with every core
+    each ran the CPU decode about 10x slower on 2 cores)."""
     threads = torch.get_num_threads()
     if not os.environ.get("OMP_NUM_THREADS"):
         threads = max(1, threads // size)
