@@ -93,8 +93,11 @@ class Routes:
     def _error(self, err: APIError) -> web.Response:
         self.metrics.rejected.labels(str(err.status)).inc()
         # ASCII escapes: an error may quote any text the client sent, and the answer must still encode
-        return web.Response(text=json.dumps(err.body()), status=err.status, content_type="application/json",
-                            headers=err.headers)
+        response = web.Response(text=json.dumps(err.body()), status=err.status, content_type="application/json",
+                                headers=err.headers)
+        if err.headers.get("Connection") == "close":
+            response.force_close()
+        return response
 
     # -- the OpenAI API ------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -127,7 +130,9 @@ class Routes:
             raw = await request.read()
         except web.RequestPayloadError as err:  # a body its Content-Encoding cannot decode, a broken chunking
             detail = " ".join(str(err).split()).removeprefix("400, message: ")
-            raise APIError(400, f"body: cannot be read ({detail})", "body") from None
+            # aiohttp cannot find the next request on this connection any more: say so, so that a client opens
+            # a new one instead of sending its next request into a closed socket (a reset on keep-alive)
+            raise APIError(400, f"body: cannot be read ({detail})", "body", headers={"Connection": "close"}) from None
         body = parse_body(raw)
         greq = parse_chat(body, self.info) if chat else parse_completion(body, self.info)
         if self.draining:

@@ -480,6 +480,9 @@ def test_a_body_that_cannot_be_decompressed_is_a_400_naming_the_body(dense_serve
     with httpx.Client(base_url=dense_server.url, timeout=30) as http:
         bad = http.post("/v1/completions", content=b"not gzip at all", headers=headers)
         assert _error_of(bad) == (400, "body") and "gzip" in bad.json()["error"]["message"], bad.text
+        # the server drops a connection whose body it could not read: the answer says so, and the client's next
+        # request goes on a new connection instead of being reset on the old one
+        assert bad.headers.get("connection") == "close", bad.headers
         body = json.dumps({**M, "prompt": PROMPT, "max_tokens": 3, "temperature": 0}).encode()
         good = http.post("/v1/completions", content=gzip.compress(body), headers=headers)
         assert good.status_code == 200 and good.json()["choices"][0]["text"] == "-Py", good.text
