@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = _model(args) if args.model else _operator(args)
-    except (KeyError, TypeError, ValueError, NotImplementedError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         print(f"infiniops tune: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
         return 2
     if report is None:

@@ -192,9 +192,8 @@ def tune_problem(op: str, *, device: str = "cpu", dtype: str = "float32", sizes:
     `options` go to `tune_calls`.
 
     Raises:
-        KeyError: an unknown operator. ValueError, TypeError: a field or size the builder or the operator's
-            contract refuses (naming it). NotImplementedError: no synthetic inputs for these fields (an fp8 cache,
-            ALiBi slopes, ...): tune such problems from a model's recorded calls.
+        KeyError: an unknown operator. ValueError, TypeError: an operator without a size bucket
+            (``all_reduce``), or a field or size the builder or the operator's contract refuses (naming it).
     """
     from infiniops_py.tuning import inputs
 
