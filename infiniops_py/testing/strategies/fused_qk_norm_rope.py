@@ -15,57 +15,39 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from infiniops_py.testing.case import Case, CaseContext, randn
+from infiniops_py.testing.case import Case, CaseContext
+from infiniops_py.testing.strategies.fused_qk_norm import eps, head_dim, packed_qkv
 from infiniops_py.testing.strategies.rotary_embedding import cos_sin_cache
 
 __all__ = ["STRATEGIES"]
 
-_HEAD_DIMS = (64, 80, 96, 128, 256)
-_Q_HEADS = (1, 2, 4, 8, 16, 32)
-_KV_HEADS = (1, 2, 4, 8)
-_TOKENS = (1, 3, 7, 16, 64)
-_EPS = (1e-6, 1e-5)
 _POSITIONS = (16, 256, 4096)
-# large (GPU) runs
-_GRID_HEAD_DIMS = (64, 128, 256)
-_LARGE_Q_HEADS = (*_Q_HEADS, 64)
-_LARGE_TOKENS = (*_TOKENS, 83, 256, 1024, 4096)
-_LARGE_ELEMENTS = 2**24
 
 
-def _rotary_dims(head_dim: int) -> tuple[int, ...]:
-    """The peer's rotary ratios 1, 0.5 and 0.25 of `head_dim` (the even ones)."""
-    return tuple(sorted({r for r in (head_dim, head_dim // 2, head_dim // 4) if r % 2 == 0 and r >= 2}))
+def _rotary_dims(d: int) -> tuple[int, ...]:
+    """The peer's rotary ratios 1, 0.5 and 0.25 of the head dim `d` (the even ones)."""
+    return tuple(sorted({r for r in (d, d // 2, d // 4) if r % 2 == 0 and r >= 2}))
 
 
 def fused_qk_norm_rope_case(ctx: CaseContext) -> Case:
     gen = ctx.generator()
-    d = ctx.pick("head_dim", _HEAD_DIMS, _GRID_HEAD_DIMS)
+    d = head_dim(ctx)
     rotary_dim = ctx.pick("rotary_dim", _rotary_dims(d))
     is_neox = ctx.pick("is_neox", (True, False))
-    hq = ctx.pick("num_q_heads", _LARGE_Q_HEADS if ctx.large else _Q_HEADS)
-    hkv = ctx.pick("num_kv_heads", _KV_HEADS)
-    width = (hq + 2 * hkv) * d
-    if ctx.large:
-        t = ctx.draw(st.sampled_from([n for n in _LARGE_TOKENS if n * width <= _LARGE_ELEMENTS] or [1]))
-    else:
-        t = ctx.draw(st.sampled_from(_TOKENS))
-    pad = ctx.draw(st.sampled_from((0, 0, d)))  # a wider row buffer: strided rows
-    qkv = randn(t, width + pad, dtype=ctx.dtype, device=ctx.device, generator=gen)[:, :width]
-    weights = (torch.randn(2, d, generator=gen) * 0.1 + 1.0).to(device=ctx.device, dtype=ctx.dtype)
+    qkv, t, hq, hkv, weights = packed_qkv(ctx, gen, d)
     rows = ctx.draw(st.sampled_from(_POSITIONS))
     cache_dtype = ctx.draw(st.sampled_from((ctx.dtype, torch.float32)))
     cache = cos_sin_cache(ctx, rows, rotary_dim, cache_dtype)
     positions = torch.randint(0, rows, (t,), generator=gen).to(ctx.device)
-    eps = ctx.draw(st.sampled_from(_EPS))
+    eps_ = eps(ctx)
     v_columns = (slice(None), slice((hq + hkv) * d, None))
     return Case(
         (qkv, weights[0], weights[1], cache, positions),
-        {"num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d, "eps": eps, "is_neox": is_neox},
+        {"num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d, "eps": eps_, "is_neox": is_neox},
         mutated=(0,),
         untouched=((0, v_columns),),
         note=f"T={t} Hq={hq} Hkv={hkv} D={d} rotary_dim={rotary_dim} {'neox' if is_neox else 'gptj'} row stride "
-             f"{qkv.stride(0)} eps={eps} max_position={rows} cache {str(cache_dtype).removeprefix('torch.')}",
+             f"{qkv.stride(0)} eps={eps_} max_position={rows} cache {str(cache_dtype).removeprefix('torch.')}",
     )
 
 
