@@ -12,13 +12,14 @@ benchmarks/plots.py reads them back (`check_record`) and draws the charts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,6 +53,24 @@ ROLES: Final = ("ours", "peer")
 # host: the CPU time a call takes to return; unknown: the source does not say (older markdown tables)
 TIMINGS: Final = ("eager", "graph replay", "host", "unknown")
 _STAMPED: Final = ("device", "versions", "date")  # what `write_records` adds
+
+
+@contextlib.contextmanager
+def captured(fn: Callable[[], Any]) -> Iterator[torch.cuda.CUDAGraph]:
+    """One call of `fn` captured in a CUDA graph, after one run on a side stream (what ``torch.cuda.graph`` asks
+    of code that allocates); the graph and its memory pool are dropped at exit."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        yield graph
+    finally:
+        del graph
 
 
 def median_ms(fn: Callable[[], Any]) -> float:

@@ -52,7 +52,7 @@ from infiniops_py.testing.tolerances import tolerance
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
-from _common import json_option, record, write_records
+from _common import captured, json_option, record, write_records
 
 SOURCE = "benchmarks/gpu_decode_ops.py"
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
@@ -261,20 +261,9 @@ def eager_us(fn: Callable[[], Any], device: str, calls: int, rounds: int) -> flo
 
 
 def graph_us(fn: Callable[[], Any], calls: int, rounds: int) -> float:
-    """Microseconds per replay of one call of `fn` captured in a CUDA graph (after a run on a side stream, as
-    ``torch.cuda.graph`` asks of code that allocates)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    try:
+    """Microseconds per replay of one call of `fn` captured in a CUDA graph (`_common.captured`)."""
+    with captured(fn) as graph:
         return eager_us(graph.replay, "cuda", calls, rounds)
-    finally:
-        del graph
 
 
 def _measure(case: Case, device: str, calls: int, rounds: int, check: bool) -> list[Row]:

@@ -76,7 +76,7 @@ from infiniops_py.dispatch import Dispatched, observing
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when a test loads this file by its path
-from _common import Record, json_option, randn, record, write_records
+from _common import Record, captured, json_option, randn, record, write_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / ".peers"  # state-spaces/mamba's mamba_ssm/ops/triton (not part of the project, not committed)
@@ -461,21 +461,11 @@ def events_us(fn: Callable[[], Any], calls: int, rounds: int) -> float:
 def graph_us(fn: Callable[[], Any], calls: int, rounds: int) -> float:
     """Microseconds per replay of one call of `fn` captured in a CUDA graph (`events_us` of the replays).
 
-    `fn` runs once on a side stream first (what ``torch.cuda.graph`` asks of code that allocates), then
-    is captured; the graph and its memory pool are dropped at return.
+    `fn` runs once on a side stream first, then is captured (`_common.captured`); the graph and its memory
+    pool are dropped at return.
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    try:
+    with captured(fn) as graph:
         return events_us(graph.replay, calls, rounds)
-    finally:
-        del graph
 
 
 def sync_free(fn: Callable[[], Any], errors: list[str]) -> str:

@@ -46,6 +46,7 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
 from _common import (
     Timer,
     bench_main,
+    captured,
     check_row,
     copy_bandwidth_gbs,
     format_rows,
@@ -306,15 +307,8 @@ def host_ms(fn: Callable[[], Any], device: str, calls: int = 50) -> float:
 
 def graph_ms(fn: Callable[[], Any], timer: Timer) -> float:
     """Milliseconds per replay of `fn` captured in a CUDA graph: the device time without launch overhead."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timer(graph.replay)
+    with captured(fn) as graph:
+        return timer(graph.replay)
 
 
 def _attempt(what: str, measure: Callable[[], str]) -> str:
