@@ -277,7 +277,7 @@ from infinilm.distributed.launch import FollowerError
 
 load = engine_module.load_weights
 
-def kill_then_load(*args, **kwargs):  # rank 0's load: its follower, killed now, never reports 'loaded'
+def kill_then_load(*args, **kwargs):  # rank 0's load: its follower, held in its own load, never reports 'loaded'
     for child in multiprocessing.active_children():
         os.kill(child.pid, signal.SIGKILL)
     return load(*args, **kwargs)
@@ -291,15 +291,35 @@ except FollowerError as err:
 print("left:", multiprocessing.active_children(), torch.distributed.is_initialized())
 """
 
+# Imported by every Python process of the run (rank 0, the forkserver and, forked from it, the follower): rank 1's
+# load waits until it is killed, so that it cannot report 'loaded' first (a follower quicker than rank 0 did, and
+# then died at the cache's first collective instead: a different error, by timing).
+_FOLLOWER_HELD_IN_LOAD = """
+import os, time
+import infinilm.engine.engine as engine_module
+
+load = engine_module.load_weights
+
+def held_on_rank_1(*args, **kwargs):
+    while os.environ.get("RANK") == "1":
+        time.sleep(1)
+    return load(*args, **kwargs)
+
+engine_module.load_weights = held_on_rank_1
+"""
+
 
 def test_a_follower_that_dies_without_a_word_is_raised_by_rank_0_with_its_signal(
-        checkpoint: CheckpointFactory) -> None:
+        checkpoint: CheckpointFactory, tmp_path: Path) -> None:
     """A follower killed (SIGKILL) before it reports its weights loaded: rank 0 raises its death, with the signal,
     instead of waiting on a pipe that has closed (run in a child process: a wait that never ends fails the test by
     its timeout rather than hanging it)."""
     path, _ = checkpoint("llama", tied=False)
+    (tmp_path / "sitecustomize.py").write_text(_FOLLOWER_HELD_IN_LOAD)
+    env = _subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     done = subprocess.run([sys.executable, "-c", _KILLED_WHILE_LOADING, str(path)], capture_output=True, text=True,
-                          env=_subprocess_env(), timeout=120)
+                          env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
         "FollowerError: tensor-parallel rank 1 died (exit code -9, killed by SIGKILL) before it reported 'loaded' "
