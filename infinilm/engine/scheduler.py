@@ -99,13 +99,17 @@ class Scheduler:
         return batch
 
     def postprocess(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
-        """Append each sequence's new token, finish those at EOS or their length limit; returns the finished."""
+        """Append each sequence's new token, finish those at a stop token or their length limit; returns those.
+
+        A token in the sequence's ``stop_token_ids`` always finishes it (`FinishReason.EOS`); one of the
+        model's EOS ids does unless its ``ignore_eos`` is set (vLLM's semantics).
+        """
         finished = []
         for seq, token in zip(batch.seqs, tokens, strict=True):
             seq.num_cached = len(seq)
             seq.tokens.append(token)
             p = seq.params
-            if not p.ignore_eos and (token in self.eos_token_ids or token in p.stop_token_ids):
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
                 self._finish(seq, FinishReason.EOS)
             elif seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
                 self._finish(seq, FinishReason.LENGTH)

@@ -23,8 +23,10 @@ class SamplingParams:
         seed: seeds this request's own generator, so its samples do not depend on the batch it shares; an int
             in ``[0, 2**64)``, the seeds of a `torch.Generator` (torch would remap a negative seed onto that
             range, so that -1 and ``2**64 - 1`` gave the same stream: refused instead).
-        ignore_eos: keep generating past an end-of-sequence token.
-        stop_token_ids: extra tokens that end the request (besides the model's EOS ids).
+        ignore_eos: keep generating past the model's EOS ids (``eos_token_id`` of its config); the
+            ``stop_token_ids`` and ``max_new_tokens`` still end the request (vLLM's semantics).
+        stop_token_ids: extra tokens that end the request (besides the model's EOS ids), with or without
+            ``ignore_eos``; an EOS id listed here stops the request even when ``ignore_eos`` is set.
     """
 
     max_new_tokens: int = 16

@@ -15,7 +15,9 @@ from lm_helpers import CheckpointFactory
 from infinilm import ConfigError, Engine, EngineOptions, FinishReason, SamplingParams, read_config
 from infinilm.engine import check_options, max_positions
 from infinilm.engine import memory as cache_module
-from infinilm.engine.sequence import SeqStatus
+from infinilm.engine.kv_cache import BlockAllocator
+from infinilm.engine.scheduler import Scheduler
+from infinilm.engine.sequence import SeqStatus, Sequence
 
 
 def _engine(checkpoint: CheckpointFactory, **options: object) -> Engine:
@@ -78,9 +80,40 @@ def test_stop_tokens_and_eos_end_a_request(checkpoint: CheckpointFactory) -> Non
     list(engine.stream())
     assert seq.output == free_run[: free_run.index(stop) + 1]
     assert seq.finish_reason is FinishReason.EOS
+    # ignore_eos ignores the model's EOS ids only: a stop token still ends the request (vLLM's semantics; this
+    # once asserted that ignore_eos ran past the stop token to max_new_tokens)
     ignoring = engine.add_request(prompt, SamplingParams(max_new_tokens=10, stop_token_ids=(stop,), ignore_eos=True))
     list(engine.stream())
-    assert ignoring.output == free_run and ignoring.finish_reason is FinishReason.LENGTH
+    assert ignoring.output == seq.output and ignoring.finish_reason is FinishReason.EOS
+
+
+def test_ignore_eos_skips_only_the_eos_ids_while_stop_tokens_and_max_new_tokens_still_end_a_request() -> None:
+    """vLLM's ``check_stop``: ``ignore_eos`` skips the model's EOS ids, never ``stop_token_ids``; ignore_eos
+    used to disable the stop tokens as well."""
+    eos, stop, other = 7, 9, 3
+    scheduler = Scheduler(BlockAllocator(num_blocks=16, block_size=4), max_num_seqs=8, max_num_batched_tokens=64,
+                          max_model_len=32, eos_token_ids=(eos,))
+    seqs = {name: Sequence([1, 2], params, i) for i, (name, params) in enumerate({
+        "eos": SamplingParams(max_new_tokens=3),
+        "ignoring_eos": SamplingParams(max_new_tokens=3, ignore_eos=True, stop_token_ids=(stop,)),
+        "stopped": SamplingParams(max_new_tokens=3, ignore_eos=True, stop_token_ids=(stop,)),
+        "eos_listed_as_stop": SamplingParams(max_new_tokens=3, ignore_eos=True, stop_token_ids=(eos,)),
+    }.items())}
+    for seq in seqs.values():
+        scheduler.add(seq)
+    steps = {"eos": [eos, other, other], "ignoring_eos": [eos, other, eos], "stopped": [eos, stop, other],
+             "eos_listed_as_stop": [eos, other, other]}  # the tokens each would draw at steps 1-3
+    name_of = {seq.id: name for name, seq in seqs.items()}
+    for step in range(3):
+        batch = scheduler.schedule()
+        scheduler.postprocess(batch, [steps[name_of[s.id]][step] for s in batch.seqs])
+    assert {name: (seq.output, seq.finish_reason) for name, seq in seqs.items()} == {
+        "eos": ([eos], FinishReason.EOS),
+        "ignoring_eos": ([eos, other, eos], FinishReason.LENGTH),  # past two EOS ids, to max_new_tokens
+        "stopped": ([eos, stop], FinishReason.EOS),  # the stop token ends it: finish_reason "stop" when served
+        "eos_listed_as_stop": ([eos], FinishReason.EOS),
+    }
+    assert not scheduler.has_work() and scheduler.allocator.num_free == 16
 
 
 def test_seeded_sampling_is_reproducible_across_batches(checkpoint: CheckpointFactory) -> None:
