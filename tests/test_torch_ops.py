@@ -34,11 +34,13 @@ def _inputs(seed: int = 0) -> dict[str, torch.Tensor]:
         "sB": r(2, 12, 1, 16), "sC": r(2, 12, 1, 16),
         "st": r(3, 4, 8, 16), "ux": r(2, 4, 8), "udt": r(2, 4), "uB": r(2, 1, 16), "uC": r(2, 1, 16),
         "sidx": torch.tensor([1, 2], dtype=torch.int32),
+        "gu": r(T, 2 * 48), "pos": torch.tensor([0, 1, 2, 5, 6, 7]), "rope": r(8, D),
     }
 
 
 def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Calls all 12 entry points (and the out=/final-state forms); returns every output and mutated tensor."""
+    """Calls every entry point but `all_reduce` (which needs a process group: tests/test_all_reduce.py compiles
+    it), and the out=/final-state forms; returns every output and mutated tensor."""
     h = ops.gemm(i["a"], i["w"], bias=i["bias"], trans_b=True)
     h2 = torch.empty_like(h)
     ops.gemm(i["a"], i["w"], trans_b=True, out=h2)
@@ -70,7 +72,16 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     st = i["st"].clone()
     su = ops.selective_state_update(st, i["ux"], i["udt"], i["sA"], i["uB"], i["uC"], dt_softplus=True,
                                     state_batch_indices=i["sidx"])
-    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su]
+    g = ops.silu_and_mul(i["gu"])
+    g2 = torch.empty_like(g)
+    ops.silu_and_mul(i["gu"], out=g2)
+    rq, rk = ops.rotary_embedding(i["pos"], q.reshape(T, HQ * D).clone(), k.reshape(T, HKV * D).clone(), D, i["rope"],
+                                  True)
+    rq2, _ = ops.rotary_embedding(i["pos"], q.clone(), None, D, i["rope"][:, : D // 2].contiguous(), False)
+    qkr = ops.fused_qk_norm_rope(i["qkv"].clone(), i["qw"], i["kw"], i["rope"], i["pos"], num_q_heads=HQ,
+                                 num_kv_heads=HKV, head_dim=D)
+    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su,
+            g, g2, rq, rk, rq2, qkr]
 
 
 def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

@@ -41,13 +41,15 @@ def _inputs(seed: int = 0) -> dict[str, torch.Tensor]:
         "sB": r(2, 64, 1, 16), "sC": r(2, 64, 1, 16), "sD": r(4), "sbias": r(4, scale=0.1),
         "st": r(3, 4, 16, 16), "ux": r(2, 4, 16), "udt": r(2, 4, scale=0.5), "uB": r(2, 1, 16), "uC": r(2, 1, 16),
         "sidx": torch.tensor([1, 2], dtype=torch.int32),
+        "gu": r(T, 2 * 48), "pos": torch.tensor([0, 1, 2, 5, 6, 7]), "rope": r(8, D),
     }
     return {k: v.to("cuda", dtype=BF16 if v.is_floating_point() and k not in _FP32 else v.dtype)
             for k, v in i.items()}
 
 
 def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Calls all 12 entry points (and the out=/final-state forms) on CUDA; returns every output and mutated
+    """Calls every entry point but `all_reduce` (which needs a process group: tests/test_all_reduce.py compiles
+    it), and the out=/final-state forms, on CUDA; returns every output and mutated
     tensor. Makes no tensor from host data, so the only synchronizations possible are the calls' own."""
     h = ops.gemm(i["a"], i["w"], bias=i["bias"], trans_b=True)
     h2 = torch.empty_like(h)
@@ -81,7 +83,16 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     st = i["st"].clone()
     su = ops.selective_state_update(st, i["ux"], i["udt"], i["sA"], i["uB"], i["uC"], D=i["sD"],
                                     dt_bias=i["sbias"], dt_softplus=True, state_batch_indices=i["sidx"])
-    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su]
+    g = ops.silu_and_mul(i["gu"])
+    g2 = torch.empty_like(g)
+    ops.silu_and_mul(i["gu"], out=g2)
+    rq, rk = ops.rotary_embedding(i["pos"], q.reshape(T, HQ * D).clone(), k.reshape(T, HKV * D).clone(), D, i["rope"],
+                                  True)
+    rq2, _ = ops.rotary_embedding(i["pos"], q.clone(), None, D, i["rope"][:, : D // 2].contiguous(), False)
+    qkr = ops.fused_qk_norm_rope(i["qkv"].clone(), i["qw"], i["kw"], i["rope"], i["pos"], num_q_heads=HQ,
+                                 num_kv_heads=HKV, head_dim=D)
+    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su,
+            g, g2, rq, rk, rq2, qkr]
 
 
 def test_every_entry_point_runs_on_cuda_without_synchronizing() -> None:

@@ -97,9 +97,16 @@ def group_of(name: str) -> Any:
     """The process group registered as `name` (`group_name`'s inverse: the custom operator's kernel).
 
     Raises:
-        ContractError: torch.distributed is missing, or no group of this process is registered as `name`.
+        ContractError: torch.distributed is missing, or no group of this process is registered as `name` (the
+            empty name: a ``ProcessGroup`` constructed directly, which only ``init_process_group`` and
+            ``new_group`` register, so a compiled or exported graph cannot name it).
     """
     dist = _distributed()
+    if not name:
+        raise ContractError(_OP, "group", "this ProcessGroup is not registered with torch.distributed (it was "
+                                          "constructed directly, not by init_process_group or new_group), so a "
+                                          "compiled or exported graph cannot name it; make it with "
+                                          "torch.distributed.new_group")
     try:
         return dist.distributed_c10d._resolve_process_group(name)
     except (KeyError, ValueError, RuntimeError) as err:
