@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
+import torch.compiler as _compiler
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from infiniops_py.operators._base import check_no_grad
@@ -49,15 +50,17 @@ def lowered(t: object) -> bool:
     ``torch.compile``/``torch.export`` trace, or for a FakeTensor input (it has no memory to check). A meta
     call runs the contract's checks instead, then the built-in ``meta`` provider (nothing left to compute).
 
-    ``torch.compiler.is_compiling()`` is the one test dynamo folds to True in every torch version; reading
-    ``torch.compiler._is_compiling_flag`` directly is cheaper but is not set while torch 2.11's dynamo
-    traces (H200 machine, 2026-12-01: the trace reached the resolver). While a fake kernel runs the
-    contract on meta copies (`_check_on_meta`), nothing lowers."""
-    if torch.compiler.is_compiling():
+    Dynamo folds ``torch.compiler.is_dynamo_compiling()`` to True while it traces (its body, run eagerly, is
+    ``return False``: about 35 ns, against 95 ns for ``torch.compiler.is_compiling()``, which calls
+    ``torch.jit.is_scripting()`` first); non-strict ``torch.export`` sets ``torch.compiler._is_compiling_flag``
+    and traces with FakeTensors (either test catches it). While a fake kernel runs the contract on meta copies
+    (`_check_on_meta`), nothing lowers."""
+    if _is_dynamo_compiling() or _compiler._is_compiling_flag:
         return not getattr(_ON_META, "active", False)
     return type(t) is not _Tensor and isinstance(t, FakeTensor)  # a plain tensor skips FakeTensor's isinstance
 
 
+_is_dynamo_compiling: Final = torch.compiler.is_dynamo_compiling
 _Tensor: Final = torch.Tensor
 
 

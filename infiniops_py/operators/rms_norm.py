@@ -45,6 +45,7 @@ _FUSED = "fused_add_rms_norm"
 _INF = math.inf
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 
 
 def rms_norm(
@@ -117,18 +118,21 @@ def rms_norm(
                 start = x.data_ptr()
                 if start < high and low < start + (x.nbytes if x_contiguous else byte_extent(x)):
                     _check_out_overlap(x, out)
-        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or out.requires_grad):
+        if _grad_enabled() and (x.requires_grad or weight.requires_grad or out.requires_grad):
             check_no_grad(_OP, {"x": x, "weight": weight, "out": out})
     except AttributeError:
         for name, t in (("x", x), ("weight", weight), ("out", out)):
             check_tensor(_OP, name, t, optional=name == "out")
         raise
+    if len(shape) == 2:
+        n = shape[0]
+        if n and h:  # the key's bucket is size_class(n), written out (a call less on the hot path)
+            dispatch(SPEC, ("cpu" if on_cpu else device_type(x), dtype, h, 1 << (n - 1).bit_length()), x, weight,
+                     eps, out)
+        return out
     if 0 in shape:
         return out
     key = ("cpu" if on_cpu else device_type(x), dtype, h, size_class(x.numel() // h))
-    if len(shape) == 2:
-        dispatch(SPEC, key, x, weight, eps, out)
-        return out
     x2 = x.view(-1, h) if _viewable(x) else x.reshape(-1, h)
     dispatch(SPEC, key, x2, weight, eps, out.view(-1, h))
     return out
