@@ -101,18 +101,20 @@ class Scheduler:
     def postprocess(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
         """Append each sequence's new token, finish those at a stop token or their length limit; returns those.
 
-        A token in the sequence's ``stop_token_ids`` always finishes it (`FinishReason.EOS`); one of the
-        model's EOS ids does unless its ``ignore_eos`` is set (vLLM's semantics).
+        The length limit is checked first (``max_new_tokens`` output tokens, or ``max_model_len`` tokens in all:
+        `FinishReason.LENGTH`, also when that last token is a stop token); then a token in the sequence's
+        ``stop_token_ids`` finishes it (`FinishReason.EOS`), and one of the model's EOS ids does unless its
+        ``ignore_eos`` is set. This is vLLM's order (``vllm/v1/core/sched/utils.py``, ``check_stop``).
         """
         finished = []
         for seq, token in zip(batch.seqs, tokens, strict=True):
             seq.num_cached = len(seq)
             seq.tokens.append(token)
             p = seq.params
-            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-                self._finish(seq, FinishReason.EOS)
-            elif seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
+            if seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
                 self._finish(seq, FinishReason.LENGTH)
+            elif token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+                self._finish(seq, FinishReason.EOS)
             else:
                 continue
             finished.append(seq)

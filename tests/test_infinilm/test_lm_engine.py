@@ -88,8 +88,9 @@ def test_stop_tokens_and_eos_end_a_request(checkpoint: CheckpointFactory) -> Non
 
 
 def test_ignore_eos_skips_only_the_eos_ids_while_stop_tokens_and_max_new_tokens_still_end_a_request() -> None:
-    """vLLM's ``check_stop``: ``ignore_eos`` skips the model's EOS ids, never ``stop_token_ids``; ignore_eos
-    used to disable the stop tokens as well."""
+    """vLLM's ``check_stop``: ``ignore_eos`` skips the model's EOS ids, never ``stop_token_ids`` (ignore_eos
+    used to disable the stop tokens as well); the length limit is checked before the stop tokens (a stop token
+    drawn as the last allowed token ends the request as LENGTH, "length" when served, as vLLM reports it)."""
     eos, stop, other = 7, 9, 3
     scheduler = Scheduler(BlockAllocator(num_blocks=16, block_size=4), max_num_seqs=8, max_num_batched_tokens=64,
                           max_model_len=32, eos_token_ids=(eos,))
@@ -98,11 +99,12 @@ def test_ignore_eos_skips_only_the_eos_ids_while_stop_tokens_and_max_new_tokens_
         "ignoring_eos": SamplingParams(max_new_tokens=3, ignore_eos=True, stop_token_ids=(stop,)),
         "stopped": SamplingParams(max_new_tokens=3, ignore_eos=True, stop_token_ids=(stop,)),
         "eos_listed_as_stop": SamplingParams(max_new_tokens=3, ignore_eos=True, stop_token_ids=(eos,)),
+        "stop_at_the_limit": SamplingParams(max_new_tokens=2, stop_token_ids=(stop,)),
     }.items())}
     for seq in seqs.values():
         scheduler.add(seq)
     steps = {"eos": [eos, other, other], "ignoring_eos": [eos, other, eos], "stopped": [eos, stop, other],
-             "eos_listed_as_stop": [eos, other, other]}  # the tokens each would draw at steps 1-3
+             "eos_listed_as_stop": [eos, other, other], "stop_at_the_limit": [other, stop, other]}  # steps 1-3
     name_of = {seq.id: name for name, seq in seqs.items()}
     for step in range(3):
         batch = scheduler.schedule()
@@ -112,6 +114,7 @@ def test_ignore_eos_skips_only_the_eos_ids_while_stop_tokens_and_max_new_tokens_
         "ignoring_eos": ([eos, other, eos], FinishReason.LENGTH),  # past two EOS ids, to max_new_tokens
         "stopped": ([eos, stop], FinishReason.EOS),  # the stop token ends it: finish_reason "stop" when served
         "eos_listed_as_stop": ([eos], FinishReason.EOS),
+        "stop_at_the_limit": ([other, stop], FinishReason.LENGTH),  # the length limit is checked first
     }
     assert not scheduler.has_work() and scheduler.allocator.num_free == 16
 
