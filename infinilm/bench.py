@@ -6,6 +6,9 @@ of them run to `output_len`. The first run is the cold first request (the first 
 sizes in this process: resolution, compilation, allocation) and is its own row; it also warms every kernel of
 the sizes measured, so that the steady-state numbers, from the `repeats` runs after it, hold no warm-up.
 
+`count_decode_step`: what one decode step launches (`StepCount`): the operator calls it makes on the host and,
+on CUDA, the kernels the profiler records in it (those replayed from a CUDA graph included).
+
 `compare_logits`: infinilm's bf16 logits judged against what bf16 itself allows on the same weights (see
 `LogitsCheck`).
 """
@@ -14,15 +17,20 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Final
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from infinilm.engine import Engine
 from infinilm.engine.sequence import SamplingParams
+from infiniops_py.dispatch import observing
 
-__all__ = ["BenchResult", "LogitsCheck", "check_bench_args", "compare_logits", "run_bench"]
+__all__ = ["BenchResult", "LogitsCheck", "StepCount", "check_bench_args", "compare_logits", "count_decode_step",
+           "run_bench"]
 
 ERR_FACTOR: Final = 2.0  # infinilm's max logits error <= ERR_FACTOR x transformers' own + ERR_ATOL
 ERR_ATOL: Final = 1e-2
@@ -167,6 +175,80 @@ def _one_run(engine: Engine, batch: int, input_len: int, output_len: int, gen: t
         engine.step()
         steps.append(time.perf_counter() - start)
     return prefill, tuple(steps)
+
+
+@dataclass(frozen=True)
+class StepCount:
+    """What one decode step of `batch` sequences launched.
+
+    Attributes:
+        batch: sequences decoded in the step. layers: the model's layers.
+        operator_calls: InfiniOps operator calls the step made on the host, by operator name (none when the
+            step replayed a CUDA graph: a replay calls no operator).
+        kernels: device kernels the profiler recorded in the step, copies and memsets not counted (None off
+            CUDA); the embedding, the final norm, the LM head and sampling are in it.
+        graph_launches: CUDA graph launches in the step (``cudaGraphLaunch`` on the host).
+    """
+
+    batch: int
+    layers: int
+    operator_calls: dict[str, int]
+    kernels: int | None
+    graph_launches: int
+
+    @property
+    def calls(self) -> int:
+        """All operator calls of the step."""
+        return sum(self.operator_calls.values())
+
+    def line(self) -> str:
+        """One line for the bench output: the calls and kernels of the step, and per layer."""
+        per = lambda n: f"{n / self.layers:.1f}" if self.layers else "-"  # noqa: E731
+        kernels = ("no device kernels (not on CUDA)" if self.kernels is None else
+                   f"{self.kernels} device kernels ({per(self.kernels)} per layer)")
+        graphs = f" in {self.graph_launches} CUDA graph launch(es)" if self.graph_launches else ""
+        return (f"one decode step of {self.batch}: {self.calls} operator calls on the host ({per(self.calls)} per "
+                f"layer), {kernels}{graphs}; {self.layers} layers, the LM head and sampling included")
+
+    def as_dict(self) -> dict[str, object]:
+        """The count as ``--json`` writes it."""
+        return {"batch": self.batch, "layers": self.layers, "operator_calls": dict(self.operator_calls),
+                "kernels": self.kernels, "graph_launches": self.graph_launches}
+
+
+def count_decode_step(engine: Engine, batch: int, input_len: int, *, seed: int = 0) -> StepCount:
+    """Prefill `batch` random prompts of `input_len` tokens, then count what the one decode step after it
+    launches: its operator calls (through `infiniops_py.dispatch.observing`) and, on CUDA, the device kernels and
+    graph launches ``torch.profiler`` records in it. Each request then has its two tokens and has finished; the
+    engine is left idle.
+
+    Raises:
+        ValueError: as `run_bench` for these sizes (an output of 2 tokens); the engine has requests already.
+    """
+    if engine.has_work():
+        raise ValueError("count_decode_step needs an idle engine (it has requests in flight)")
+    check_bench_args(batch, input_len, 2, seed)
+    gen = torch.Generator().manual_seed(seed)
+    for p in torch.randint(0, engine.config.vocab_size, (batch, input_len), generator=gen).tolist():
+        engine.add_request(p, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    if len(engine.step()) != batch:
+        raise ValueError(f"the {batch} prompts of {input_len} tokens do not fit one prefill step")
+    cuda = engine.device.type == "cuda"
+    names: Counter[str] = Counter()
+    if cuda:
+        torch.cuda.synchronize(engine.device)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof, observing(lambda call: names.update((call.spec.name,))):
+        engine.step()
+        if cuda:
+            torch.cuda.synchronize(engine.device)
+    events = list(prof.events())
+    kernels = sum(1 for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch")
+    while engine.has_work():  # nothing should be left (two tokens each); finish whatever is
+        engine.step()
+    return StepCount(batch, engine.config.num_layers, dict(sorted(names.items())), kernels if cuda else None,
+                     launches)
 
 
 @dataclass(frozen=True)

@@ -183,14 +183,16 @@ def _rate(tokens: int, seconds: float) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from infinilm.bench import check_bench_args, run_bench
+    from infinilm.bench import check_bench_args, count_decode_step, run_bench
     from infinilm.engine import Engine
 
     check_bench_args(args.batch, args.input_len, args.output_len, args.seed)  # before the model loads
     options = _command_options(args)
     engine = Engine.from_pretrained(args.model, options)
     result = run_bench(engine, args.batch, args.input_len, args.output_len, seed=args.seed, repeats=args.repeats)
+    count = count_decode_step(engine, args.batch, args.input_len, seed=args.seed)  # after the timed runs
     print(result.table())
+    print(count.line())
     print(f"{engine.graph_status}; providers: "
           + ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items()))
     print(engine.warmup.summary())
@@ -198,7 +200,7 @@ def _bench(args: argparse.Namespace) -> int:
         import json
 
         status = {"graph_status": engine.graph_status, "warmup": engine.warmup.summary(),
-                  "providers": engine.plan.providers_by_op()}
+                  "providers": engine.plan.providers_by_op(), "decode_step_count": count.as_dict()}
         with open(args.json, "w") as f:
             json.dump({**result.as_dict(), **status}, f, indent=1)
     return 0
