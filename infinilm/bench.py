@@ -233,22 +233,24 @@ def count_decode_step(engine: Engine, batch: int, input_len: int, *, seed: int =
         engine.add_request(p, SamplingParams(max_new_tokens=2, ignore_eos=True))
     if len(engine.step()) != batch:
         raise ValueError(f"the {batch} prompts of {input_len} tokens do not fit one prefill step")
-    cuda = engine.device.type == "cuda"
     names: Counter[str] = Counter()
-    if cuda:
+    count = lambda call: names.update((call.spec.name,))  # noqa: E731
+    kernels, launches = None, 0
+    if engine.device.type == "cuda":  # off CUDA the profiler has no kernels to count
         torch.cuda.synchronize(engine.device)
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    with profile(activities=activities) as prof, observing(lambda call: names.update((call.spec.name,))):
-        engine.step()
-        if cuda:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, observing(count):
+            engine.step()
             torch.cuda.synchronize(engine.device)
-    events = list(prof.events())
-    kernels = sum(1 for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
-    launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch")
+        events = list(prof.events())
+        kernels = sum(1 for e in events
+                      if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+        launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name == "cudaGraphLaunch")
+    else:
+        with observing(count):
+            engine.step()
     while engine.has_work():  # nothing should be left (two tokens each); finish whatever is
         engine.step()
-    return StepCount(batch, engine.config.num_layers, dict(sorted(names.items())), kernels if cuda else None,
-                     launches)
+    return StepCount(batch, engine.config.num_layers, dict(sorted(names.items())), kernels, launches)
 
 
 @dataclass(frozen=True)
