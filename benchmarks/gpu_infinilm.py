@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from infinilm import Engine, EngineOptions
-from infinilm.bench import compare_logits, run_bench
+from infinilm.bench import compare_logits, count_decode_step, run_bench
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)  # benchmarks/_common.py, also when this file is loaded by its path
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
         ours1 = run_bench(engine, 1, args.input_len, args.output_len)
         ours32 = run_bench(engine, 32, args.input_len, args.output_len)
+        counts = [count_decode_step(engine, b, args.input_len) for b in (1, 32)]
         theirs1 = hf_decode_tokens_per_s(hf16, 1, args.input_len, args.hf_output_len)
         theirs32 = hf_decode_tokens_per_s(hf16, 32, args.input_len, args.hf_output_len)
     speedup = ours1.decode_tokens_per_s / theirs1
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| decode step p50, batch 1 / 32 (ms) | {step1:.2f} / {step32:.2f} | | |")
     print(f"| prefill, batch 32 (tok/s) | {ours32.prefill_tokens_per_s:.0f} | | |")
     print(f"\nproviders: {providers}")
+    for count in counts:
+        print(count.line())
     print(f"logits: {line}")
     if args.json:
         model = "Qwen3-0.6B shape" if not args.smoke else "Qwen3 tiny shape"
