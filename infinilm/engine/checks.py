@@ -7,6 +7,7 @@ cache, or the recurrent state pool) and `describe` the line ``infinilm check`` p
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterable
 
@@ -15,7 +16,7 @@ import torch
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.distributed.parallel import TensorParallel, check_split
 from infinilm.engine.kv_cache import KVCache
-from infinilm.engine.memory import check_cache_fits
+from infinilm.engine.memory import cache_units, check_cache_fits, check_fits
 from infinilm.engine.state_pool import StatePool, describe_state
 from infinilm.models.registry import family_of
 
@@ -76,7 +77,8 @@ def max_positions(config: ModelConfig) -> int:
     As vLLM derives it: ``max_position_embeddings``, times the RoPE ``factor`` of ``linear`` and ``yarn``
     scaling (yarn: ``original_max_position_embeddings x factor`` when the config gives the original length);
     ``default`` and ``llama3`` RoPE configs list their full length. A recurrent (Mamba-2) model has no position
-    table: its bound is `infinilm.models.mamba2.NO_POSITION_LIMIT`.
+    table: its bound is `infinilm.models.mamba2.NO_POSITION_LIMIT`. A product too large for a float (a finite
+    factor such as ``1e308``) is ``positions x int(factor)``, exact.
     """
     limit = config.max_position_embeddings
     hf = config.hf_config
@@ -86,7 +88,8 @@ def max_positions(config: ModelConfig) -> int:
         original = rope.get("original_max_position_embeddings")
         if config.rope_type == "yarn" and isinstance(original, int):
             limit = original
-        limit = int(limit * factor)
+        scaled = limit * factor
+        limit = int(scaled) if math.isfinite(scaled) else limit * int(factor)
     return limit
 
 
@@ -95,10 +98,12 @@ def check_options(config: ModelConfig, options: EngineOptions) -> None:
 
     Raises:
         ConfigError: ``max_model_len`` beyond `max_positions`; a CUDA device index this machine does not have;
-            ``num_blocks`` that cannot hold one sequence of ``max_model_len``; a KV cache (Mamba-2: a state
-            pool) of ``num_blocks`` larger than the device's total memory, with the bytes it would need (of one
-            rank's heads when split across ``tensor_parallel_size`` ranks); ``prefill_graph_lengths`` for a model
-            that is not recurrent; a model that does not split across ``tensor_parallel_size`` ranks.
+            ``num_blocks`` that cannot hold one sequence of ``max_model_len``, or, with ``num_blocks`` None, a
+            KV cache budget that cannot (off CUDA: ``kv_cache_memory``; on CUDA: the device's total memory); a
+            KV cache (Mamba-2: a state pool) of ``num_blocks`` larger than the device's total memory, with the
+            bytes it would need (of one rank's heads when split across ``tensor_parallel_size`` ranks);
+            ``prefill_graph_lengths`` for a model that is not recurrent; a model that does not split across
+            ``tensor_parallel_size`` ranks.
     """
     limit = max_positions(config)
     if options.max_model_len is not None and options.max_model_len > limit:
@@ -118,6 +123,13 @@ def check_options(config: ModelConfig, options: EngineOptions) -> None:
         check_split(config, options)  # each rank's cache holds its heads alone (one rank: all of them)
         local = TensorParallel(options.tensor_parallel_size).local_config(config)
         check_cache_fits(cache.WHAT, options.num_blocks, cache.unit_bytes(local, options), options, device, now=False)
+    elif cache is KVCache:  # sized once the weights are in: its budget must hold one sequence of max_model_len
+        local = TensorParallel(options.tensor_parallel_size).local_config(config)
+        per_block, per_seq = KVCache.unit_bytes(local, options), options.blocks_per_seq(config)
+        if device.type != "cuda":  # the budget is kv_cache_memory, known now
+            KVCache.check_blocks(config, options, cache_units(options, device, per_block, per_seq))
+        check_fits(f"one sequence of max_model_len={options.model_len(config)}: the {KVCache.WHAT} ({per_seq} x "
+                   f"{per_block} bytes)", per_seq * per_block, device, now=False, fix="lower max_model_len")
     if options.prefill_graph_lengths and cache is not StatePool:
         raise ConfigError(f"prefill_graph_lengths={options.prefill_graph_lengths}: prefill graphs serve recurrent "
                           f"(Mamba-2) models only, not {config.model_type}")

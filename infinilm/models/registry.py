@@ -3,7 +3,8 @@
 `FAMILIES` lists every family (one line each); `family_of` finds the one of a ``model_type``. `read_config`
 reads ``<checkpoint>/config.json``: the raw JSON is checked against the family's `ConfigLimits` first, then
 transformers' `AutoConfig` reads it, then the family translates it into a `ModelConfig`, checking the
-resolved values (defaults filled in) again. Reading a config never touches the weights.
+resolved values (defaults filled in) again, and the sizes of its largest weights (each must fit a torch
+tensor). Reading a config never touches the weights.
 """
 
 from __future__ import annotations
@@ -78,6 +79,41 @@ def _dtype_problems(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
+_TENSOR_BYTES = 2**63 - 1  # the most bytes one torch tensor holds (its size in bytes is an int64)
+_WIDEST = 4  # bytes of float32, the widest dtype the model layer runs
+
+
+def _check_sizes(config: ModelConfig) -> ModelConfig:
+    """`config`, after checking that a torch tensor can hold each of its largest weights in float32: a size no
+    real model has passes every field's limit and would end the meta build of the model (to compare the
+    checkpoint's headers) in torch's overflow error.
+
+    Raises:
+        ConfigError: the first weight of more than 2**63 - 1 bytes, named with the ``config.json`` fields of its
+            shape and their values.
+    """
+    h = config.hidden_size
+    if config.ssm is None:
+        shapes = [("the embedding and LM head [vocab_size x hidden_size", config.vocab_size, h),
+                  ("the q/k/v projection [(num_attention_heads + 2 x num_key_value_heads) x head_dim x hidden_size",
+                   config.q_size + 2 * config.kv_size, h),
+                  ("the output projection [hidden_size x num_attention_heads x head_dim", h, config.q_size),
+                  ("the gate/up projection [2 x intermediate_size x hidden_size", 2 * config.intermediate_size, h)]
+    else:
+        s = config.ssm
+        shapes = [("the embedding and LM head [vocab_size x hidden_size", config.vocab_size, h),
+                  ("the in_proj [(2 x expand x hidden_size + 2 x n_groups x state_size + num_heads) x hidden_size",
+                   s.proj_size, h),
+                  ("the conv1d [(expand x hidden_size + 2 x n_groups x state_size) x conv_kernel", s.conv_dim,
+                   s.conv_kernel)]
+    for name, rows, cols in shapes:
+        if rows * cols * _WIDEST > _TENSOR_BYTES:
+            raise ConfigError(f"{name} = {rows} x {cols}] needs {rows * cols * _WIDEST} bytes in float32, more "
+                              "than a torch tensor holds (2**63 - 1 bytes); the sizes in config.json are not a real "
+                              "model's")
+    return config
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The `ModelConfig` of checkpoint directory `path`, from ``<path>/config.json`` alone; every error names
     the file.
@@ -86,7 +122,8 @@ def read_config(path: str | Path) -> ModelConfig:
         ConfigError: `path` is not a directory or holds no config.json; a file that is not a JSON object; a
             missing or unsupported ``model_type``; fields outside the family's limits, or a ``dtype`` /
             ``torch_dtype`` that is not a supported torch dtype name (all listed in one error); a value
-            transformers rejects; whatever the family's translation refuses.
+            transformers rejects; whatever the family's translation refuses; sizes whose weights no torch tensor
+            can hold.
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
@@ -109,7 +146,7 @@ def read_config(path: str | Path) -> ModelConfig:
     except (StrictDataclassError, ValueError, TypeError, KeyError, ArithmeticError) as err:
         raise ConfigError(f"{file}: transformers rejects it: {hf_error_reason(err)}") from None
     try:
-        return family.translate(hf)
+        return _check_sizes(family.translate(hf))
     except ConfigError as err:
         raise ConfigError(f"{file}: {err}") from None
 
@@ -119,6 +156,7 @@ def config_from_hf(hf: Any) -> ModelConfig:
     family of its ``model_type``.
 
     Raises:
-        ConfigError: an unsupported ``model_type``; whatever the family's translation refuses.
+        ConfigError: an unsupported ``model_type``; whatever the family's translation refuses; sizes whose
+            weights no torch tensor can hold.
     """
-    return family_of(getattr(hf, "model_type", "?")).translate(hf)
+    return _check_sizes(family_of(getattr(hf, "model_type", "?")).translate(hf))

@@ -227,3 +227,86 @@ def test_a_tokenizer_json_that_cannot_be_read_names_the_file(tmp_path: Path,
     (path / "tokenizer.json").write_text("{nope")
     status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "hello", *SMALL)
     assert status == 2 and f"{path / 'tokenizer.json'}: not a readable tokenizer" in err
+
+
+def _with_config(src: Path, dst: Path, **changes: Any) -> Path:
+    """A copy of checkpoint directory `src` (its weights) whose config.json has `changes`."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **changes}))
+    return dst
+
+
+@pytest.mark.parametrize("kind", ["yarn", "linear"])
+def test_a_rope_factor_whose_scaled_length_overflows_a_float_is_not_a_traceback(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    """max_positions multiplied the positions by the factor as floats: a finite factor such as 1e308 gave inf,
+    and int(inf) ended check and generate in an OverflowError traceback."""
+    from transformers.utils import logging
+
+    from infinilm.engine.checks import max_positions
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # transformers warns that the yarn factor is not 256 / 64 (to a stale stream)
+    request.addfinalizer(lambda: logging.set_verbosity(verbosity))
+    scaling = {"rope_type": kind, "factor": 1e308, **({"original_max_position_embeddings": 64} if kind == "yarn"
+                                                      else {})}
+    path = _dir(tmp_path, kind, {**_valid("llama"), "rope_scaling": scaling, "rope_parameters": None})
+    assert max_positions(read_config(path)) == (64 if kind == "yarn" else 256) * int(1e308)
+    for argv in (["check", "--model", str(path), *SMALL], ["generate", "--model", str(path), "--prompt", "1", *SMALL]):
+        status, err = _cli(capsys, *argv)
+        assert status == 2 and err.startswith(f"infinilm {argv[0]}: error: {path}: no model.safetensors"), err
+
+
+@pytest.mark.parametrize(("family", "changes", "tensor"), [
+    ("qwen3", {"hidden_size": 2**62}, f"the embedding and LM head [vocab_size x hidden_size = 256 x {2**62}]"),
+    ("qwen3", {"intermediate_size": 2**62}, f"the gate/up projection [2 x intermediate_size x hidden_size = "
+                                            f"{2**63} x 64]"),
+    ("qwen3", {"num_attention_heads": 2**62}, "the q/k/v projection [(num_attention_heads + 2 x num_key_value_heads)"
+                                              f" x head_dim x hidden_size = {(2**62 + 4) * 32} x 64]"),
+    ("llama", {"vocab_size": 2**61}, f"the embedding and LM head [vocab_size x hidden_size = {2**61} x 64]"),
+    ("mamba2", {"vocab_size": 2**62}, f"the embedding and LM head [vocab_size x hidden_size = {2**62} x 32]"),
+])
+def test_config_sizes_no_torch_tensor_can_hold_are_refused_naming_the_tensor(
+    family: str, changes: dict[str, Any], tensor: str, checkpoint: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sizes past 2**61 passed the config checks and the gates, then building the model on the meta device (to
+    compare the headers) ended in torch's RuntimeError "Storage size calculation overflowed" or TypeError
+    "Overflow when unpacking long long": a traceback from check and generate."""
+    path, _ = checkpoint(family)
+    capsys.readouterr()  # (saving the checkpoint may show a progress bar)
+    bad = _with_config(path, tmp_path / "bad", **changes)
+    for err in _check_and_generate(capsys, bad):
+        assert f"{bad / 'config.json'}: {tensor}" in err, err
+        assert "more than a torch tensor holds (2**63 - 1 bytes)" in err, err
+
+
+def test_a_max_model_len_whose_cache_cannot_hold_one_sequence_is_refused_before_the_weights(
+    checkpoint: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the cache sized from memory (no num_blocks), a max_model_len the config allows (2**34 positions)
+    passed check, and generate built the model, with its RoPE table of 2**34 rows (a 128 GiB allocation:
+    torch's RuntimeError traceback, or the memory of a larger machine), before the cache was found to be too
+    small for one sequence."""
+    path, _ = checkpoint("llama")
+    capsys.readouterr()
+    big = _with_config(path, tmp_path / "big", max_position_embeddings=2**34)
+    from infinilm import Engine
+
+    built: list[object] = []
+    monkeypatch.setattr(Engine, "_build", staticmethod(lambda *args: built.append(args)))  # no model is built
+    for argv in (["check", "--model", str(big), "--max-model-len", str(2**34)],
+                 ["generate", "--model", str(big), "--prompt", "1 2", "--max-model-len", str(2**34)]):
+        status, err = _cli(capsys, *argv)
+        assert status == 2, err
+        assert f"cannot hold one sequence of max_model_len={2**34}" in err, err
+    # the default budget (512 MiB) holds one sequence of the config's 8192 positions: the check passes
+    from infinilm.engine.checks import check_options
+
+    check_options(read_config(big), EngineOptions())
+    with pytest.raises(ConfigError, match=f"cannot hold one sequence of max_model_len={2**20}"):
+        check_options(read_config(big), EngineOptions(max_model_len=2**20, kv_cache_memory=2**20))
+    assert not built
