@@ -5,8 +5,11 @@ make the loader read the wrong bytes:
 
 - the index ``model.safetensors.index.json`` is a JSON object whose ``weight_map`` maps each tensor name,
   listed once, to a relative path (a str) of a shard: no absolute path, no ``..``;
-- every shard, symlinks resolved, lies inside the checkpoint directory; the one exception is a Hugging Face
-  hub cache snapshot (``<repo>/snapshots/<revision>/``), whose files are links into ``<repo>/blobs/``;
+- the index and every shard, symlinks resolved, lie inside the checkpoint directory; the one exception is a
+  Hugging Face hub cache snapshot (``<repo>/snapshots/<revision>/``), whose files are links into
+  ``<repo>/blobs/``;
+- the index and every shard are regular files (a directory, a FIFO, a device or a symlink loop is named, never
+  opened);
 - every shard exists and is a safetensors file (safetensors checks that the header's offsets cover the file
   exactly, so a header that lies about sizes is refused), holds the tensors the index maps to it and no
   other (a tensor of a shard that the index leaves out is refused, not loaded behind the index's back), and
@@ -25,7 +28,9 @@ declare the shard's full shape, and only the shard's index ranges are read, each
 
 from __future__ import annotations
 
+import errno
 import json
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -155,37 +160,78 @@ def _read_index(index: Path) -> dict[str, str]:
 
 
 def _inside(path: Path, file: Path) -> bool:
-    """Whether `file`, symlinks resolved, lies in `path` (or, for a hub cache snapshot, in its repo's blobs)."""
-    root, target = path.resolve(), file.resolve()
+    """Whether `file`, symlinks resolved, lies in `path` (or, for a hub cache snapshot, in its repo's blobs); a
+    symlink loop, which resolves nowhere and reads nothing, counts as inside (`_kind` names it)."""
+    try:
+        root, target = path.resolve(), file.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: RuntimeError before Python 3.13, OSError after
+        return True
     roots = [root]
     if root.parent.name == "snapshots":  # <repo>/snapshots/<revision>/<file> -> ../../blobs/<sha>
         roots.append(root.parent.parent / "blobs")
     return any(target.is_relative_to(r) for r in roots)
 
 
-def _shard_files(path: Path, names: list[str], where: Path) -> list[Path]:
-    """`path / name` for each name (once each, in name order), after checking each is a file inside `path`.
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(file: Path) -> str | None:
+    """None for a regular file (symlinks followed); else ``"missing"`` (a dangling symlink too) or what `file` is
+    (``"a directory"``, ``"a FIFO (named pipe)"``, ``"a symlink loop"``, ...). Only stats `file`, never opens it."""
+    try:
+        mode = file.stat().st_mode
+    except OSError as err:
+        return "a symlink loop" if err.errno == errno.ELOOP else "missing"
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def _check_files(path: Path, files: list[Path], where: Path, what: str) -> None:
+    """Refuse each of `files` (`what`: ``"shard(s)"``, ``"the index"``) that resolves outside `path`, is missing
+    or is not a regular file.
 
     Raises:
-        LoadError: a shard that is missing, not a file, or resolves outside `path` (all listed).
+        LoadError: the files outside `path`, else the missing ones, else those that are not regular files (each
+            kind all listed, naming `where`).
     """
-    files = sorted({path / name for name in names})
     outside = [f"{f} resolves to {f.resolve()}, outside {path.resolve()}" for f in files if not _inside(path, f)]
     if outside:
-        raise LoadError(f"{where}: shard(s) outside the checkpoint directory (symlinks are followed):\n  "
+        raise LoadError(f"{where}: {what} outside the checkpoint directory (symlinks are followed):\n  "
                         + "\n  ".join(outside))
-    missing = [str(f) for f in files if not f.is_file()]
+    kinds = {f: _kind(f) for f in files}
+    missing = [str(f) for f, kind in kinds.items() if kind == "missing"]
     if missing:
-        raise LoadError(f"{where} names missing shard(s): {', '.join(missing)}")
+        raise LoadError(f"{where} names missing {what}: {', '.join(missing)}")
+    odd = [f"{f} is {kind}" for f, kind in kinds.items() if kind is not None]
+    if odd:
+        verb = "are not regular files" if what.endswith("(s)") else "is not a regular file"
+        raise LoadError(f"{where}: {what} {verb} (a safetensors file or its JSON index must be one):\n  "
+                        + "\n  ".join(odd))
+
+
+def _shard_files(path: Path, names: list[str], where: Path) -> list[Path]:
+    """`path / name` for each name (once each, in name order), after checking each is a regular file inside
+    `path`.
+
+    Raises:
+        LoadError: a shard that resolves outside `path`, is missing, or is not a regular file (see `_check_files`).
+    """
+    files = sorted({path / name for name in names})
+    _check_files(path, files, where, "shard(s)")
     return files
 
 
 def _locate(path: Path) -> tuple[list[Path], dict[str, str] | None]:
-    """The checked shard files and, for a sharded checkpoint, the index's weight_map."""
-    if (path / _INDEX).is_file():
-        weight_map = _read_index(path / _INDEX)
-        return _shard_files(path, list(weight_map.values()), path / _INDEX), weight_map
-    if (path / _SINGLE).is_file():
+    """The checked shard files and, for a sharded checkpoint, the index's weight_map (an index that exists in any
+    form is the checkpoint's, and must be a regular file inside `path`)."""
+    index = path / _INDEX
+    if _kind(index) != "missing":
+        _check_files(path, [index], path, "the index")
+        weight_map = _read_index(index)
+        return _shard_files(path, list(weight_map.values()), index), weight_map
+    if _kind(path / _SINGLE) != "missing":
         return _shard_files(path, [_SINGLE], path), None
     raise LoadError(f"{path}: no {_SINGLE} or {_INDEX}")
 
@@ -194,8 +240,9 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint directory (from the sharded index when present).
 
     Raises:
-        LoadError: neither ``model.safetensors.index.json`` nor ``model.safetensors`` exists; an index that
-            is not valid (see `_read_index`); a shard that is missing or lies outside the directory.
+        LoadError: neither ``model.safetensors.index.json`` nor ``model.safetensors`` exists; an index or a shard
+            that lies outside the directory or is not a regular file; an index that is not valid (see
+            `_read_index`); a shard that is missing.
     """
     return _locate(Path(path))[0]
 

@@ -4,6 +4,7 @@ listing every mismatch, and bad checkpoints refused from their headers before th
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -170,6 +171,31 @@ def _bad_checkpoint(case: str, src: Path, root: Path) -> Path:
     if case == "missing-shard":
         return _write_sharded(dst, src, {"a.safetensors": first}, {**dict.fromkeys(first, "a.safetensors"),
                                                                    **dict.fromkeys(second, "b.safetensors")})
+    if case == "index-outside":  # the index itself a link to an index outside (its shards inside)
+        (other / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(tensors,
+                                                                                                  "a.safetensors")}))
+        _write_sharded(dst, src, {"a.safetensors": tensors})
+        (dst / "model.safetensors.index.json").unlink()
+        (dst / "model.safetensors.index.json").symlink_to(other / "model.safetensors.index.json")
+        return dst
+    if case == "shard-symlink-loop":
+        _write_sharded(dst, src, {"a.safetensors": first}, {**dict.fromkeys(first, "a.safetensors"),
+                                                           **dict.fromkeys(second, "b.safetensors")})
+        (dst / "b.safetensors").symlink_to("b.safetensors")
+        return dst
+    if case in ("shard-directory", "shard-fifo"):
+        _write_sharded(dst, src, {"a.safetensors": first}, {**dict.fromkeys(first, "a.safetensors"),
+                                                           **dict.fromkeys(second, "b.safetensors")})
+        (dst / "b.safetensors").mkdir() if case == "shard-directory" else os.mkfifo(dst / "b.safetensors")
+        return dst
+    if case in ("index-directory", "single-fifo"):  # an index that is a directory is not skipped for the file
+        _copy_config(src, dst)
+        if case == "index-directory":
+            (dst / "model.safetensors.index.json").mkdir()
+            save_file(tensors, str(dst / "model.safetensors"))
+        else:
+            os.mkfifo(dst / "model.safetensors")
+        return dst
     assert case == "mis-shaped", case  # a checkpoint of another size than the config says
     second["model.layers.1.mlp.down_proj.weight"] = torch.randn(64, 80)
     return _write_sharded(dst, src, {"a.safetensors": first, "b.safetensors": second})
@@ -196,13 +222,26 @@ BAD_CHECKPOINTS = {  # case -> what the error says
     "missing-shard": [r"index\.json names missing shard\(s\): .*/b\.safetensors"],
     "mis-shaped": [r"mis-shaped: model\.layers\.1\.mlp\.down_proj\.weight: checkpoint \[64, 80\], model expects "
                    r"\[64, 96\]"],
+    # each of these was read (the index outside), reported as a missing file, silently skipped (an index that is a
+    # directory, for model.safetensors), or ended in pathlib's RuntimeError traceback (a symlink loop)
+    "index-outside": [r"index-outside: the index outside the checkpoint directory \(symlinks are followed\)",
+                      r"index-outside/model\.safetensors\.index\.json resolves to .*/other/model\.safetensors\.index"
+                      r"\.json, outside"],
+    "shard-symlink-loop": [r"index\.json: shard\(s\) are not regular files", r"b\.safetensors is a symlink loop"],
+    "shard-directory": [r"index\.json: shard\(s\) are not regular files", r"b\.safetensors is a directory"],
+    "shard-fifo": [r"index\.json: shard\(s\) are not regular files", r"b\.safetensors is a FIFO \(named pipe\)"],
+    "index-directory": [r"index-directory: the index is not a regular file",
+                        r"model\.safetensors\.index\.json is a directory"],
+    "single-fifo": [r"single-fifo: shard\(s\) are not regular files", r"model\.safetensors is a FIFO"],
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_CHECKPOINTS))
 def test_a_bad_checkpoint_is_refused_from_its_headers_before_the_model_is_allocated(
         case: str, checkpoint: CheckpointFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Shards outside the directory (``..``, absolute, a symlink out), a weight_map value that is not a str, a
+    """Shards (or the index) outside the directory (``..``, absolute, a symlink out), shards (or an index) that
+    are not regular files (a directory, a FIFO, which is never opened, a symlink loop), a weight_map value that is
+    not a str, a
     tensor listed twice or held by two shards, a tensor of a shard the index does not list, integer/bool/complex
     weights, a header whose offsets do not cover
     its file, a missing shard and a tensor of another shape: each is one LoadError naming the file and tensor,
