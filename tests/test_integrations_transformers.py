@@ -285,3 +285,52 @@ def test_kernelize_attention_rereads_position_ids_written_in_place() -> None:
         first, second = model(ids[:, :4]).logits, model(ids[:, 4:]).logits
     torch.testing.assert_close(packed, torch.cat([first, second], dim=1), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(whole[:, 4:], packed[:, 4:])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_kernelize_generate_over_a_static_cache_reads_only_the_tokens_it_holds(family: str) -> None:
+    # a StaticCache hands attention all max_cache_len keys, the unwritten ones included; transformers keeps the
+    # padding mask for flash attention then, but only for implementations named "flash...": kernelized attention got
+    # no mask and attended to the unwritten keys, so generate's tokens (and the logits) differed from the model's
+    from transformers import StaticCache
+
+    model, patched, _ = _pair(family)
+    ids, mask = _ids()
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}):
+            expected = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static", **kwargs)
+            got = patched.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static", **kwargs)
+            assert torch.equal(got, expected), kwargs
+        caches = [StaticCache(config=m.config, max_cache_len=16) for m in (model, patched)]
+        tol = tolerance("rms_norm", "float32")
+        assert isinstance(tol, Allclose)
+        for chunk in (ids[:, :4], ids[:, 4:]):  # a prefill, then more tokens over the cache
+            torch.testing.assert_close(patched(chunk, past_key_values=caches[1]).logits,
+                                       model(chunk, past_key_values=caches[0]).logits, rtol=tol.rtol, atol=tol.atol)
+
+
+def test_kernelize_leaves_a_norm_of_the_family_class_name_whose_forward_differs() -> None:
+    # a norm class named like the family's (a subclass, a patched copy) whose forward is not LlamaRMSNorm's was
+    # swapped for rms_norm on its attributes alone (a 1-D weight and a variance_epsilon): here a Gemma-style
+    # (1 + weight) norm, whose logits then changed silently
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def forward(self: LlamaRMSNorm, x: torch.Tensor) -> torch.Tensor:
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return ((x.float() * torch.rsqrt(v + self.variance_epsilon)) * (1.0 + self.weight.float())).to(x.dtype)
+
+    gemma_like = type("LlamaRMSNorm", (LlamaRMSNorm,), {"forward": forward})
+    model = _model("llama")
+    model.model.layers[1].input_layernorm.__class__ = gemma_like
+    patched = copy.deepcopy(model)
+    report = kernelize(patched)
+    assert "model.layers.1.input_layernorm" not in report.swapped["rms_norm"]
+    assert len(report.swapped["rms_norm"]) == 4  # the other norms: 2 per layer and the final one
+    assert report.swapped["fused_add_rms_norm"] == ["model.layers.0"]  # layer 1's input norm is not fusable
+    assert any(why.startswith("model.layers.1.input_layernorm (LlamaRMSNorm): ") for why in report.left), report.left
+    assert any(why.startswith("model.layers.1 (LlamaDecoderLayer): ") for why in report.left), report.left
+    ids, _ = _ids()
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)

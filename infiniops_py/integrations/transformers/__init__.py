@@ -4,8 +4,9 @@ As Hugging Face ``kernels.kernelize`` and Liger-Kernel's ``apply_liger_kernel_to
 a model's layers for the operators of this project, in place, on the model object it is given (other
 instances of the same classes are untouched). Per family (`FAMILIES`, keyed by ``config.model_type``):
 
-- every RMSNorm (Llama, Qwen2, Qwen3, Mamba-2 ``Mamba2RMSNorm``) -> `rms_norm`; Qwen3's per-head
-  ``q_norm``/``k_norm`` too (over ``head_dim``, on the ``[B, S, H, D]`` projection views).
+- every RMSNorm (Llama, Qwen2, Qwen3, Mamba-2 ``Mamba2RMSNorm``) whose forward is ``LlamaRMSNorm``'s ->
+  `rms_norm`; Qwen3's per-head ``q_norm``/``k_norm`` too (over ``head_dim``, on the ``[B, S, H, D]``
+  projection views).
   `fused_qk_norm` is not used: it needs the packed ``[T, (Hq + 2 Hkv) D]`` projection, and transformers
   computes q, k and v with three separate linears.
 - the pre-norm decoder layer's ``residual + attention`` followed by ``post_attention_layernorm`` ->
@@ -14,7 +15,8 @@ instances of the same classes are untouched). Per family (`FAMILIES`, keyed by `
   layer's input is copied once first (the caller may still hold it: ``output_hidden_states``, a user's
   ``inputs_embeds``); the MLP's residual add then runs in place on that copy.
 - attention -> the ``"infiniops"`` entry of transformers' ``AttentionInterface`` (and of its
-  ``AttentionMaskInterface``, which hands it the 2-D padding mask, as for flash-attention):
+  ``AttentionMaskInterface``, which hands it the 2-D padding mask, as for flash-attention, and over a static
+  cache the mask of the tokens the cache holds):
   `flash_attn_varlen` for prefill (sequences packed back to back, padding rows dropped) and for padded
   batches, `flash_attn_with_kvcache` for decode steps over transformers' cache (a view of it, no copy).
   The causal mask is bottom-right aligned, as transformers' masks are for queries that follow a cache;

@@ -13,24 +13,41 @@ from infiniops_py import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.integrations.transformers._report import Kernelized
 from infiniops_py.integrations.transformers._rope import forget_tables
 
-__all__ = ["ATTENTION", "swap_attention"]
+__all__ = ["ATTENTION", "padding_mask", "swap_attention"]
 
 ATTENTION: Final = "infiniops"  # the name registered in transformers' AttentionInterface / AttentionMaskInterface
 
 
 def swap_attention(report: Kernelized, model: Any) -> None:
-    """Register `ATTENTION` (the attention function and flash-attention's 2-D padding mask) with transformers,
-    set it as `model`'s attention implementation, and add to `report` the undo that sets the previous one."""
+    """Register `ATTENTION` (the attention function and `padding_mask`) with transformers, set it as `model`'s
+    attention implementation, and add to `report` the undo that sets the previous one."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTENTION, _attention)
-    AttentionMaskInterface.register(ATTENTION, flash_attention_mask)
+    AttentionMaskInterface.register(ATTENTION, padding_mask)
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)
     report._undo.append(lambda: model.set_attn_implementation(previous))
     report._undo.append(model.register_forward_pre_hook(forget).remove)
 
+
+def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+                 attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """The mask `ATTENTION` gets: transformers' flash-attention mask (the ``[B, L]`` padding mask, None when no
+    token is padded), or, where it is None and the cache hands over more keys than the tokens it holds (a static
+    cache: ``kv_length`` is its capacity, ``q_offset + q_length`` the tokens written), the all-true ``[B,
+    q_offset + q_length]`` mask of those tokens, so that the unwritten keys are not attended to. (transformers keeps
+    generate's padding mask for a static cache only for implementations named ``flash...``.) Reads `q_offset` on
+    the host when it is a tensor."""
+    from transformers.masking_utils import flash_attention_mask
+
+    mask = flash_attention_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                                kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
+    held = int(q_offset) + q_length
+    if mask is None and kv_offset == 0 and held < kv_length:
+        mask = torch.ones(batch_size, held, dtype=torch.bool, device=kwargs.get("device"))
+    return mask
 
 
 class _Unpadded(NamedTuple):

@@ -63,11 +63,15 @@ def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
             kind = "qk_norm" if short in ("q_norm", "k_norm") else "rms_norm"
             swaps.append((kind, name, module, rms_norm_forward))
         elif cls in family.norms:
-            left.append(f"{name} ({cls}): not the RMSNorm kernelize knows (a 1-D weight and a float "
-                        "variance_epsilon)")
+            left.append(f"{name} ({cls}): not the RMSNorm kernelize knows (a 1-D weight, a float "
+                        "variance_epsilon and LlamaRMSNorm's forward)")
         elif cls in family.layers:
             parts = [getattr(module, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
-            if not all(id(p) in norms for p in parts) or not _residual_pattern(type(module)):
+            if not all(id(p) in norms for p in parts):
+                left.append(f"{name} ({cls}): its input or post-attention norm is not the RMSNorm kernelize "
+                            "knows, so its residual add and norm run unfused")
+                continue
+            if not _residual_pattern(type(module)):
                 left.append(f"{name} ({cls}): its forward is not the pre-norm residual pattern kernelize "
                             "fuses, so its norms run unfused")
                 continue
@@ -100,11 +104,20 @@ def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
     return Plan(list(problems), swaps, attention, left, prepare)
 
 
+# LlamaRMSNorm.forward (Qwen2's, Qwen3's, Mamba2RMSNorm's), whitespace and comments removed, any names
+_RMS_FORWARD: Final = re.compile(r"defforward\(self,(\w+)(?::[\w.]+)?\)(?:->[\w.]+)?:(\w+)=\1\.dtype"
+                                 r"\1=\1\.to\(torch\.float32\)(\w+)=\1\.pow\(2\)\.mean\(-1,keepdim=True\)"
+                                 r"\1=\1\*torch\.rsqrt\(\3\+self\.variance_epsilon\)returnself\.weight\*\1\.to\(\2\)")
+
+
 def _is_rms_norm(module: torch.nn.Module) -> bool:
-    """Whether `module` has the 1-D ``weight`` and the positive float ``variance_epsilon`` of ``LlamaRMSNorm``."""
+    """Whether `module` has the 1-D ``weight`` and the positive float ``variance_epsilon`` of ``LlamaRMSNorm``, and
+    its class's forward is ``LlamaRMSNorm.forward`` statement for statement (a class of the same name may compute
+    another norm)."""
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", None)
-    return isinstance(weight, torch.Tensor) and weight.dim() == 1 and isinstance(eps, float) and eps > 0
+    return (isinstance(weight, torch.Tensor) and weight.dim() == 1 and isinstance(eps, float) and eps > 0
+            and _RMS_FORWARD.fullmatch(code_of(type(module).forward)) is not None)
 
 
 _PATTERN: Final = (
