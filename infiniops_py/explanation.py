@@ -80,8 +80,9 @@ class Explanation:
             lines.append(f"  note: {self.note}")
         lines.extend(f"  configuration: {m}" for m in self.problems)
         for rank, c in enumerate(self.candidates, 1):
-            mark = "chosen" if self.chosen is not None and c.implementation == self.chosen.name else (
-                "accepts" if c.accepted else "rejects")
+            ours = self.chosen is not None and (c.provider, c.implementation) == (self.chosen.provider,
+                                                                               self.chosen.name)
+            mark = "chosen" if ours else ("accepts" if c.accepted else "rejects")
             timed = ""
             if self.measurement is not None and c.implementation in self.measurement.times:
                 timed = f", measured {format_time(self.measurement.times[c.implementation])}"

@@ -12,7 +12,8 @@ Ranking, for one problem:
    accepting implementations it timed come first, fastest first, a tie inside the noise margin
    (`infiniops_py.tuning.ranking.NOISE_MARGIN`) going to the higher priority; the others keep their priority
    order after them. Without a measurement (no bucket, nothing timed, ``INFINIOPS_TUNING=off``) priority alone
-   ranks. The last-resort ``reference`` provider is never promoted by time.
+   ranks. The last-resort ``reference`` provider is never promoted by time, nor is an implementation whose
+   name one of another provider carries too (implementation names are unique within a provider only).
 5. The first candidate whose capability accepts the problem wins.
 
 Names are checked: ``use(op=...)`` raises on an unknown operator. A name that the configuration gives and
@@ -44,6 +45,7 @@ and adding measurements (`infiniops_py.tuning.tune_calls`) clears the cache.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -60,6 +62,11 @@ __all__ = ["_OVERRIDES", "Explanation", "Fallback", "Override", "Resolver", "Set
 log = logging.getLogger("infiniops")
 REFERENCE = "reference"
 META = "meta"  # the built-in provider of meta problems: shapes only, outside every ranking
+
+
+def _key(impl: Implementation) -> tuple[str, str]:
+    """What tells implementations apart: names are unique within a provider only."""
+    return impl.provider, impl.name
 
 
 def _forced(op: str, overrides: tuple[Override, ...]) -> bool:
@@ -231,32 +238,35 @@ class Resolver:
             served = next((i for i, r in zip(metas, reports) if not r.rejections), None)
             return Explanation(problem, tuple(reports), served, None)
         ranking = self._ranked(problem.op, overrides)
-        rejected = {impl.name: impl.capability.reasons(problem) for impl in ranking.candidates}
+        rejected = {_key(impl): impl.capability.reasons(problem) for impl in ranking.candidates}
         ranking, measurement, why = self._measured(problem, ranking, rejected, overrides)
-        reports = [CandidateReport(i.provider, i.name, i.priority, rejected[i.name]) for i in ranking.candidates]
-        chosen = next((i for i in ranking.candidates if not rejected[i.name]), None)
+        reports = [CandidateReport(i.provider, i.name, i.priority, rejected[_key(i)]) for i in ranking.candidates]
+        chosen = next((i for i in ranking.candidates if not rejected[_key(i)]), None)
         fallback = None if chosen is None else self._fallback(problem, ranking, reports, chosen)
         if chosen is not None and not why:
             why = self._why(problem, ranking, chosen, measurement, _forced(problem.op, overrides))
         return Explanation(problem, tuple(reports), chosen, fallback, ranking.note, ranking.problems,
                            measurement, why)
 
-    def _measured(self, problem: Problem, ranking: _Ranking, rejected: Mapping[str, Any],
+    def _measured(self, problem: Problem, ranking: _Ranking, rejected: Mapping[tuple[str, str], Any],
                   overrides: tuple[Override, ...]) -> tuple[_Ranking, Measurement | None, str]:
         """`ranking` reordered by the measurement of `problem`'s bucket (see the module doc, step 4), the
         measurement (None when there is none; a scope that forces providers keeps their order), and why the
-        winner won when the measurement decided it (else empty)."""
+        winner won when the measurement decided it (else empty). A time under a name that several candidates
+        carry (of different providers) cannot say whose it is: it ranks none of them."""
         measurement = self.tuning.lookup(problem)
         if measurement is None or _forced(problem.op, overrides):
             return ranking, measurement, ""
         head = [i for i in ranking.candidates if i.provider in ranking.preferred]
         free = [i for i in ranking.candidates if i.provider not in ranking.preferred]
-        order = measured_order(free, {name for name, why in rejected.items() if not why}, measurement)
+        names = Counter(i.name for i in ranking.candidates)
+        accepted = {i.name for i in free if not rejected[_key(i)] and names[i.name] == 1}
+        order = measured_order(free, accepted, measurement)
         if not order:
             return ranking, measurement, ""
         timed = {i.name for i in order}
         candidates = [*head, *order, *(i for i in free if i.name not in timed)]
-        why = "" if any(not rejected[i.name] for i in head) else why_chosen(order[0], order, measurement)
+        why = "" if any(not rejected[_key(i)] for i in head) else why_chosen(order[0], order, measurement)
         return ranking._replace(candidates=candidates), measurement, why
 
     def _why(self, problem: Problem, ranking: _Ranking, chosen: Implementation, measurement: Measurement | None,

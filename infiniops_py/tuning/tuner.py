@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import functools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -91,14 +92,16 @@ class TuneReport:
 def candidates(problem: Problem, resolver: Any = None) -> list[Implementation]:
     """The implementations that accept `problem` and that the tuner times: every candidate of the resolver's
     ranking (no scope applies; the environment's deny list does) whose capability accepts it, less the
-    last-resort ``reference`` and those that are not `Implementation.graph_safe` (they keep their place in
-    the priority order, after the measured ones); in priority order."""
+    last-resort ``reference``, those that are not `Implementation.graph_safe` (they keep their place in
+    the priority order, after the measured ones) and those whose name another candidate (of another provider)
+    carries too (a time under it could not say whose it is); in priority order."""
     resolver = resolver or _resolver()
     ex = resolver.explain(problem, ())
-    by_name = {i.name: i for i in resolver.by_op.get(problem.op, ())}
-    return [by_name[c.implementation] for c in ex.candidates
-            if c.accepted and c.provider != _REFERENCE and c.implementation in by_name
-            and by_name[c.implementation].graph_safe]
+    by_key = {(i.provider, i.name): i for i in resolver.by_op.get(problem.op, ())}
+    names = Counter(c.implementation for c in ex.candidates)
+    found = [by_key.get((c.provider, c.implementation)) for c in ex.candidates
+             if c.accepted and c.provider != _REFERENCE and names[c.implementation] == 1]
+    return [i for i in found if i is not None and i.graph_safe]
 
 
 def _resolver() -> Any:
