@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -10,19 +13,35 @@ from infinilm.config_checks import ConfigError
 __all__ = ["StreamDecoder", "load_tokenizer"]
 
 
+def _not_a_file(file: Path) -> str | None:
+    """What `file`, which exists as a name, is when it is not a regular file (symlinks followed), else None."""
+    try:
+        mode = file.stat().st_mode
+    except OSError as err:
+        return "a symlink loop" if err.errno == errno.ELOOP else "a link to a missing file"
+    if stat.S_ISREG(mode):
+        return None
+    return "a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a file"
+
+
 def load_tokenizer(path: str | Path) -> Any | None:
-    """The `tokenizers.Tokenizer` of ``<path>/tokenizer.json``, or None when the checkpoint has none.
+    """The `tokenizers.Tokenizer` of ``<path>/tokenizer.json``, or None when the checkpoint has none (no
+    ``tokenizer.json`` entry at all).
 
     Raises:
-        ConfigError: `path` is not a directory (so it is not a checkpoint without a tokenizer), or the file is
-            not a tokenizer `tokenizers` can read (the message names the file).
+        ConfigError: `path` is not a directory (so it is not a checkpoint without a tokenizer); a tokenizer.json
+            that is not a regular file (a link to a missing file, a directory, a FIFO, which is never opened); a
+            file that is not a tokenizer `tokenizers` can read (the message names the file).
     """
     if not Path(path).is_dir():
         what = "is a file" if Path(path).exists() else "does not exist"
         raise ConfigError(f"{path} {what} (expected a Hugging Face checkpoint directory)")
     file = Path(path) / "tokenizer.json"
-    if not file.is_file():
+    if not os.path.lexists(file):
         return None
+    what = _not_a_file(file)
+    if what is not None:
+        raise ConfigError(f"{file}: not a readable tokenizer: it is {what}")
     from tokenizers import Tokenizer
 
     try:

@@ -310,3 +310,31 @@ def test_a_max_model_len_whose_cache_cannot_hold_one_sequence_is_refused_before_
     with pytest.raises(ConfigError, match=f"cannot hold one sequence of max_model_len={2**20}"):
         check_options(read_config(big), EngineOptions(max_model_len=2**20, kv_cache_memory=2**20))
     assert not built
+
+
+@pytest.mark.parametrize("kind", ["dangling-link", "directory", "fifo"])
+def test_a_tokenizer_json_that_is_not_a_regular_file_is_named_not_taken_for_no_tokenizer(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tokenizer.json that exists but cannot be read as a file (a hub snapshot's link to a blob not downloaded, a
+    directory, a FIFO) was taken for a checkpoint without a tokenizer: generate said "has no tokenizer.json" and
+    the server served token ids only. A FIFO is never opened (reading it would wait for a writer)."""
+    import os
+
+    from infinilm.tokenizer import load_tokenizer
+
+    path = _dir(tmp_path, kind, _valid())
+    file = path / "tokenizer.json"
+    what = {"dangling-link": "a link to a missing file", "directory": "a directory", "fifo": "a FIFO (named pipe)"}
+    if kind == "dangling-link":
+        file.symlink_to(tmp_path / "blobs" / "0123abcd")
+    elif kind == "directory":
+        file.mkdir()
+    else:
+        os.mkfifo(file)
+    message = f"{file}: not a readable tokenizer: it is {what[kind]}"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_tokenizer(path)
+    status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "hello", *SMALL)
+    assert status == 2 and err == f"infinilm generate: error: {message}\n", err
+    assert load_tokenizer(_dir(tmp_path, "none", _valid())) is None  # no tokenizer.json at all: ids only
