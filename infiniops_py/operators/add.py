@@ -35,6 +35,7 @@ __all__ = ["SPECS", "add"]
 _OP = "add"
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 
 
 def add(
@@ -94,7 +95,7 @@ def add(
         inplace = False
     else:
         inplace = _check_out(input, other, out, shape, on_cpu)
-    if torch.is_grad_enabled() and (input.requires_grad or other.requires_grad or out.requires_grad):
+    if (input.requires_grad or other.requires_grad or out.requires_grad) and _grad_enabled():  # cheap test first
         check_no_grad(_OP, {"input": input, "other": other, "out": out})
     # The implementation writes `out`; what it returns is not the result (it may be None or another tensor).
     dispatch(SPEC, ("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace, size_class(out.numel())), input,

@@ -118,7 +118,7 @@ def rms_norm(
                 start = x.data_ptr()
                 if start < high and low < start + (x.nbytes if x_contiguous else byte_extent(x)):
                     _check_out_overlap(x, out)
-        if _grad_enabled() and (x.requires_grad or weight.requires_grad or out.requires_grad):
+        if (x.requires_grad or weight.requires_grad or out.requires_grad) and _grad_enabled():  # cheap test first
             check_no_grad(_OP, {"x": x, "weight": weight, "out": out})
     except AttributeError:
         for name, t in (("x", x), ("weight", weight), ("out", out)):
