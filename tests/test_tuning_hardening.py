@@ -1,9 +1,15 @@
-"""Hostile or broken plugins and tuning inputs, contained: two providers' implementations that share a name
-are told apart by the ranking and by the tuner.
+"""Hostile or broken plugins and tuning files, contained: two providers' implementations that share a name
+are told apart by the ranking and by the tuner; a tuning file that cannot be used is ignored with one warning
+and never hangs or exhausts the process (a FIFO, a symlink to ``/dev/zero``, JSON nested too deep).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,11 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import _Plugin, cpu_capability
+from fakes import _Plugin, cpu_capability, fresh_env, registered
 
 import infiniops_py as io
 from infiniops_py import Implementation, Provider
 from infiniops_py.tuning import store, tune_problem
+from infiniops_py.tuning.store import TuningFileError, read_file
 
 SIZES = {"m": 4, "n": 8, "k": 8}
 BUCKET = {"device_type": "cpu", "dtype": "float32", **SIZES}
@@ -47,6 +54,10 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
 
 def _provider(name: str, *impls: Implementation) -> Provider:
     return io.register_provider(_Plugin(Provider(name=name, version="0", implementations=list(impls))), name=name)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "ignoring tuning file" in r.getMessage()]
 
 
 # -- the resolver -----------------------------------------------------------------------------------------
@@ -88,3 +99,97 @@ def test_measured_times_of_a_name_two_candidates_share_rank_neither() -> None:
     finally:
         for name in ("a", "b", "c", "d"):
             io.unregister_provider(name)
+
+
+# -- reading tuning files -----------------------------------------------------------------------------------
+
+def _head() -> dict[str, Any]:
+    return {"format": store.FORMAT, "version": store.VERSION, "fingerprint": store.fingerprint("cpu", {})}
+
+
+@pytest.mark.parametrize("text", [
+    '{"format": "infiniops-tuning", "version": 1, "entries": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"format": "infiniops-tuning", "version": 1, "entries": [], "x": ' + "9" * 5000 + "}",
+], ids=["nested too deep", "an int of 5000 digits"])
+def test_json_that_python_cannot_parse_is_a_corrupt_file(tmp_path: Path, text: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(TuningFileError, match="not a tuning file"):
+        read_file(path, None)
+    with caplog.at_level(logging.WARNING, logger="infiniops"):
+        assert store._read_or_warn(path, store.fingerprint("cpu", {})) == []
+    assert len(_warnings(caplog)) == 1
+
+
+def test_a_file_over_the_size_limit_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({**_head(), "entries": [], "pad": "x" * 4096}))
+    monkeypatch.setattr(store, "MAX_BYTES", 1024)
+    with pytest.raises(TuningFileError, match=r"larger than 1024 bytes"):
+        read_file(path, None)
+
+
+_READER = """
+import logging, os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # /dev/zero read whole would take them all
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+sys.path.insert(0, {tests!r})
+import torch, infiniops_py as io
+from fakes import cpu_capability, registered
+def gemm(a, b, *rest, **kw):
+    return torch.matmul(a, b, out=rest[-1] if rest else kw["out"])
+def plant(path, kind):
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+with registered(("fake", [("gemm", cpu_capability(), 40, gemm)])):
+    path = io.runtime.get_resolver().tuning.cache_file("cpu") if {where!r} == "cache" else None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plant(path, {kind!r})
+    print(path or "")
+    print("chosen", io.explain("gemm", device_type="cpu", dtype="float32", m=4, n=8, k=8).chosen.provider)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink to /dev/zero", "directory"])
+@pytest.mark.parametrize("where", ["INFINIOPS_TUNING", "cache"])
+def test_a_tuning_file_that_is_not_a_regular_file_is_ignored_without_hanging(tmp_path: Path, kind: str,
+                                                                            where: str) -> None:
+    env = fresh_env(INFINIOPS_CACHE=str(tmp_path / "cache"), INFINIOPS_DENY="gemm=torch,triton,cupy")
+    if where == "INFINIOPS_TUNING":
+        path = tmp_path / "shipped.json"
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "directory":
+            path.mkdir()
+        else:
+            path.symlink_to("/dev/zero")
+        env["INFINIOPS_TUNING"] = str(path)
+    script = _READER.format(tests=str(TESTS), where=where, kind=kind)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    planted, chosen = run.stdout.splitlines()
+    assert chosen == "chosen fake"
+    name = planted or str(tmp_path / "shipped.json")
+    warned = [x for x in run.stderr.splitlines() if "ignoring tuning file" in x]
+    why = "Is a directory" if kind == "directory" else "not a regular file"
+    assert len(warned) == 1 and name in warned[0] and why in warned[0], run.stderr
+
+
+# -- infiniops tune -----------------------------------------------------------------------------------------
+
+
+def test_an_infiniops_tuning_that_names_a_folder_is_warned_about_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "folder").mkdir()
+    monkeypatch.setenv("INFINIOPS_TUNING", str(tmp_path / "folder"))
+    io.reload()
+    with caplog.at_level(logging.WARNING, logger="infiniops"), \
+            registered(("one", [("gemm", cpu_capability(), 40, _gemm())])):
+        assert io.explain("gemm", **BUCKET).chosen.provider == "one"
+    assert len(_warnings(caplog)) == 1

@@ -14,7 +14,9 @@ holds the measurements the resolver ranks by, for the providers it was built wit
 The fingerprint says which machine and software the times hold for: the device type, the device's name (the GPU
 model, or the CPU model and torch's thread count), the CUDA driver and runtime, the torch and triton versions,
 and each loaded provider's name and version. A file whose fingerprint differs (another GPU, driver or provider
-version: *foreign*) or that cannot be parsed (*corrupt*) is ignored with one warning per file and process.
+version: *foreign*) or that cannot be parsed (*corrupt*: not JSON, nested too deep, larger than `MAX_BYTES`, or
+not a regular file, such as a FIFO or a symlink to ``/dev/zero``, which is never opened for a blocking read) is
+ignored with one warning per file and process.
 
 File format (JSON): ``{"format": "infiniops-tuning", "version": 1, "fingerprint": {...}, "entries": [{"op",
 "device_type", "dtype", "fields", "bucket", "sizes", "times_us", "failed", "device", "measured"}, ...]}``.
@@ -29,6 +31,7 @@ import json
 import logging
 import os
 import platform
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +57,7 @@ __all__ = [
 log = logging.getLogger("infiniops")
 FORMAT: Final = "infiniops-tuning"
 VERSION: Final = 1
+MAX_BYTES: Final = 64 << 20  # a larger file is not read (a model's buckets take kilobytes)
 _WARNED: set[str] = set()  # files already warned about in this process
 
 
@@ -205,12 +209,13 @@ def read_file(path: Path, fp: Mapping[str, str] | None) -> list[Measurement]:
     """The measurements of tuning file `path`; with `fp`, the file must carry that fingerprint.
 
     Raises:
-        OSError: the file cannot be read. TuningFileError: it is corrupt (not JSON, not the format, a bad
-            entry) or, with `fp`, foreign (naming the first fingerprint key that differs and both values).
+        OSError: the file cannot be read. TuningFileError: it is corrupt (not a regular file, larger than
+            `MAX_BYTES`, not JSON that Python parses, not the format, a bad entry) or, with `fp`, foreign
+            (naming the first fingerprint key that differs and both values).
     """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = json.loads(_read_bytes(Path(path)).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # too deep, or an int of 5000 digits
         raise TuningFileError(f"not a tuning file: {err}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TuningFileError(f"not a tuning file (no \"format\": {FORMAT!r})")
@@ -227,6 +232,22 @@ def read_file(path: Path, fp: Mapping[str, str] | None) -> list[Measurement]:
     if not isinstance(entries, list):
         raise TuningFileError("the tuning file has no list of entries")
     return [Measurement.from_json(e) for e in entries]
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of regular file `path`, at most `MAX_BYTES`: opened without blocking (a FIFO would wait for a
+    writer), checked to be a regular file before any read (``/dev/zero`` never ends).
+
+    Raises:
+        OSError: it cannot be opened. TuningFileError: not a regular file, or larger than `MAX_BYTES`.
+    """
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise TuningFileError("not a regular file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise TuningFileError(f"larger than {MAX_BYTES} bytes")
+    return data
 
 
 def write_file(path: Path, fp: Mapping[str, str], measurements: Iterable[Measurement]) -> None:
@@ -306,8 +327,8 @@ class TuningTable:
                     table[m.problem] = m
                 if self.source and self.source.lower() not in FALSE_WORDS:
                     shipped = Path(self.source).expanduser()
-                    if not shipped.is_file():
-                        _warn_once(shipped, "INFINIOPS_TUNING names no readable file")
+                    if not shipped.exists():
+                        _warn_once(shipped, "INFINIOPS_TUNING names no file")
                     for m in _read_or_warn(shipped, fp):
                         if m.problem.device_type == device_type:
                             table[m.problem] = m
