@@ -1,6 +1,7 @@
 """Hostile or broken plugins and tuning files, contained: two providers' implementations that share a name
 are told apart by the ranking and by the tuner; a tuning file that cannot be used is ignored with one warning
-and never hangs or exhausts the process (a FIFO, a symlink to ``/dev/zero``, JSON nested too deep).
+and never hangs or exhausts the process (a FIFO, a symlink to ``/dev/zero``, JSON nested too deep); two
+processes adding measurements to one cache file keep both; a write never replaces what is not a regular file.
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +24,9 @@ from fakes import _Plugin, cpu_capability, fresh_env, registered
 
 import infiniops_py as io
 from infiniops_py import Implementation, Provider
+from infiniops_py.problem import Problem
 from infiniops_py.tuning import store, tune_problem
-from infiniops_py.tuning.store import TuningFileError, read_file
+from infiniops_py.tuning.store import Measurement, TuningFileError, TuningTable, read_file, write_file
 
 SIZES = {"m": 4, "n": 8, "k": 8}
 BUCKET = {"device_type": "cpu", "dtype": "float32", **SIZES}
@@ -179,6 +183,66 @@ def test_a_tuning_file_that_is_not_a_regular_file_is_ignored_without_hanging(tmp
     warned = [x for x in run.stderr.splitlines() if "ignoring tuning file" in x]
     why = "Is a directory" if kind == "directory" else "not a regular file"
     assert len(warned) == 1 and name in warned[0] and why in warned[0], run.stderr
+
+
+# -- writing tuning files -----------------------------------------------------------------------------------
+
+def _measurement(tag: str) -> Measurement:
+    return Measurement(Problem("gemm", "cpu", "float32", {"tag": tag}, {"m": 1, "n": 1, "k": 1}), {"x": 1e-6})
+
+
+def test_two_writers_adding_at_once_keep_both_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each add reads the cache file, merges and rewrites it: a second writer in between was lost.
+    first, second = TuningTable({"p": "1"}), TuningTable({"p": "1"})
+    first.measurements("cpu"), second.measurements("cpu")  # both have read the (missing) file already
+    inside, release = threading.Event(), threading.Event()
+    read = store._read_or_warn
+
+    def held_open(path: Path, fp: Any) -> list[Measurement]:
+        found = read(path, fp)
+        if threading.current_thread().name == "first":
+            inside.set()
+            release.wait(5)
+        return found
+
+    monkeypatch.setattr(store, "_read_or_warn", held_open)
+    a = threading.Thread(target=first.add, args=([_measurement("a")],), name="first")
+    b = threading.Thread(target=second.add, args=([_measurement("b")],), name="second")
+    a.start()
+    assert inside.wait(5)
+    b.start()
+    b.join(0.5)  # the second writer either waits for the first (locked) or writes now
+    release.set()
+    a.join(10)
+    b.join(10)
+    path = first.cache_file("cpu")
+    assert sorted(m.problem.fields["tag"] for m in read_file(path, first.fingerprint("cpu"))) == ["a", "b"]
+
+
+def test_write_never_replaces_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    fp = store.fingerprint("cpu", {})
+    link = tmp_path / "out.json"
+    link.symlink_to("/dev/null")  # as /dev/stdout is a symlink to a terminal or a pipe
+    with pytest.raises(OSError, match="not a regular file"):
+        write_file(link, fp, [])
+    assert link.is_symlink() and os.readlink(link) == "/dev/null"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temporary file left behind
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    alias = tmp_path / "alias.json"
+    alias.symlink_to(target)  # a symlink to a regular file is written through as before (replaced)
+    write_file(alias, fp, [])
+    assert read_file(alias, fp) == []
+
+
+def test_a_written_file_has_the_mode_the_umask_gives(tmp_path: Path) -> None:
+    # mkstemp made every file 0600: a file written to ship could not be read by the service's user.
+    old = os.umask(0o022)
+    try:
+        write_file(tmp_path / "shipped.json", store.fingerprint("cpu", {}), [])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shipped.json").stat().st_mode) == 0o644
 
 
 # -- infiniops tune -----------------------------------------------------------------------------------------

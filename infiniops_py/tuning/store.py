@@ -6,7 +6,8 @@ holds the measurements the resolver ranks by, for the providers it was built wit
 
 - the cache file of this machine, ``tuning-<fingerprint hash>.json`` in ``$INFINIOPS_CACHE``, else
   ``$XDG_CACHE_HOME/infiniops``, else ``~/.cache/infiniops``; read on the first lookup of a problem of a device
-  type, rewritten (merged, atomically) whenever measurements are added;
+  type, rewritten (merged, atomically, under a lock: two processes adding at once keep both) whenever
+  measurements are added;
 - ``INFINIOPS_TUNING=FILE``: a file written by ``infiniops tune --write FILE`` (shipped with a deployment),
   read too, its entries winning over the cache file's; ``INFINIOPS_TUNING=off`` (or ``0``, ``false``, ``no``)
   turns measured ranking off: nothing is read or written and the priority alone ranks.
@@ -25,6 +26,7 @@ File format (JSON): ``{"format": "infiniops-tuning", "version": 1, "fingerprint"
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -32,8 +34,8 @@ import logging
 import os
 import platform
 import stat
-import tempfile
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -58,6 +60,7 @@ log = logging.getLogger("infiniops")
 FORMAT: Final = "infiniops-tuning"
 VERSION: Final = 1
 MAX_BYTES: Final = 64 << 20  # a larger file is not read (a model's buckets take kilobytes)
+LOCK_WAIT_S: Final = 10.0  # how long an add waits for another process's merge into the same cache file
 _WARNED: set[str] = set()  # files already warned about in this process
 
 
@@ -251,16 +254,22 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def write_file(path: Path, fp: Mapping[str, str], measurements: Iterable[Measurement]) -> None:
-    """Write `measurements` to `path` with fingerprint `fp`, atomically (a temporary file, then a rename).
+    """Write `measurements` to `path` with fingerprint `fp`, atomically (a temporary file in its folder, then a
+    rename), with the mode any new file gets (``0666`` less the umask). A symlink to a regular file is replaced.
 
     Raises:
-        OSError: the folder cannot be created or written.
+        OSError: the folder cannot be created or written, or `path` exists and is not a regular file (a folder,
+            a device, a symlink to one, such as ``/dev/stdout``): it is never replaced.
     """
     path = Path(path)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise OSError(errno.EEXIST, "exists and is not a regular file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "version": VERSION, "fingerprint": dict(fp),
             "entries": [m.as_json() for m in measurements]}
-    fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".json", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
@@ -269,6 +278,36 @@ def write_file(path: Path, fp: Mapping[str, str], measurements: Iterable[Measure
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold ``.<name>.lock`` beside `path` exclusively (``flock``) for the block, so that two processes merging
+    into `path` take turns. Waits at most `LOCK_WAIT_S` (a holder stopped in a debugger must not hang this one),
+    then goes on unlocked; so it does too without ``fcntl`` (Windows) or where the lock file cannot be made."""
+    fd = None
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0),
+                     0o666)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+    except (ImportError, OSError):
+        pass
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _warn_once(path: Path, why: str) -> None:
@@ -364,13 +403,14 @@ class TuningTable:
             if fp is None:
                 continue
             path = _file_for(fp)
-            merged = {m.problem: m for m in _read_or_warn(path, fp)}
-            merged.update((m.problem, m) for m in new)
-            try:
-                write_file(path, fp, merged.values())
-                written.append(path)
-            except OSError as err:
-                _warn_once(path, f"cannot write it: {err.strerror or err}")
+            with _locked(path):  # read, merge and write as one step: another process's adds are kept
+                merged = {m.problem: m for m in _read_or_warn(path, fp)}
+                merged.update((m.problem, m) for m in new)
+                try:
+                    write_file(path, fp, merged.values())
+                    written.append(path)
+                except OSError as err:
+                    _warn_once(path, f"cannot write it: {err.strerror or err}")
         return written
 
     def write(self, path: Path, device_type: str) -> int:
