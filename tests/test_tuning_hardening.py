@@ -2,6 +2,8 @@
 are told apart by the ranking and by the tuner; a tuning file that cannot be used is ignored with one warning
 and never hangs or exhausts the process (a FIFO, a symlink to ``/dev/zero``, JSON nested too deep); two
 processes adding measurements to one cache file keep both; a write never replaces what is not a regular file.
+A timed implementation that exits, a timer that returns no time, a slow implementation and a NaN budget are
+each contained, and a measurement that lacks a candidate of today is timed again.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import torch
 from fakes import _Plugin, cpu_capability, fresh_env, registered
 
 import infiniops_py as io
-from infiniops_py import Implementation, Provider
+from infiniops_py import Implementation, Provider, runtime
 from infiniops_py.problem import Problem
-from infiniops_py.tuning import store, tune_problem
+from infiniops_py.tuning import store, tune_calls, tune_problem
 from infiniops_py.tuning.store import Measurement, TuningFileError, TuningTable, read_file, write_file
 
 SIZES = {"m": 4, "n": 8, "k": 8}
@@ -243,6 +245,75 @@ def test_a_written_file_has_the_mode_the_umask_gives(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "shipped.json").stat().st_mode) == 0o644
+
+
+# -- the tuner -------------------------------------------------------------------------------------------
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+@pytest.mark.parametrize(("raised", "said"), [(SystemExit(3), "SystemExit: 3"),
+                                              (_Unprintable(), "_Unprintable: (its message cannot be printed)")])
+def test_an_implementation_that_exits_when_timed_is_recorded_as_failed(raised: BaseException, said: str) -> None:
+    def exits(*args: Any, **kwargs: Any) -> None:
+        raise raised
+
+    with registered(("good", [("gemm", cpu_capability(), 40, _gemm())]),
+                    ("exits", [("gemm", cpu_capability(), 30, exits)])):
+        report = tune_problem("gemm", sizes=SIZES)
+        m = report.results[0].measurement
+        assert m is not None and set(m.times) == {"good.gemm.0"}
+        assert m.failed["exits.gemm.0"] == said
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1e-3, float("inf"), "fast"])
+def test_a_timer_that_returns_no_time_marks_the_implementation_failed(bad: Any) -> None:
+    with registered(("one", [("gemm", cpu_capability(), 40, _gemm())]),
+                    ("two", [("gemm", cpu_capability(), 30, _gemm())])):
+        times = iter([bad, 1e-3])
+        report = tune_problem("gemm", sizes=SIZES, timer=lambda fn, device: next(times))
+        m = report.results[0].measurement
+        assert set(m.times) == {"two.gemm.0"} and f"the timer returned {bad!r}" in m.failed["one.gemm.0"]
+        io.reload()  # a new process reads the cache file: it must still be usable
+        assert io.explain("gemm", **BUCKET).chosen.provider == "two"
+    with pytest.raises(ValueError, match="a time in seconds >= 0"):
+        Measurement(io.make_problem("gemm", **BUCKET), {"x": bad})
+
+
+def test_the_budget_bounds_a_slow_implementation_and_keeps_nothing_of_its_bucket() -> None:
+    with registered(("quick", [("gemm", cpu_capability(), 40, _gemm())]),
+                    ("sleepy", [("gemm", cpu_capability(), 30, _gemm(0.4))])):
+        start = time.perf_counter()
+        report = tune_problem("gemm", sizes=SIZES, budget_s=0.2)
+        assert time.perf_counter() - start < 1.5  # 8 calls of 0.4 s were made before
+        r = report.results[0]
+        assert r.status == "skipped" and "budget" in r.note and "sleepy.gemm.0" in r.note
+        assert runtime.get_resolver().tuning.lookup(r.problem) is None
+
+
+@pytest.mark.parametrize("budget", [float("nan"), -1.0])
+def test_a_budget_that_is_no_bound_is_refused(budget: float) -> None:
+    with pytest.raises(ValueError, match="budget_s"):
+        tune_calls([], budget_s=budget)
+
+
+def test_a_measurement_that_lacks_a_candidate_is_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tuned while 'quick' was denied; with the deny lifted, 'quick' had no time, the stale times ranked it last,
+    # and the tuner said "reused" without timing it.
+    with registered(("quick", [("gemm", cpu_capability(), 50, _gemm())]),
+                    ("mid", [("gemm", cpu_capability(), 40, _gemm(0.001))]),
+                    ("slow", [("gemm", cpu_capability(), 30, _gemm(0.002))])):
+        monkeypatch.setenv("INFINIOPS_DENY", "gemm=torch,triton,cupy,quick")
+        io.reload()
+        assert set(tune_problem("gemm", sizes=SIZES).results[0].measurement.times) == {"mid.gemm.0", "slow.gemm.0"}
+        monkeypatch.setenv("INFINIOPS_DENY", "gemm=torch,triton,cupy")
+        io.reload()
+        again = tune_problem("gemm", sizes=SIZES).results[0]
+        assert again.status == "measured" and "quick.gemm.0" in again.measurement.times
+        assert tune_problem("gemm", sizes=SIZES).results[0].status == "reused"  # now complete
+        assert io.explain("gemm", **BUCKET).chosen.provider == "quick"
 
 
 # -- infiniops tune -----------------------------------------------------------------------------------------

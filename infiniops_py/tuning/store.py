@@ -88,6 +88,13 @@ class Measurement:
     device: str = ""
     measured: str = ""
 
+    def __post_init__(self) -> None:
+        """Raises ValueError: a time that is not a number of seconds >= 0 (NaN or inf would break the ranking
+        and the file)."""
+        for name, t in self.times.items():
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+                raise ValueError(f"times[{name!r}] is {t!r}: expected a time in seconds >= 0")
+
     def as_json(self) -> dict[str, Any]:
         """The file entry of this measurement (times in microseconds)."""
         p = self.problem

@@ -1,14 +1,17 @@
 """The tuner: time every implementation that accepts a problem bucket, and hand the times to the resolver.
 
 `tune_calls` takes recorded implementation calls (`infiniops_py.tuning.capture`): for each problem with a size
-bucket that this device has no measurement of yet (or every one, with `force`), it times each accepting
+bucket that this device has no measurement of yet, or one that lacks a candidate of today (denied when it was
+timed, or installed since), or every one with `force`, it times each accepting
 implementation (except the last-resort ``reference``) on the call's own arguments with the `Timer`
 (`infiniops_py.tuning.timer.measure`: warm-up, median of repeats), adds the `Measurement` to the resolver's
 `TuningTable` (which persists it, see `infiniops_py.tuning.store`) and clears the resolver's decision cache, so
 that the next call of that bucket resolves by measured time. A problem with fewer than two candidates is not
-timed (there is nothing to choose). An implementation that raises when timed is recorded as failed and never
-chosen by time. The whole run is bounded by `budget_s`; problems left when it is spent keep their priority
-ranking. Nothing is timed while a CUDA stream captures a graph.
+timed (there is nothing to choose). An implementation that raises when timed (``SystemExit`` included), or whose
+timer returns no time in seconds >= 0 (NaN, inf), is recorded as failed and never chosen by time. The whole
+run is bounded by `budget_s`, overrun by at most one call of an implementation: no call starts once it is
+spent, and the problem whose timing that interrupts is skipped, keeping nothing; problems left keep their
+priority ranking. Nothing is timed while a CUDA stream captures a graph.
 
 `tune_problem` builds synthetic inputs of a bucket's representative size (`infiniops_py.tuning.inputs`) and
 tunes the calls they make.
@@ -104,6 +107,35 @@ def candidates(problem: Problem, resolver: Any = None) -> list[Implementation]:
     return [i for i in found if i is not None and i.graph_safe]
 
 
+class _OutOfTime(Exception):
+    """The tuning budget was spent before a call of the implementation being timed."""
+
+
+def _bounded(fn: Callable[[], Any], deadline: float) -> Callable[[], Any]:
+    """`fn`, refusing to start (`_OutOfTime`) once `deadline` (``time.perf_counter``) has passed."""
+    def call() -> Any:
+        if time.perf_counter() > deadline:
+            raise _OutOfTime
+        return fn()
+    return call
+
+
+def _text(err: BaseException) -> str:
+    """``Type: message`` of what an implementation raised (its message may itself raise)."""
+    try:
+        message = str(err)[:200]
+    except BaseException:  # foreign code, even the message
+        message = "(its message cannot be printed)"
+    return f"{type(err).__name__}: {message}"
+
+
+def _not_a_time(value: Any) -> str:
+    """Why `value`, returned by a timer, is no time in seconds >= 0 (empty when it is one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return f"the timer returned {value!r}, not a time in seconds >= 0"
+    return ""
+
+
 def _resolver() -> Any:
     from infiniops_py import runtime  # the runtime imports the resolver, which imports this package
 
@@ -119,14 +151,20 @@ def tune_calls(calls: Iterable[CapturedCall], *, force: bool = False, timer: Tim
         calls: recorded calls; one per problem is timed (the first), later ones of the same problem are ignored.
         force: time again the buckets this device already has times for.
         timer: ``(call, device type) -> median seconds``; default `infiniops_py.tuning.timer.measure`.
-        budget_s: wall-time bound of the whole run; what is left when it is spent is skipped.
+        budget_s: wall-time bound of the whole run in seconds, >= 0 (``inf``: none); what is left when it is
+            spent is skipped (see the module doc).
         save: persist the new measurements in this machine's cache file.
         progress: called with ``(done, total, label)`` before each problem and once at the end.
         resolver: the resolver whose table receives the times (default: the runtime's).
 
     Returns:
         A `TuneReport` with one result per distinct problem.
+
+    Raises:
+        ValueError: `budget_s` is negative or NaN.
     """
+    if not budget_s >= 0:  # NaN too: a deadline of NaN is never reached
+        raise ValueError(f"budget_s={budget_s!r}: expected a number of seconds >= 0 (inf: no bound)")
     resolver = resolver or _resolver()
     timer = timer or measure
     start = time.perf_counter()
@@ -153,15 +191,15 @@ def _tune_one(problem: Problem, call: CapturedCall, resolver: Any, timer: Timer,
               today: str, new: list[Measurement]) -> TuneResult:
     if not problem.bucket:
         return TuneResult(problem, "skipped", note="the operator has no size bucket")
+    impls = candidates(problem, resolver)
     known = resolver.tuning.lookup(problem)
-    if known is not None and not force:
+    if known is not None and not force and all(i.name in known.times or i.name in known.failed for i in impls):
         return TuneResult(problem, "reused", known)
     if not resolver.tuning.enabled:
         return TuneResult(problem, "skipped", note="INFINIOPS_TUNING=off")
     fp = resolver.tuning.fingerprint(problem.device_type)
     if fp is None:
         return TuneResult(problem, "skipped", note=f"no {problem.device_type} device on this machine")
-    impls = candidates(problem, resolver)
     if len(impls) < 2:
         return TuneResult(problem, "skipped", note=f"{len(impls)} candidate(s): nothing to choose")
     if time.perf_counter() > deadline:
@@ -171,13 +209,22 @@ def _tune_one(problem: Problem, call: CapturedCall, resolver: Any, timer: Timer,
     times: dict[str, float] = {}
     failed: dict[str, str] = {}
     for impl in impls:
+        fn = _bounded(functools.partial(impl.fn, *call.args, **call.kwargs), deadline)
         try:
             with torch.inference_mode():  # the calls were recorded in it (the engine's) or need no autograd
-                times[impl.name] = timer(functools.partial(impl.fn, *call.args, **call.kwargs), problem.device_type)
+                seconds = timer(fn, problem.device_type)
         except CaptureError as err:
             return TuneResult(problem, "skipped", note=str(err))
-        except Exception as err:  # a provider's bug: recorded, never chosen by time
-            failed[impl.name] = f"{type(err).__name__}: {str(err)[:200]}"
+        except _OutOfTime:  # a partial measurement would rank the untimed ones last: keep none
+            return TuneResult(problem, "skipped", note=f"the tuning time budget was spent timing {impl.name}")
+        except (Exception, SystemExit) as err:  # a provider's bug: recorded, never chosen by time
+            failed[impl.name] = _text(err)
+            continue
+        why = _not_a_time(seconds)
+        if why:
+            failed[impl.name] = why
+        else:
+            times[impl.name] = float(seconds)
     m = Measurement(problem, times, dict(call.sizes or _sizes(problem)), failed, fp.get("device", ""), today)
     new.append(m)
     return TuneResult(problem, "measured", m)
