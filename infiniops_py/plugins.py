@@ -128,11 +128,13 @@ def declaration_errors(provider: Provider) -> list[str]:
     Checked: the name (a non-empty str); version, source and error (each a str); implementations (a list or
     tuple: a generator would be used up by its first reader); and each implementation: an `Implementation`
     (not a subclass) of a known operator, declaring this provider, with a name unique within the provider, a
-    callable fn, an int priority and a `Capability` (not a subclass: the resolver calls its methods) whose
-    constraints are `Constraint` objects with a str ``field``, a bool ``environmental`` and a ``describe()``
-    that returns a str. A constraint's ``reject`` needs a problem to be checked: the resolver and the matrix
-    turn one that raises or returns something other than a `Rejection` or None into a rejection of its own
-    candidate (`capability.safe_reject`).
+    callable fn, an int priority, a bool graph_safe (``"no"`` would count as true), op and provider exactly
+    str and priority exactly int (the resolver hashes, compares and sorts them: a subclass could answer
+    otherwise than it answered the check, or raise), and a `Capability` (not a subclass: the resolver calls its
+    methods) whose constraints are `Constraint` objects with a str ``field``, a bool ``environmental`` and a
+    ``describe()`` that returns a str. A constraint's ``reject`` needs a problem to be checked: the resolver and
+    the matrix turn one that raises or returns something other than a `Rejection` or None into a rejection of
+    its own candidate (`capability.safe_reject`).
 
     Calls the constraints' ``describe()`` (plugin code): run it under `load_plugin`, which contains whatever
     escapes.
@@ -160,9 +162,13 @@ def declaration_errors(provider: Provider) -> list[str]:
             errors.append(f"{what} appears twice: implementation names must be unique within a provider")
         else:
             names.add(impl.name)
-        if not isinstance(impl.op, str) or impl.op not in SPECS:
+        if type(impl.op) is not str:
+            errors.append(f"{what}: op is {type(impl.op).__name__} {impl.op!r}, not a str")
+        elif impl.op not in SPECS:
             errors.append(f"{what} is for unknown operator {impl.op!r} (known: {', '.join(SPECS)})")
-        if impl.provider != provider.name:
+        if type(impl.provider) is not str:
+            errors.append(f"{what}: provider is {type(impl.provider).__name__} {impl.provider!r}, not a str")
+        elif impl.provider != provider.name:
             errors.append(f"{what} declares provider={impl.provider!r}, but it belongs to provider "
                           f"{provider.name!r}")
         if not callable(impl.fn):
@@ -172,8 +178,10 @@ def declaration_errors(provider: Provider) -> list[str]:
                           "extends capabilities with Constraint subclasses, not Capability ones)")
         else:
             errors.extend(f"{what}: {e}" for e in _capability_errors(impl.capability))
-        if not isinstance(impl.priority, int) or isinstance(impl.priority, bool):
-            errors.append(f"{what}: priority is {impl.priority!r}, not an int")
+        if type(impl.priority) is not int:
+            errors.append(f"{what}: priority is {type(impl.priority).__name__} {impl.priority!r}, not an int")
+        if type(impl.graph_safe) is not bool:
+            errors.append(f"{what}: graph_safe is {type(impl.graph_safe).__name__} {impl.graph_safe!r}, not a bool")
     return errors
 
 

@@ -3,7 +3,8 @@ are told apart by the ranking and by the tuner; a tuning file that cannot be use
 and never hangs or exhausts the process (a FIFO, a symlink to ``/dev/zero``, JSON nested too deep); two
 processes adding measurements to one cache file keep both; a write never replaces what is not a regular file.
 A timed implementation that exits, a timer that returns no time, a slow implementation and a NaN budget are
-each contained, and a measurement that lacks a candidate of today is timed again.
+each contained, and a measurement that lacks a candidate of today is timed again. A declaration the ranking
+cannot use (``graph_safe="no"``, an int subclass as priority) is refused at load.
 """
 
 from __future__ import annotations
@@ -314,6 +315,39 @@ def test_a_measurement_that_lacks_a_candidate_is_timed_again(monkeypatch: pytest
         assert again.status == "measured" and "quick.gemm.0" in again.measurement.times
         assert tune_problem("gemm", sizes=SIZES).results[0].status == "reused"  # now complete
         assert io.explain("gemm", **BUCKET).chosen.provider == "quick"
+
+
+# -- declarations the ranking relies on -------------------------------------------------------------------
+
+class _Truthless:
+    def __bool__(self) -> bool:
+        raise RuntimeError("no truth value")
+
+
+class _LyingInt(int):
+    def __neg__(self) -> int:
+        raise RuntimeError("no negation")
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("graph_safe", "no", "graph_safe is str 'no', not a bool"),
+    ("graph_safe", _Truthless(), "graph_safe is _Truthless"),
+    ("priority", _LyingInt(5), "priority is _LyingInt 5, not an int"),
+    ("provider", type("Str", (str,), {})("bad"), "provider is Str 'bad', not a str"),
+    ("op", type("Str", (str,), {})("gemm"), "op is Str 'gemm', not a str"),
+])
+def test_a_declaration_of_a_type_the_ranking_cannot_trust_is_refused_at_load(field: str, value: Any,
+                                                                           said: str) -> None:
+    values: dict[str, Any] = {"op": "gemm", "provider": "bad", "name": "bad.gemm", "capability": cpu_capability(),
+                              "priority": 50, "fn": _gemm(), "graph_safe": True, field: value}
+    try:
+        loaded = _provider("bad", Implementation(**values))
+        assert said in loaded.error and not loaded.implementations
+        with registered(("good", [("gemm", cpu_capability(), 10, _gemm())])):
+            tune_problem("gemm", sizes=SIZES)
+            assert io.explain("gemm", **BUCKET).chosen.provider == "good"
+    finally:
+        io.unregister_provider("bad")
 
 
 # -- infiniops tune -----------------------------------------------------------------------------------------
