@@ -1,10 +1,10 @@
-"""Hostile or broken plugins and tuning files, contained: two providers' implementations that share a name
-are told apart by the ranking and by the tuner; a tuning file that cannot be used is ignored with one warning
-and never hangs or exhausts the process (a FIFO, a symlink to ``/dev/zero``, JSON nested too deep); two
-processes adding measurements to one cache file keep both; a write never replaces what is not a regular file.
-A timed implementation that exits, a timer that returns no time, a slow implementation and a NaN budget are
-each contained, and a measurement that lacks a candidate of today is timed again. A declaration the ranking
-cannot use (``graph_safe="no"``, an int subclass as priority) is refused at load.
+"""Hostile or broken tuning files, timed implementations, plugins and ``infiniops tune`` arguments.
+
+A tuning file that cannot be used is ignored with one warning and never hangs or exhausts the process (a FIFO, a
+symlink to ``/dev/zero``, JSON nested too deep); two processes adding measurements to one cache file keep both;
+``--write`` never replaces what is not a regular file. A timed implementation that exits, a timer that returns
+no time, a slow implementation and a NaN budget are each contained. Two providers' implementations that share a
+name are told apart, and a declaration the ranking cannot use (``graph_safe="no"``) is refused at load.
 """
 
 from __future__ import annotations
@@ -351,6 +351,50 @@ def test_a_declaration_of_a_type_the_ranking_cannot_trust_is_refused_at_load(fie
 
 
 # -- infiniops tune -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--budget", "nan"], "--budget: expected a number of seconds >= 0"),
+    (["--budget", "-1"], "--budget: expected a number of seconds >= 0"),
+])
+def test_tune_refuses_a_budget_that_is_no_bound(args: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from infiniops_py.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "gemm", *args])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--dtype", "float128"], "unknown dtype 'float128'"),
+    (["--dtype", "manual_seed"], "unknown dtype 'manual_seed'"),
+    (["--device", "foo"], "unknown device 'foo'"),
+    (["--size", "m=10000000", "--size", "n=10000000", "--size", "k=10000000"], "cannot make the inputs"),
+    (["--write", "{tmp}"], "is not a regular file"),
+    (["--write", "{tmp}/null"], "is not a regular file"),
+])
+def test_tune_says_what_is_wrong_with_its_arguments_without_a_traceback(
+        args: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from infiniops_py.cli import main
+
+    (tmp_path / "null").symlink_to("/dev/null")
+    with registered(("one", [("gemm", cpu_capability(), 40, _gemm())]),
+                    ("two", [("gemm", cpu_capability(), 30, _gemm())])):
+        assert main(["tune", "gemm", *(a.format(tmp=tmp_path) for a in args)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+    assert (tmp_path / "null").is_symlink()
+
+
+def test_tune_under_strict_mode_says_why_it_cannot_resolve(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from infiniops_py.cli import main
+
+    monkeypatch.setenv("INFINIOPS_STRICT", "1")
+    io.reload()
+    with registered(("one", [("gemm", cpu_capability(), 40, _gemm())])):
+        assert main(["tune", "gemm", "--dtype", "float64"]) == 1  # only the reference serves float64
+    err = capsys.readouterr().err
+    assert "infiniops tune: INFINIOPS_STRICT=1 forbids this fallback" in err and "Traceback" not in err
 
 
 def test_an_infiniops_tuning_that_names_a_folder_is_warned_about_once(

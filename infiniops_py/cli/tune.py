@@ -11,7 +11,9 @@ runs (`infinilm.engine.warmup`; needs the llm extra). The times persist in this 
 (`infiniops_py.tuning.store`); ``--write FILE`` also writes every measurement of the device to FILE, to ship
 and read with ``INFINIOPS_TUNING=FILE``. ``--force`` times an operator's bucket again though it was measured.
 
-Exit status: 0, 1 when nothing could be timed (no bucket had two candidates), 2 on bad usage.
+Exit status: 0, 1 when nothing could be timed (no bucket had two candidates, or no provider serves the problem),
+2 on bad usage (including a ``--budget`` that is negative or NaN, and a ``--write`` path that is a folder, a
+device or a link to one: it is never replaced).
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ from infiniops_py.cli._command import Command
 __all__ = ["COMMAND"]
 
 
+def _seconds(text: str) -> float:
+    """argparse type of ``--budget``: a number of seconds >= 0 (``inf``: no bound).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, negative, or NaN (argparse exits with status 2).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _arguments(parser: argparse.ArgumentParser) -> None:
     """``OP`` or ``--model DIR``, ``--device``, ``--dtype``, ``--size K=N``, ``--field K=V``, ``--force``,
     ``--write FILE``, ``--budget S``."""
@@ -37,7 +54,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--field", action="append", default=[], metavar="K=V", help="a problem field")
     parser.add_argument("--force", action="store_true", help="time again the buckets already measured")
     parser.add_argument("--write", metavar="FILE", help="also write every measurement of the device to FILE")
-    parser.add_argument("--budget", type=float, default=120.0, metavar="S", help="bound in seconds (default 120)")
+    parser.add_argument("--budget", type=_seconds, default=120.0, metavar="S", help="bound in seconds (default 120)")
 
 
 def _pairs(items: list[str], flag: str, parse: Any) -> dict[str, Any]:
@@ -67,8 +84,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.write and not os.path.isdir(os.path.dirname(os.path.abspath(args.write))):
         print(f"infiniops tune: --write {args.write}: the folder does not exist", file=sys.stderr)
         return 2
+    if args.write and os.path.exists(args.write) and not os.path.isfile(args.write):
+        print(f"infiniops tune: --write {args.write}: is not a regular file (a folder, a device or a link to one)",
+              file=sys.stderr)
+        return 2
+    from infiniops_py.errors import GateError
+
     try:
         report = _model(args) if args.model else _operator(args)
+    except GateError as err:  # strict mode, or a problem nothing serves: the command's own failure
+        print(f"infiniops tune: {err}", file=sys.stderr)
+        return 1
     except (KeyError, TypeError, ValueError) as err:
         print(f"infiniops tune: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
         return 2
@@ -84,7 +110,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.write:
         from infiniops_py import runtime
 
-        count = runtime.get_resolver().tuning.write(args.write, args.device.partition(":")[0])
+        try:
+            count = runtime.get_resolver().tuning.write(args.write, args.device.partition(":")[0])
+        except OSError as err:
+            print(f"infiniops tune: cannot write --write {args.write}: {err.strerror or err}", file=sys.stderr)
+            return 2
         print(f"wrote {count} measurement(s) to {args.write} (use it with INFINIOPS_TUNING={args.write})")
     return 0 if report.count("measured") + report.count("reused") else 1
 

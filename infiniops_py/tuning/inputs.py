@@ -85,7 +85,8 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
 
     Raises:
         KeyError: an unknown operator. ValueError: an operator without a size bucket (``all_reduce``), a size
-            that is not an int >= 1, or a name that is neither a size of `op` (`SIZES`) nor a field.
+            that is not an int >= 1, a name that is neither a size of `op` (`SIZES`) nor a field, an unknown
+            dtype or device, or inputs that cannot be allocated (naming the sizes).
         ContractError: fields that cannot go together (the operator's own checks name them).
     """
     from infiniops_py import OPERATORS
@@ -108,8 +109,17 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{op}: size {name}={n!r} must be an int >= 1")
     values = {**spec.fields, **fields}
-    dt = getattr(torch, dtype_name(dtype)) if isinstance(dtype, str) else dtype
-    function, args, kwargs = _BUILDERS[op](_Draw(device, dt), values, full)
+    dt = getattr(torch, dtype_name(dtype), None) if isinstance(dtype, str) else dtype
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, ...)")
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r} (cpu, cuda, cuda:1, ...)") from None
+    try:
+        function, args, kwargs = _BUILDERS[op](_Draw(device, dt), values, full)
+    except (RuntimeError, MemoryError) as err:  # an allocation the device refuses
+        raise ValueError(f"{op}: cannot make the inputs of sizes {full} on {device}: {err}") from None
     return SyntheticCall(function, args, kwargs, full)
 
 
