@@ -1,10 +1,11 @@
-"""Hostile or broken tuning files, timed implementations, plugins and ``infiniops tune`` arguments.
+"""Hostile or broken tuning files, timed implementations, plugins, and the arguments of ``infiniops tune``.
 
 A tuning file that cannot be used is ignored with one warning and never hangs or exhausts the process (a FIFO, a
 symlink to ``/dev/zero``, JSON nested too deep); two processes adding measurements to one cache file keep both;
 ``--write`` never replaces what is not a regular file. A timed implementation that exits, a timer that returns
 no time, a slow implementation and a NaN budget are each contained. Two providers' implementations that share a
-name are told apart, and a declaration the ranking cannot use (``graph_safe="no"``) is refused at load.
+name are told apart, a declaration the ranking cannot use (``graph_safe="no"``) is refused at load, and a
+plugin's import check that raises is listed by ``infiniops providers`` as what keeps it from running.
 """
 
 from __future__ import annotations
@@ -406,3 +407,27 @@ def test_an_infiniops_tuning_that_names_a_folder_is_warned_about_once(
             registered(("one", [("gemm", cpu_capability(), 40, _gemm())])):
         assert io.explain("gemm", **BUCKET).chosen.provider == "one"
     assert len(_warnings(caplog)) == 1
+
+
+# -- infiniops providers ------------------------------------------------------------------------------------
+
+def test_providers_lists_a_plugin_whose_import_check_raises(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # `infiniops providers` called the plugin's Requires.reject itself, and what it raised ended the command.
+    from infiniops_py.capability import Requires
+    from infiniops_py.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")  # the status cell on one line
+
+    class Raising(Requires):
+        def reject(self, problem: Problem) -> None:
+            raise RuntimeError("the check raised")
+
+    impl = Implementation("gemm", "bad", "bad.gemm", cpu_capability(Raising("os")), 5, _gemm())
+    try:
+        assert not _provider("bad", impl).error
+        assert main(["providers"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("│ bad "))
+        assert "loaded; cannot run: import=None (constraint needs os raised RuntimeError: the check raised)" in line
+    finally:
+        io.unregister_provider("bad")

@@ -38,8 +38,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _missing_imports(p: Any) -> str:
     """What every implementation of a loaded provider needs and cannot import (``cupy is not importable (fix:
-    pip install ...)``), or '' (a provider whose package, such as CuPy, is simply not installed here)."""
-    from infiniops_py.capability import Requires
+    pip install ...)``), or '' (a provider whose package, such as CuPy, is simply not installed here). A plugin's
+    import check that raises is listed as such (`capability.safe_reject`): its implementation cannot run."""
+    from infiniops_py.capability import Requires, safe_reject
     from infiniops_py.operators import OPERATORS
 
     common: dict[str, str] | None = None
@@ -48,9 +49,11 @@ def _missing_imports(p: Any) -> str:
         problem = spec.problem() if spec is not None else None
         found = {}
         for c in impl.capability.constraints:
-            rejection = c.reject(problem) if isinstance(c, Requires) and problem is not None else None
-            if rejection is not None:
-                found[c.module] = f"{c.module} is not importable (fix: {rejection.fix})"
+            rejection = safe_reject(c, problem) if isinstance(c, Requires) and problem is not None else None
+            if rejection is not None and rejection.constraint == "requires":
+                found[str(rejection.found)] = f"{rejection.found} is not importable (fix: {rejection.fix})"
+            elif rejection is not None:  # the plugin's check raised, or returned something else
+                found[str(rejection)] = str(rejection)
         common = found if common is None else {k: v for k, v in common.items() if k in found}
     return "; ".join((common or {}).values())
 
