@@ -27,22 +27,32 @@ from infinilm.config_checks import (
 from infinilm.layers.rotary import inverse_frequencies, qk_norm_rope_fields
 from infinilm.models.family import GatePlan, GateRequest, linear_problems
 
-__all__ = ["STATIC_ROPE_TYPES", "attention_problems", "decoder_config", "decoder_limits", "rope_parameters"]
+__all__ = ["MAX_HEAD_DIM", "MAX_LAYERS", "STATIC_ROPE_TYPES", "attention_problems", "decoder_config", "decoder_limits",
+           "rope_parameters"]
 
 STATIC_ROPE_TYPES: Final = ("default", "linear", "llama3", "yarn")
 _INTS: Final = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "max_position_embeddings")
 _SILU: Final = (("hidden_act", ("silu",)),)  # the MLP's activation is SiLU, written in the model
+# Far above released models (head_dim at most 512, layers a few hundred), low enough that the RoPE frequencies
+# computed while reading the config and the per-layer work of the weight checks stay small.
+MAX_HEAD_DIM: Final = 4096
+MAX_LAYERS: Final = 1024
+_HEAD_DIM_WHY: Final = ("released models use at most 512; the triton kernels take at most 256 (flash-attention) "
+                        "to 1024 (rotary, paged cache)")
+_RANGES: Final = (("head_dim", 2, MAX_HEAD_DIM, _HEAD_DIM_WHY),
+                  ("num_hidden_layers", 1, MAX_LAYERS, "released models have at most a few hundred layers"))
 
 
 def decoder_limits(bools: tuple[str, ...], *, ints: tuple[str, ...] = (),
                    choices: tuple[tuple[str, tuple[object, ...]], ...] = _SILU) -> ConfigLimits:
     """The `ConfigLimits` of an attention decoder: its sizes positive integers (plus `ints`), ``rms_norm_eps``
-    and ``rope_theta`` positive, the query heads a multiple of the KV heads, an even ``head_dim``, the
-    activation in `choices` (default SiLU) and the flags `bools` booleans."""
+    and ``rope_theta`` positive, the query heads a multiple of the KV heads, an even ``head_dim`` of at most
+    `MAX_HEAD_DIM`, at most `MAX_LAYERS` layers, the activation in `choices` (default SiLU) and the flags
+    `bools` booleans."""
     return ConfigLimits(positive_ints=(*_INTS, *ints), positive_floats=("rms_norm_eps", "rope_theta"),
                         multiples=(("num_attention_heads", "num_key_value_heads"),), even=("head_dim",),
-                        choices=choices, bools=bools)
+                        ranges=_RANGES, choices=choices, bools=bools)
 
 
 def rope_parameters(hf: Any) -> dict[str, Any]:
@@ -66,10 +76,11 @@ def decoder_config(hf: Any, limits: ConfigLimits, *, qkv_bias: bool, o_bias: boo
 
     Raises:
         ConfigError: an unsupported RoPE type or ``use_sliding_window=True``; non-positive sizes, head counts,
-            epsilon or RoPE theta, a head layout that does not divide, an odd head_dim or rotary dim, an
-            activation outside `limits`, a flag that is not a boolean, an EOS id outside the vocabulary (all
-            listed in one error); RoPE parameters out of their limits or from which the frequencies cannot
-            be computed (`infinilm.config_checks.rope_problems`).
+            epsilon or RoPE theta, a head layout that does not divide, an odd head_dim or rotary dim, a head_dim
+            above `MAX_HEAD_DIM` or more than `MAX_LAYERS` layers, an activation outside `limits`, a flag that
+            is not a boolean, an EOS id outside the vocabulary (all listed in one error); RoPE parameters out of
+            their limits or from which the frequencies cannot be computed
+            (`infinilm.config_checks.rope_problems`).
     """
     mt = getattr(hf, "model_type", "?")
     rope = rope_parameters(hf)
@@ -131,6 +142,9 @@ def _head_layout(mt: str, hf: Any, rope_theta: object, limits: ConfigLimits) -> 
     elif head_dim is None and not problems and (values["hidden_size"] // heads) % 2:
         problems.append(f"head_dim = hidden_size / num_attention_heads = {values['hidden_size'] // heads} must be "
                         "even (rotate-half RoPE pairs dim i with dim i + head_dim/2)")
+    elif head_dim is None and not problems and values["hidden_size"] // heads > MAX_HEAD_DIM:
+        problems.append(f"head_dim = hidden_size / num_attention_heads = {values['hidden_size'] // heads} is out of "
+                        f"range: need head_dim <= {MAX_HEAD_DIM} ({_HEAD_DIM_WHY})")
     raise_problems(mt, problems)
     return heads, kv_heads, head_dim if head_dim is not None else values["hidden_size"] // heads
 

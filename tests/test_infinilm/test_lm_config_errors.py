@@ -338,3 +338,61 @@ def test_a_tokenizer_json_that_is_not_a_regular_file_is_named_not_taken_for_no_t
     status, err = _cli(capsys, "generate", "--model", str(path), "--prompt", "hello", *SMALL)
     assert status == 2 and err == f"infinilm generate: error: {message}\n", err
     assert load_tokenizer(_dir(tmp_path, "none", _valid())) is None  # no tokenizer.json at all: ids only
+
+
+@pytest.mark.parametrize(("family", "changes", "problem"), [
+    ("qwen3", {"head_dim": 2**33}, f"head_dim={2**33} is out of range: need 2 <= head_dim <= 4096"),
+    ("qwen3", {"head_dim": 2**62}, f"head_dim={2**62} is out of range: need 2 <= head_dim <= 4096"),
+    ("llama", {"head_dim": 4098}, "head_dim=4098 is out of range: need 2 <= head_dim <= 4096"),
+    ("qwen2", {"head_dim": None, "hidden_size": 2**35}, f"head_dim = hidden_size / num_attention_heads = {2**33} is "
+                                                        "out of range: need head_dim <= 4096"),
+    ("qwen3", {"num_hidden_layers": 20000}, "num_hidden_layers=20000 is out of range: need 1 <= num_hidden_layers "
+                                            "<= 1024"),
+    ("llama", {"num_hidden_layers": 10**6}, f"num_hidden_layers={10**6} is out of range"),
+])
+def test_a_head_dim_or_layer_count_far_above_real_models_is_refused_before_any_tensor(
+    family: str, changes: dict[str, Any], problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head_dim of 2**33 made reading the config compute its RoPE frequencies (a 34 GB CPU allocation; 2**62: a
+    RuntimeError traceback); 20000 layers made check build and list 320,004 missing tensors (7 s; a million
+    layers, minutes). Both are refused while the fields are checked, before any frequency is computed."""
+    import infinilm.models.decoder_config as decoder_config
+
+    computed: list[int] = []
+    compute = decoder_config.inverse_frequencies
+    monkeypatch.setattr(decoder_config, "inverse_frequencies",
+                        lambda config, dim: computed.append(dim) or compute(config, dim))
+    config = _valid(family, **changes)
+    if config.get("head_dim", 0) is None:
+        del config["head_dim"]
+    config.pop("layer_types", None)  # transformers derives them from num_hidden_layers
+    with pytest.raises(ConfigError, match=r"1 problem\(s\)") as info:
+        read_config(_dir(tmp_path, "big", config))
+    assert problem in str(info.value)
+    assert "released models" in str(info.value)
+    assert not computed
+    # the bounds themselves are accepted
+    widest = _valid("qwen3", head_dim=4096, num_hidden_layers=1024)
+    widest.pop("layer_types", None)
+    edge = read_config(_dir(tmp_path, "edge", widest))
+    assert (edge.head_dim, edge.num_layers) == (4096, 1024) and computed == [4096]
+
+
+def test_a_checkpoint_with_a_layer_count_far_above_real_models_is_refused_quickly(
+    checkpoint: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check of a checkpoint whose config.json says 20000 layers (layer_types absent) listed one missing tensor per
+    line of each layer it does not hold."""
+    import time
+
+    path, _ = checkpoint("qwen3")
+    capsys.readouterr()
+    config = {**json.loads((path / "config.json").read_text()), "num_hidden_layers": 20000}
+    config.pop("layer_types", None)
+    bad = _with_config(path, tmp_path / "bad")
+    (bad / "config.json").write_text(json.dumps(config))
+    start = time.monotonic()
+    for err in _check_and_generate(capsys, bad):
+        assert "num_hidden_layers=20000 is out of range: need 1 <= num_hidden_layers <= 1024" in err
+        assert "missing" not in err and len(err.splitlines()) == 2
+    assert time.monotonic() - start < 5
