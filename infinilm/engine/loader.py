@@ -17,9 +17,9 @@ make the loader read the wrong bytes:
 
 `Checkpoint.check` then compares the headers with the model's ``targets()`` (which may be meta tensors, so
 that nothing is allocated yet): every missing, unexpected, mis-shaped and non-floating-point tensor goes
-into one `LoadError`. Only then are the tensors read (``safe_open`` maps the file; no pickle) and copied,
-with a cast to the model dtype, into the views the model allocated; a progress bar shows for large
-checkpoints.
+into one `LoadError` (the first 20 of each kind listed, the others counted). Only then are the tensors read
+(``safe_open`` maps the file; no pickle) and copied, with a cast to the model dtype, into the views the model
+allocated; a progress bar shows for large checkpoints.
 
 A target may also be a `infinilm.distributed.parallel.Shard` (a tensor-parallel rank's part): the header must
 declare the shard's full shape, and only the shard's index ranges are read, each through ``safe_open``'s
@@ -47,6 +47,7 @@ __all__ = ["FLOAT_DTYPES", "Checkpoint", "LoadError", "TensorHeader", "checkpoin
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 _PROGRESS_BYTES = 1 << 30
+_LISTED: Final = 20  # the problems of each kind a `LoadError` of `Checkpoint.check` lists; the rest are counted
 # The safetensors header dtypes a floating-point weight may have (each casts to the model dtype); integer,
 # bool and complex tensors (I*, U*, BOOL, C64) and scale formats (F8_E8M0) are refused.
 FLOAT_DTYPES: Final = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
@@ -85,25 +86,40 @@ class Checkpoint:
         meta tensors do, nothing is read).
 
         Raises:
-            LoadError: every tensor that is missing, unexpected (unless `ignored`), of another shape than
-                its target, or not floating point (dtypes outside `FLOAT_DTYPES`) where the target is, in one
-                error naming the directory, each tensor, its file, shape and dtype.
+            LoadError: the tensors that are missing, unexpected (unless `ignored`), of another shape than
+                their target, or not floating point (dtypes outside `FLOAT_DTYPES`) where the target is, in one
+                error naming the directory and the number of problems, and listing the first 20 of each
+                kind (each tensor, its file, shape and dtype); the others of a kind are counted in one line.
         """
         found = self.headers
         shapes = {n: t.shape if isinstance(t, Shard) else tuple(t.shape) for n, t in targets.items()}
         views = {n: t.view if isinstance(t, Shard) else t for n, t in targets.items()}
-        problems = [f"missing: {n} (expected shape {list(s)})" for n, s in shapes.items() if n not in found]
-        problems += [f"unexpected: {n} (shape {list(h.shape)}, in {h.file.name})" for n, h in found.items()
-                     if n not in targets and not ignored(n)]
-        problems += [f"mis-shaped: {n}: checkpoint {list(found[n].shape)}, model expects {list(s)}"
-                     for n, s in shapes.items() if n in found and found[n].shape != s]
-        problems += [f"not floating point: {n}: dtype {found[n].dtype} in {found[n].file.name} (the model loads "
-                     f"{t.dtype} weights; allowed checkpoint dtypes: {', '.join(FLOAT_DTYPES)})"
-                     for n, t in views.items()
+        missing = [n for n in shapes if n not in found]
+        unexpected = [n for n in found if n not in targets and not ignored(n)]
+        misshaped = [n for n, s in shapes.items() if n in found and found[n].shape != s]
+        not_float = [n for n, t in views.items()
                      if n in found and t.is_floating_point() and found[n].dtype not in FLOAT_DTYPES]
-        if problems:
-            raise LoadError(f"{self.path}: the checkpoint does not fit the model ({len(problems)} problem(s)):\n  "
-                            + "\n  ".join(problems))
+        count = len(missing) + len(unexpected) + len(misshaped) + len(not_float)
+        if not count:
+            return
+        problems = [
+            *_listed("missing", missing, lambda n: f"(expected shape {list(shapes[n])})"),
+            *_listed("unexpected", unexpected, lambda n: f"(shape {list(found[n].shape)}, in {found[n].file.name})"),
+            *_listed("mis-shaped", misshaped,
+                     lambda n: f"checkpoint {list(found[n].shape)}, model expects {list(shapes[n])}", sep=": "),
+            *_listed("not floating point", not_float,
+                     lambda n: f"dtype {found[n].dtype} in {found[n].file.name} (the model loads {views[n].dtype} "
+                               f"weights; allowed checkpoint dtypes: {', '.join(FLOAT_DTYPES)})", sep=": "),
+        ]
+        raise LoadError(f"{self.path}: the checkpoint does not fit the model ({count} problem(s)):\n  "
+                        + "\n  ".join(problems))
+
+
+def _listed(kind: str, names: list[str], detail: Callable[[str], str], sep: str = " ") -> list[str]:
+    """One line ``"<kind>: <name><sep><detail>"`` for each of the first `_LISTED` `names`, then one counting the
+    rest."""
+    lines = [f"{kind}: {n}{sep}{detail(n)}" for n in names[:_LISTED]]
+    return lines + ([f"... and {len(names) - _LISTED} more {kind}"] if len(names) > _LISTED else [])
 
 
 class _Object(dict[str, Any]):

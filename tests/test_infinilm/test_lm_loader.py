@@ -263,3 +263,28 @@ def test_a_bad_checkpoint_is_refused_from_its_headers_before_the_model_is_alloca
         assert re.search(pattern, str(info.value)), (pattern, str(info.value))
     assert str(bad) in str(info.value)
     assert "cpu" not in built, "the model was allocated before the checkpoint was refused"
+
+
+def test_a_checkpoint_with_many_mismatches_lists_the_first_20_of_each_kind(checkpoint: CheckpointFactory) -> None:
+    """The error listed every mismatch, one line each: a config.json of 20000 layers against a checkpoint of two
+    gave 320,004 lines (and took seconds to build)."""
+    from infinilm.engine.loader import read_checkpoint
+
+    path, _ = checkpoint("qwen3")
+    ckpt = read_checkpoint(path)
+    real = dict(ckpt.headers)
+    targets = {n: torch.empty(h.shape, device="meta") for n, h in real.items() if "layers.0." not in n}
+    unexpected = len(real) - len(targets)  # layer 0's tensors: fewer than 20, all listed
+    assert 0 < unexpected <= 20
+    targets |= {f"model.layers.{i}.mlp.up_proj.weight": torch.empty(96, 64, device="meta") for i in range(2, 5000)}
+    name = "model.embed_tokens.weight"
+    targets[name] = torch.empty(3, 3, device="meta")
+    with pytest.raises(LoadError) as info:
+        ckpt.check(targets)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{path}: the checkpoint does not fit the model ({4998 + unexpected + 1} problem(s)):"
+    assert lines[1:21] == [f"  missing: model.layers.{i}.mlp.up_proj.weight (expected shape [96, 64])"
+                           for i in range(2, 22)]
+    assert lines[21] == "  ... and 4978 more missing"
+    assert [line.split(":")[0] for line in lines[22:]] == ["  unexpected"] * unexpected + ["  mis-shaped"]
+    assert f"mis-shaped: {name}: checkpoint {list(real[name].shape)}, model expects [3, 3]" in lines[-1]
