@@ -110,6 +110,9 @@ class TensorParallel:
                                    intermediate_size=config.intermediate_size // self.size)
 
 
+_LISTED_SIZES = 128  # the largest tensor_parallel_size a split error lists among the sizes that work
+
+
 def _split_problems(config: ModelConfig, size: int) -> list[str]:
     """What keeps `config` from splitting across `size` ranks, one line each (empty: it splits)."""
     def divides(name: str, n: int, *, shared: bool = False) -> list[str]:
@@ -132,7 +135,7 @@ def check_split(config: ModelConfig, options: EngineOptions) -> None:
 
     Raises:
         ConfigError: a head count, KV-head or group count, or intermediate size that does not divide (every one
-            named, with the sizes that would); torch without torch.distributed or without the backend of the
+            named, with the sizes up to 128 that would); torch without torch.distributed or without the backend of the
             device (nccl on cuda, gloo on cpu); fewer CUDA devices than ranks.
     """
     size = options.tensor_parallel_size
@@ -142,9 +145,11 @@ def check_split(config: ModelConfig, options: EngineOptions) -> None:
     problems = _split_problems(config, size)
     if problems:
         heads = config.ssm.num_heads if config.ssm is not None else config.num_heads
-        sizes = [n for n in range(1, heads + 1) if not _split_problems(config, n)]
+        listed = min(heads, _LISTED_SIZES)  # a working size divides the heads; 1 always works
+        sizes = [n for n in range(1, listed + 1) if not _split_problems(config, n)]
+        unlisted = f"; those above {listed} are not listed" if heads > listed else ""
         raise ConfigError(f"{what} cannot split this {config.model_type} model across {size} ranks: "
-                          f"{'; '.join(problems)} (fix: a tensor_parallel_size in {sizes})")
+                          f"{'; '.join(problems)} (fix: a tensor_parallel_size in {sizes}{unlisted})")
     device = torch.device(options.device)
     backend = backend_for(device.type)
     import torch.distributed as dist

@@ -137,6 +137,31 @@ def test_a_model_that_does_not_split_is_refused_before_any_rank_starts_or_weight
     assert capsys.readouterr().err == f"infinilm generate: error: {message}\n"
 
 
+def test_the_split_error_of_a_model_with_huge_head_counts_lists_the_working_sizes_up_to_128(
+        checkpoint: CheckpointFactory, tmp_path: Path) -> None:
+    """The sizes that would split were found by trying every size up to the head count: check of a config.json of
+    2**58 heads (each tensor small enough to pass the size checks) never ended."""
+    import json
+
+    path, _ = checkpoint("qwen3", tied=False)
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    config = json.loads((path / "config.json").read_text())
+    config |= {"num_attention_heads": 2**58, "num_key_value_heads": 1, "hidden_size": 2, "head_dim": 2,
+               "intermediate_size": 2}
+    (huge / "config.json").write_text(json.dumps(config))
+    script = "import sys; from infinilm.cli import main; sys.exit(main(sys.argv[1:]))"
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script, "check", "--model", str(huge), "--tensor-parallel-size", "3",
+                           *(f"--{k.replace('_', '-')}={v}" for k, v in OPTIONS.items())],
+                          capture_output=True, text=True, env=_subprocess_env(), timeout=60)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr == (f"infinilm check: error: tensor_parallel_size=3 cannot split this qwen3 model across 3 "
+                           f"ranks: num_attention_heads={2**58} is not a multiple of 3; intermediate_size=2 is not a "
+                           "multiple of 3 (fix: a tensor_parallel_size in [1, 2]; those above 128 are not listed)\n")
+    assert time.monotonic() - start < 60
+
+
 @pytest.mark.parametrize("family", ["llama", "mamba2"])
 def test_a_given_cache_size_is_checked_against_the_memory_of_one_rank_s_heads(checkpoint: CheckpointFactory,
                                                                             family: str) -> None:
