@@ -26,6 +26,7 @@ from infinilm.layers.derived import Derived
 from infinilm.layers.embedding import Embedding, LMHead, ParallelLMHead, VocabParallelEmbedding
 from infinilm.layers.norm import RMSNorm
 from infinilm.layers.ssm import NO_TIME_STEP_LIMIT, Mamba2Mixer, SsmContext, StateRows
+from infinilm.models.decoder_config import MAX_LAYERS
 from infinilm.models.family import Family, GatePlan, GateRequest, linear_problems
 from infiniops_py import add, rms_norm
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
@@ -38,7 +39,8 @@ _LIMITS: Final = ConfigLimits(
                    "n_groups", "conv_kernel", "chunk_size", "expand"),
     positive_floats=("layer_norm_epsilon",),
     # n_groups | num_heads: `mamba2_config` checks it, with the fix
-    ranges=(("conv_kernel", MIN_WIDTH, MAX_WIDTH, "the widths of the causal_conv1d contract"),),
+    ranges=(("conv_kernel", MIN_WIDTH, MAX_WIDTH, "the widths of the causal_conv1d contract"),
+            ("num_hidden_layers", 1, MAX_LAYERS, "released models have at most a few hundred layers")),
     choices=(("hidden_act", ("silu",)),),  # the gate's activation, written in the mixer
     bools=("tie_word_embeddings", "use_bias", "use_conv_bias", "residual_in_fp32"),
 )

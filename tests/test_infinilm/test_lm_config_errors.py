@@ -349,6 +349,8 @@ def test_a_tokenizer_json_that_is_not_a_regular_file_is_named_not_taken_for_no_t
     ("qwen3", {"num_hidden_layers": 20000}, "num_hidden_layers=20000 is out of range: need 1 <= num_hidden_layers "
                                             "<= 1024"),
     ("llama", {"num_hidden_layers": 10**6}, f"num_hidden_layers={10**6} is out of range"),
+    ("mamba2", {"num_hidden_layers": 10**6}, f"num_hidden_layers={10**6} is out of range: need 1 <= "
+                                             "num_hidden_layers <= 1024"),
 ])
 def test_a_head_dim_or_layer_count_far_above_real_models_is_refused_before_any_tensor(
     family: str, changes: dict[str, Any], problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
