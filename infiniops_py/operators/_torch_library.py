@@ -20,7 +20,7 @@ Mechanism: the low-level ``torch.library.Library`` ``define``/``impl`` pair, not
 ``torch.library.custom_op`` decorator. Measured on a 2-core x86 CPU (torch 2.13, a 4x4 add): a call through
 a ``Library`` operator costs 4.0 us against 11.0 us through ``custom_op`` (``torch.add`` itself 1.2 us).
 Eager calls of the public functions do not go through either: they pay only the `lowered` test
-(about 0.2 us); the operator's dispatch cost is paid inside compiled graphs, where it is the cost of
+(about 0.1 us on that CPU); the operator's dispatch cost is paid inside compiled graphs, where it is the cost of
 running an opaque node.
 
 The operators are registered once, when ``infiniops_py.operators`` is imported (`register`): a graph can
