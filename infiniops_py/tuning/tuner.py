@@ -147,6 +147,11 @@ def tune_calls(calls: Iterable[CapturedCall], *, force: bool = False, timer: Tim
                resolver: Any = None) -> TuneReport:
     """Time every accepting implementation of each recorded call's problem bucket (see the module doc).
 
+    The implementations run, many times each, on the recorded calls' own tensors: an operator that writes in
+    place (a cache, a state, ``out=``, ``fused_add_rms_norm``'s ``x`` and ``residual``) leaves those tensors
+    overwritten. Record the calls on tensors whose contents do not matter afterwards (infinilm's warm-up does,
+    on its cache before any request), or tune synthetic inputs with `tune_problem`.
+
     Args:
         calls: recorded calls; one per problem is timed (the first), later ones of the same problem are ignored.
         force: time again the buckets this device already has times for.
