@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from infinilm.config_checks import ConfigError
+from infinilm.files import file_kind
 
 __all__ = ["StreamDecoder", "load_tokenizer"]
-
-
-def _not_a_file(file: Path) -> str | None:
-    """What `file`, which exists as a name, is when it is not a regular file (symlinks followed), else None."""
-    try:
-        mode = file.stat().st_mode
-    except OSError as err:
-        return "a symlink loop" if err.errno == errno.ELOOP else "a link to a missing file"
-    if stat.S_ISREG(mode):
-        return None
-    return "a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a file"
 
 
 def load_tokenizer(path: str | Path) -> Any | None:
@@ -39,8 +27,9 @@ def load_tokenizer(path: str | Path) -> Any | None:
     file = Path(path) / "tokenizer.json"
     if not os.path.lexists(file):
         return None
-    what = _not_a_file(file)
+    what = file_kind(file)
     if what is not None:
+        what = "a link to a missing file" if what == "missing" else what  # the name exists (lexists)
         raise ConfigError(f"{file}: not a readable tokenizer: it is {what}")
     from tokenizers import Tokenizer
 

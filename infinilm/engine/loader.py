@@ -28,9 +28,7 @@ declare the shard's full shape, and only the shard's index ranges are read, each
 
 from __future__ import annotations
 
-import errno
 import json
-import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ from typing import Any, Final
 import torch
 
 from infinilm.distributed.parallel import Shard
+from infinilm.files import file_kind
 
 __all__ = ["FLOAT_DTYPES", "Checkpoint", "LoadError", "TensorHeader", "checkpoint_files", "load_weights",
            "read_checkpoint"]
@@ -188,22 +187,6 @@ def _inside(path: Path, file: Path) -> bool:
     return any(target.is_relative_to(r) for r in roots)
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _kind(file: Path) -> str | None:
-    """None for a regular file (symlinks followed); else ``"missing"`` (a dangling symlink too) or what `file` is
-    (``"a directory"``, ``"a FIFO (named pipe)"``, ``"a symlink loop"``, ...). Only stats `file`, never opens it."""
-    try:
-        mode = file.stat().st_mode
-    except OSError as err:
-        return "a symlink loop" if err.errno == errno.ELOOP else "missing"
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
-
 def _check_files(path: Path, files: list[Path], where: Path, what: str) -> None:
     """Refuse each of `files` (`what`: ``"shard(s)"``, ``"the index"``) that resolves outside `path`, is missing
     or is not a regular file.
@@ -216,7 +199,7 @@ def _check_files(path: Path, files: list[Path], where: Path, what: str) -> None:
     if outside:
         raise LoadError(f"{where}: {what} outside the checkpoint directory (symlinks are followed):\n  "
                         + "\n  ".join(outside))
-    kinds = {f: _kind(f) for f in files}
+    kinds = {f: file_kind(f) for f in files}
     missing = [str(f) for f, kind in kinds.items() if kind == "missing"]
     if missing:
         raise LoadError(f"{where} names missing {what}: {', '.join(missing)}")
@@ -243,11 +226,11 @@ def _locate(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The checked shard files and, for a sharded checkpoint, the index's weight_map (an index that exists in any
     form is the checkpoint's, and must be a regular file inside `path`)."""
     index = path / _INDEX
-    if _kind(index) != "missing":
+    if file_kind(index) != "missing":
         _check_files(path, [index], path, "the index")
         weight_map = _read_index(index)
         return _shard_files(path, list(weight_map.values()), index), weight_map
-    if _kind(path / _SINGLE) != "missing":
+    if file_kind(path / _SINGLE) != "missing":
         return _shard_files(path, [_SINGLE], path), None
     raise LoadError(f"{path}: no {_SINGLE} or {_INDEX}")
 
