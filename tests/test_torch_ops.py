@@ -72,16 +72,25 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     st = i["st"].clone()
     su = ops.selective_state_update(st, i["ux"], i["udt"], i["sA"], i["uB"], i["uC"], dt_softplus=True,
                                     state_batch_indices=i["sidx"])
+    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su,
+            *decode_fusions(i, q, k, HQ, HKV, D)]
+
+
+def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, hq: int, hkv: int,
+                   d: int) -> list[torch.Tensor]:
+    """silu_and_mul (and its out= form), rotary_embedding (NeoX on q and k, GPT-J partial on q alone) and
+    fused_qk_norm_rope on `i`'s ``gu``, ``pos``, ``rope`` and ``qkv`` (`q`, `k`: ``[T, H, D]`` heads); returns every
+    output and mutated tensor."""
+    t = q.shape[0]
     g = ops.silu_and_mul(i["gu"])
     g2 = torch.empty_like(g)
     ops.silu_and_mul(i["gu"], out=g2)
-    rq, rk = ops.rotary_embedding(i["pos"], q.reshape(T, HQ * D).clone(), k.reshape(T, HKV * D).clone(), D, i["rope"],
+    rq, rk = ops.rotary_embedding(i["pos"], q.reshape(t, hq * d).clone(), k.reshape(t, hkv * d).clone(), d, i["rope"],
                                   True)
-    rq2, _ = ops.rotary_embedding(i["pos"], q.clone(), None, D, i["rope"][:, : D // 2].contiguous(), False)
-    qkr = ops.fused_qk_norm_rope(i["qkv"].clone(), i["qw"], i["kw"], i["rope"], i["pos"], num_q_heads=HQ,
-                                 num_kv_heads=HKV, head_dim=D)
-    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su,
-            g, g2, rq, rk, rq2, qkr]
+    rq2, _ = ops.rotary_embedding(i["pos"], q.clone(), None, d, i["rope"][:, : d // 2].contiguous(), False)
+    qkr = ops.fused_qk_norm_rope(i["qkv"].clone(), i["qw"], i["kw"], i["rope"], i["pos"], num_q_heads=hq,
+                                 num_kv_heads=hkv, head_dim=d)
+    return [g, g2, rq, rk, rq2, qkr]
 
 
 def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

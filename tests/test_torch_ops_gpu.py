@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import infiniops_py as ops
+from tests.test_torch_ops import decode_fusions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -83,16 +84,8 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     st = i["st"].clone()
     su = ops.selective_state_update(st, i["ux"], i["udt"], i["sA"], i["uB"], i["uC"], D=i["sD"],
                                     dt_bias=i["sbias"], dt_softplus=True, state_batch_indices=i["sidx"])
-    g = ops.silu_and_mul(i["gu"])
-    g2 = torch.empty_like(g)
-    ops.silu_and_mul(i["gu"], out=g2)
-    rq, rk = ops.rotary_embedding(i["pos"], q.reshape(T, HQ * D).clone(), k.reshape(T, HKV * D).clone(), D, i["rope"],
-                                  True)
-    rq2, _ = ops.rotary_embedding(i["pos"], q.clone(), None, D, i["rope"][:, : D // 2].contiguous(), False)
-    qkr = ops.fused_qk_norm_rope(i["qkv"].clone(), i["qw"], i["kw"], i["rope"], i["pos"], num_q_heads=HQ,
-                                 num_kv_heads=HKV, head_dim=D)
     return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su,
-            g, g2, rq, rk, rq2, qkr]
+            *decode_fusions(i, q, k, HQ, HKV, D)]
 
 
 def test_every_entry_point_runs_on_cuda_without_synchronizing() -> None:
