@@ -227,6 +227,7 @@ def _message(f: _Follower) -> str | None:
     is closed: its pipe too)."""
     if f.pipe.closed:
         return None
+    alive = f.process.is_alive()  # asked before the pipe is read: a follower that has exited sent all it sent
     while f.pipe.poll():
         try:
             what, detail = f.pipe.recv()
@@ -234,7 +235,7 @@ def _message(f: _Follower) -> str | None:
             return _died(f, "during the run")
         if what == "error":
             return f"tensor-parallel rank {f.rank} failed: {detail}"
-    if not f.process.is_alive():
+    if not alive:
         return _died(f, "during the run")
     return None
 
@@ -255,7 +256,7 @@ def _wait(f: _Follower, stage: str) -> None:
                 return
             if what == "error":
                 raise FollowerError(f"tensor-parallel rank {f.rank} failed: {detail}")
-        elif not f.process.is_alive():
+        elif not f.process.is_alive() and not f.pipe.poll():  # what it sent before it exited is read first
             raise FollowerError(_died(f, f"before it reported {stage!r}"))
 
 

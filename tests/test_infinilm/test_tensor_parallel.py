@@ -287,6 +287,39 @@ def test_a_follower_s_error_is_raised_by_rank_0_and_no_rank_is_left(checkpoint: 
     assert not torch.distributed.is_initialized()
 
 
+class _ReportsAndExitsWhenAsked:
+    """A follower's process that, at rank 0's first check of whether it is alive, has just sent its error and
+    exited (exit code 1): a follower whose report and exit fall between rank 0's read of the pipe and that check
+    (rank 0 descheduled there, on a loaded machine)."""
+
+    def __init__(self, end: multiprocessing.connection.Connection) -> None:
+        self.end, self.exitcode = end, None
+
+    def is_alive(self) -> bool:
+        if self.exitcode is None:
+            self.end.send(("error", "ConfigError: the follower's own error"))
+            self.end.close()
+            self.exitcode = 1
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_an_error_sent_just_before_the_follower_exits_is_raised_not_a_silent_death() -> None:
+    """Rank 0 raises what a follower reported, not that it died without a word, when the follower sent it and
+    exited right after rank 0 last read its pipe: while waiting for a stage (`Ranks.loaded`) and when looking for
+    the cause of a failed collective (`Ranks.failure`)."""
+    from infinilm.distributed import launch
+
+    failed = "tensor-parallel rank 1 failed: ConfigError: the follower's own error"
+    mine, theirs = multiprocessing.Pipe()
+    with pytest.raises(FollowerError, match=f"^{failed}$"):
+        launch._wait(launch._Follower(1, _ReportsAndExitsWhenAsked(theirs), mine), "loaded")
+    mine, theirs = multiprocessing.Pipe()
+    assert launch._message(launch._Follower(1, _ReportsAndExitsWhenAsked(theirs), mine)) == failed
+
+
 def _subprocess_env() -> dict[str, str]:
     """This process's environment for a child Python (its import path; one thread; no provider settings)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_"))}
