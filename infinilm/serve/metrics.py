@@ -21,6 +21,7 @@ separate counts). Names follow Prometheus' conventions and mirror vLLM's where o
 
 from __future__ import annotations
 
+import threading
 from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -46,6 +47,7 @@ class ServerMetrics:
     def __init__(self, cache_kind: str, cache_total: int) -> None:
         self.registry = r = CollectorRegistry()
         self.cache_kind = cache_kind
+        self._state = threading.Lock()  # the gauges of `set_state` change at once for `render`
         self.running = Gauge("infinilm_requests_running", "Requests in the engine's running set", registry=r)
         self.waiting = Gauge("infinilm_requests_waiting", "Requests in the engine's waiting queue", registry=r)
         self.cache_used = Gauge("infinilm_cache_blocks_used", "KV-cache blocks (or state rows) held by requests",
@@ -70,11 +72,14 @@ class ServerMetrics:
                              buckets=_E2E_BUCKETS, registry=r)
 
     def set_state(self, running: int, waiting: int, cache_used: int) -> None:
-        """The gauges after an engine step."""
-        self.running.set(running)
-        self.waiting.set(waiting)
-        self.cache_used.labels(self.cache_kind).set(cache_used)
+        """The gauges after an engine step, set together: a `render` meanwhile shows all of them before the step
+        or all of them after it."""
+        with self._state:
+            self.running.set(running)
+            self.waiting.set(waiting)
+            self.cache_used.labels(self.cache_kind).set(cache_used)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        with self._state:
+            return generate_latest(self.registry)

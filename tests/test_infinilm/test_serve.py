@@ -32,6 +32,7 @@ from infinilm import Engine, EngineOptions, SamplingParams
 from infinilm.cli import main
 from infinilm.demo import PROMPT, TEXT, demo_checkpoint
 from infinilm.serve.errors import APIError
+from infinilm.serve.metrics import ServerMetrics
 from infinilm.serve.schemas import ModelInfo, parse_chat, parse_completion
 from infinilm.serve.text import TextOutput
 from infinilm.tokenizer import load_tokenizer
@@ -281,6 +282,37 @@ def test_soak_of_500_requests_with_a_third_cancelled_frees_every_block_and_keeps
     assert delta["infinilm_inter_token_latency_seconds_count"] == tokens - 500
     assert delta["infinilm_e2e_request_latency_seconds_count"] == 500
     assert elapsed < 90, f"the soak took {elapsed:.1f}s"
+
+
+def test_a_scrape_while_a_step_sets_the_state_gauges_sees_them_all_before_or_all_after() -> None:
+    """``/metrics`` read while the engine thread sets a step's gauges (running, waiting, cache used) shows the
+    step before or this one, never a mix: a scrape that read 0 running and 0 waiting with the last request's
+    blocks still counted took the server for idle with a block held."""
+    metrics = ServerMetrics("kv_block", 8)
+    metrics.set_state(1, 0, 3)
+    inside, release = threading.Event(), threading.Event()
+    real = metrics.waiting.set
+
+    def held(value: float) -> None:  # the engine thread, descheduled between two of the gauges
+        real(value)
+        inside.set()
+        release.wait(30)
+
+    metrics.waiting.set = held  # type: ignore[method-assign]
+    setter = threading.Thread(target=metrics.set_state, args=(0, 0, 0))
+    setter.start()
+    assert inside.wait(30)
+    rendered: list[bytes] = []
+    reader = threading.Thread(target=lambda: rendered.append(metrics.render()))
+    reader.start()
+    reader.join(0.5)  # a scrape that does not wait for the step's gauges has read them by now
+    release.set()
+    setter.join(30)
+    reader.join(30)
+    samples = {s.name: s.value for f in text_string_to_metric_families(rendered[0].decode()) for s in f.samples}
+    state = tuple(samples[f"infinilm_{name}"] for name in ("requests_running", "requests_waiting",
+                                                           "cache_blocks_used"))
+    assert state in ((1, 0, 3), (0, 0, 0)), state
 
 
 def test_bench_serve_reports_throughput_and_latency_percentiles(dense_server: Server,
