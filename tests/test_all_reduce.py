@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,7 +35,8 @@ def _rank(rank: int, port: int, out: Any) -> None:
     import io as stdio
     import sys
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     try:
         results: dict[str, Any] = {}
         for dtype, x in _inputs(rank).items():  # tensors travel back as (dtype, values): nothing shared
@@ -71,10 +71,11 @@ def _rank(rank: int, port: int, out: Any) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> Iterator[dict[int, dict[str, Any]]]:
-    """What each of the two ranks reported (rank -> results); the run takes a few seconds."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """What each of the two ranks reported (rank -> results); the run takes a few seconds. The rendezvous listens
+    (in this process) before either rank starts: a port found free and closed could be taken, or a rank's own
+    retried connect could land on it, before the rank meant to listen there did."""
+    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    port = store.port
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     other = ctx.Process(target=_rank, args=(1, port, out), daemon=True)
@@ -85,6 +86,7 @@ def two_ranks() -> Iterator[dict[int, dict[str, Any]]]:
     other.join(60)
     me.join(60)
     assert other.exitcode == 0 and me.exitcode == 0
+    del store
     yield got
 
 
