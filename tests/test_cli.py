@@ -32,29 +32,6 @@ def test_providers_lists_each_with_version_and_status(capsys: pytest.CaptureFixt
     assert "built into infiniops-py" in out and "loaded" in out
 
 
-@pytest.mark.parametrize(("columns", "width"), [("100", 100), (None, 80)])
-def test_providers_table_keeps_to_the_width_matrix_keeps_to(columns: str | None, width: int,
-                                                             monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """``COLUMNS``, else (stdout captured: not a terminal) 80 columns, as ``matrix``; piped without
-    ``COLUMNS``, providers' table was 124 columns wide here (its console allowed 200)."""
-    if columns is None:
-        monkeypatch.delenv("COLUMNS", raising=False)
-    else:
-        monkeypatch.setenv("COLUMNS", columns)
-    assert main(["providers"]) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert max(len(line) for line in lines) <= width
-    assert "\u2026" not in out  # nothing cut with an ellipsis
-    words = set(out.replace("\u2502", " ").split())
-    for p in io.providers():
-        assert p.name in words and str(len(p.implementations)) in words
-        assert set(p.source.split()) <= words, f"{p.name}'s source {p.source!r} is not all there"
-        if p.version:
-            assert p.version in words
-
-
 def test_matrix_json_has_every_operator_and_served_cells(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["matrix", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)

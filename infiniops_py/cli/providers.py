@@ -12,11 +12,7 @@ __all__ = ["COMMAND"]
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Print the providers' table, then each load error on a line of its own; returns 0.
-
-    The table fits ``COLUMNS``, else the terminal's width, else (a pipe, a log) 80 columns, as ``matrix``'s
-    does; the load error lines are never wrapped.
-    """
+    """Print the providers' table, then each load error on a line of its own; returns 0."""
     from infiniops_py import runtime
 
     table = Table(title="InfiniOps-Py providers")
@@ -28,7 +24,7 @@ def _run(args: argparse.Namespace) -> int:
         status = ("[red]failed to load (below)[/red]" if p.error else
                   f"[yellow]loaded; cannot run: {escape(missing)}[/yellow]" if missing else "[green]loaded[/green]")
         table.add_row(escape(p.name), escape(p.version), escape(p.source), str(len(p.implementations)), status)
-    console = stdout_console(pipe_width=80)
+    console = stdout_console()
     console.print(table)
     for p in found:
         if p.error:  # one unwrapped line each: errors are long and get copied into bug reports
