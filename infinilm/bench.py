@@ -7,7 +7,7 @@ sizes in this process: resolution, compilation, allocation) and is its own row; 
 the sizes measured, so that the steady-state numbers, from the `repeats` runs after it, hold no warm-up.
 
 `count_decode_step`: what one decode step launches (`StepCount`): the operator calls it makes on the host and,
-on CUDA, the kernels the profiler records in it (those replayed from a CUDA graph included).
+on CUDA, the kernels and CUDA graph launches the profiler records in it.
 
 `compare_logits`: infinilm's bf16 logits judged against what bf16 itself allows on the same weights (see
 `LogitsCheck`).
