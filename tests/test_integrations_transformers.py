@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,6 +64,18 @@ def _ids() -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     return ids, mask
+
+
+def _assert_same_logits(patched: torch.nn.Module, model: torch.nn.Module, ids: torch.Tensor,
+                        caches: list[Any] | None = None) -> None:
+    """fp32 logits of `patched` and `model` on `ids` (each over its own cache of `caches`: the model's first)
+    agree within rms_norm's fp32 tolerance."""
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    kwargs = [{} for _ in range(2)] if caches is None else [{"past_key_values": c} for c in caches]
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids, **kwargs[1]).logits, model(ids, **kwargs[0]).logits,
+                                   rtol=tol.rtol, atol=tol.atol)
 
 
 @pytest.mark.parametrize(("family", "dtype"), [*((f, torch.float32) for f in FAMILIES),
@@ -182,11 +195,7 @@ def test_kernelize_leaves_a_gated_mlp_whose_activation_is_not_silu() -> None:
     assert not any("forward" in m.__dict__ for m in patched.modules() if type(m).__name__ == "Qwen3MLP")
     assert sum("hidden_act='gelu_pytorch_tanh'" in why for why in report.left) == 2, report.render()
     assert [p.data_ptr() for p in patched.parameters()] == pointers  # nothing packed
-    ids, _ = _ids()
-    tol = tolerance("rms_norm", "float32")
-    assert isinstance(tol, Allclose)
-    with torch.no_grad():
-        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+    _assert_same_logits(patched, model, _ids()[0])
 
 
 def test_kernelize_mlp_uses_weights_replaced_after_packing() -> None:
@@ -201,12 +210,8 @@ def test_kernelize_mlp_uses_weights_replaced_after_packing() -> None:
             for mlp in (plain.mlp, kernelized.mlp):
                 mlp.up_proj.weight = torch.nn.Parameter(up.clone())
                 mlp.gate_proj.bias = torch.nn.Parameter(bias.clone())
-    ids, _ = _ids()
-    tol = tolerance("rms_norm", "float32")
-    assert isinstance(tol, Allclose)
     runtime.get_resolver().cache.clear()
-    with torch.no_grad():
-        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+    _assert_same_logits(patched, model, _ids()[0])
     assert "silu_and_mul" in {key[0] for key in runtime.get_resolver().cache}
 
 
@@ -250,11 +255,7 @@ def test_kernelize_leaves_rope_in_an_attention_forward_it_does_not_know() -> Non
     assert len(report.swapped["attention"]) == 2
     assert [why.partition(":")[0] for why in report.left] == ["model.layers.0.self_attn (LlamaAttention)"]
     assert "rotary embeddings stay transformers' own" in report.left[0]
-    ids, _ = _ids()
-    tol = tolerance("rms_norm", "float32")
-    assert isinstance(tol, Allclose)
-    with torch.no_grad():
-        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+    _assert_same_logits(patched, model, _ids()[0])
 
 
 def test_kernelize_refuses_training_mode_and_unknown_families() -> None:
@@ -302,11 +303,8 @@ def test_kernelize_generate_over_a_static_cache_reads_only_the_tokens_it_holds(f
             got = patched.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static", **kwargs)
             assert torch.equal(got, expected), kwargs
         caches = [StaticCache(config=m.config, max_cache_len=16) for m in (model, patched)]
-        tol = tolerance("rms_norm", "float32")
-        assert isinstance(tol, Allclose)
         for chunk in (ids[:, :4], ids[:, 4:]):  # a prefill, then more tokens over the cache
-            torch.testing.assert_close(patched(chunk, past_key_values=caches[1]).logits,
-                                       model(chunk, past_key_values=caches[0]).logits, rtol=tol.rtol, atol=tol.atol)
+            _assert_same_logits(patched, model, chunk, caches)
 
 
 def test_kernelize_leaves_a_norm_of_the_family_class_name_whose_forward_differs() -> None:
@@ -329,8 +327,4 @@ def test_kernelize_leaves_a_norm_of_the_family_class_name_whose_forward_differs(
     assert report.swapped["fused_add_rms_norm"] == ["model.layers.0"]  # layer 1's input norm is not fusable
     assert any(why.startswith("model.layers.1.input_layernorm (LlamaRMSNorm): ") for why in report.left), report.left
     assert any(why.startswith("model.layers.1 (LlamaDecoderLayer): ") for why in report.left), report.left
-    ids, _ = _ids()
-    tol = tolerance("rms_norm", "float32")
-    assert isinstance(tol, Allclose)
-    with torch.no_grad():
-        torch.testing.assert_close(patched(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+    _assert_same_logits(patched, model, _ids()[0])
