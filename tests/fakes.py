@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,3 +56,28 @@ def fresh_env(**extra: str) -> dict[str, str]:
            if not k.startswith("INFINIOPS_") and k not in ("TRITON_INTERPRET", "PYTEST_ADDOPTS")}
     env.update(extra)
     return env
+
+
+def timed_gemm(delay: float = 0.0, calls: list[str] | None = None, name: str = "") -> Callable[..., Any]:
+    """A correct `gemm` implementation (a @ b into `out`, the last argument) that sleeps `delay` seconds and
+    appends `name` to `calls` on each call: a provider whose time a tuning test controls."""
+
+    def fn(a: torch.Tensor, b: torch.Tensor, *rest: Any, **kwargs: Any) -> torch.Tensor:
+        if calls is not None:
+            calls.append(name)
+        if delay:
+            time.sleep(delay)
+        return torch.matmul(a, b, out=rest[-1] if rest else kwargs["out"])
+
+    return fn
+
+
+def isolate_tuning(monkeypatch: Any, cache: Path, *unset: str) -> None:
+    """Give a test its own tuning cache folder `cache` and none of the INFINIOPS_* settings that steer tuning
+    (nor the variables in `unset`), and forget which tuning files were already warned about."""
+    from infiniops_py.tuning import store
+
+    for name in ("INFINIOPS_TUNING", "INFINIOPS_PRIORITY", "INFINIOPS_STRICT", "INFINIOPS_TRACE_CALLS", *unset):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("INFINIOPS_CACHE", str(cache))
+    store._WARNED.clear()

@@ -9,19 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from fakes import cpu_capability, registered
+from fakes import cpu_capability, isolate_tuning, registered, timed_gemm
 
 import infiniops_py as io
 from infiniops_py import GateError, runtime
 from infiniops_py.problem import size_class
-from infiniops_py.tuning import NOISE_MARGIN, CapturedCall, recording, store, tune_calls, tune_problem
+from infiniops_py.tuning import NOISE_MARGIN, CapturedCall, recording, tune_calls, tune_problem
 from infiniops_py.tuning import timer as timer_module
 from infiniops_py.tuning.store import Measurement, TuningFileError, read_file
 
@@ -30,23 +29,13 @@ BUCKET = {"device_type": "cpu", "dtype": "float32", **SIZES}
 SLEEP_S = 0.004
 
 
-def _gemm(delay: float, calls: list[str], name: str) -> Callable[..., Any]:
-    def fn(a: torch.Tensor, b: torch.Tensor, c: Any, bias: Any, alpha: float, beta: float, trans_a: bool,
-           trans_b: bool, out: torch.Tensor) -> torch.Tensor:
-        calls.append(name)
-        if delay:
-            time.sleep(delay)
-        return torch.matmul(a, b, out=out)
-    return fn
+_gemm = timed_gemm
 
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Each test has its own cache folder and no INFINIOPS_* settings; the runtime is rebuilt after it."""
-    for name in ("INFINIOPS_TUNING", "INFINIOPS_PRIORITY", "INFINIOPS_STRICT", "INFINIOPS_TRACE_CALLS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("INFINIOPS_CACHE", str(tmp_path / "cache"))
-    store._WARNED.clear()
+    isolate_tuning(monkeypatch, tmp_path / "cache")
     yield
     io.reload()
 

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import cpu_capability, registered
+from fakes import cpu_capability, isolate_tuning, registered
 
 import infiniops_py as io
 from infinilm import Engine, EngineOptions
 from infinilm.engine.warmup import buckets, tuning_wanted
-from infiniops_py.tuning import store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "test_infinilm"))
 from lm_helpers import hf_model
@@ -48,10 +47,7 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    for name in ("INFINIOPS_TUNING", "INFINIOPS_PRIORITY", "INFINIOPS_DENY", "INFINILM_TUNE_BUDGET"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("INFINIOPS_CACHE", str(tmp_path / "cache"))
-    store._WARNED.clear()
+    isolate_tuning(monkeypatch, tmp_path / "cache", "INFINIOPS_DENY", "INFINILM_TUNE_BUDGET")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with registered(("fast", [("gemm", cpu_capability(), 5, _matmul)])):

@@ -18,13 +18,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from fakes import _Plugin, cpu_capability, fresh_env, registered
+from fakes import _Plugin, cpu_capability, fresh_env, isolate_tuning, registered, timed_gemm
 
 import infiniops_py as io
 from infiniops_py import Implementation, Provider, runtime
@@ -37,24 +37,14 @@ BUCKET = {"device_type": "cpu", "dtype": "float32", **SIZES}
 TESTS = Path(__file__).parent
 
 
-def _gemm(delay: float = 0.0, calls: list[str] | None = None, name: str = "") -> Callable[..., Any]:
-    def fn(a: torch.Tensor, b: torch.Tensor, *rest: Any, **kwargs: Any) -> torch.Tensor:
-        if calls is not None:
-            calls.append(name)
-        if delay:
-            time.sleep(delay)
-        return torch.matmul(a, b, out=rest[-1] if rest else kwargs["out"])
-    return fn
+_gemm = timed_gemm
 
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Each test has its own cache folder, only the fakes (and reference) serve Gemm, no other INFINIOPS_*."""
-    for name in ("INFINIOPS_TUNING", "INFINIOPS_PRIORITY", "INFINIOPS_STRICT", "INFINIOPS_TRACE_CALLS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("INFINIOPS_CACHE", str(tmp_path / "cache"))
+    isolate_tuning(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("INFINIOPS_DENY", "gemm=torch,triton,cupy")
-    store._WARNED.clear()
     io.reload()
     yield
     io.reload()
