@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,3 +82,14 @@ def isolate_tuning(monkeypatch: Any, cache: Path, *unset: str) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("INFINIOPS_CACHE", str(cache))
     store._WARNED.clear()
+
+
+def plant_not_a_file(path: Path, kind: str) -> None:
+    """Make `path` something that is not a regular file: ``"fifo"`` (a named pipe), ``"directory"``, or else a
+    symlink to ``/dev/zero``."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import _Plugin, cpu_capability, fresh_env, isolate_tuning, registered, timed_gemm
+from fakes import _Plugin, cpu_capability, fresh_env, isolate_tuning, plant_not_a_file, registered, timed_gemm
 
 import infiniops_py as io
 from infiniops_py import Implementation, Provider, runtime
@@ -129,26 +129,17 @@ def test_a_file_over_the_size_limit_is_not_read(tmp_path: Path, monkeypatch: pyt
 
 
 _READER = """
-import logging, os, resource, sys
+import logging, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # /dev/zero read whole would take them all
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 sys.path.insert(0, {tests!r})
 import torch, infiniops_py as io
-from fakes import cpu_capability, registered
-def gemm(a, b, *rest, **kw):
-    return torch.matmul(a, b, out=rest[-1] if rest else kw["out"])
-def plant(path, kind):
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "directory":
-        path.mkdir()
-    else:
-        path.symlink_to("/dev/zero")
-with registered(("fake", [("gemm", cpu_capability(), 40, gemm)])):
+from fakes import cpu_capability, plant_not_a_file, registered, timed_gemm
+with registered(("fake", [("gemm", cpu_capability(), 40, timed_gemm())])):
     path = io.runtime.get_resolver().tuning.cache_file("cpu") if {where!r} == "cache" else None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        plant(path, {kind!r})
+        plant_not_a_file(path, {kind!r})
     print(path or "")
     print("chosen", io.explain("gemm", device_type="cpu", dtype="float32", m=4, n=8, k=8).chosen.provider)
 """
@@ -161,12 +152,7 @@ def test_a_tuning_file_that_is_not_a_regular_file_is_ignored_without_hanging(tmp
     env = fresh_env(INFINIOPS_CACHE=str(tmp_path / "cache"), INFINIOPS_DENY="gemm=torch,triton,cupy")
     if where == "INFINIOPS_TUNING":
         path = tmp_path / "shipped.json"
-        if kind == "fifo":
-            os.mkfifo(path)
-        elif kind == "directory":
-            path.mkdir()
-        else:
-            path.symlink_to("/dev/zero")
+        plant_not_a_file(path, kind)
         env["INFINIOPS_TUNING"] = str(path)
     script = _READER.format(tests=str(TESTS), where=where, kind=kind)
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
