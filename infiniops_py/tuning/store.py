@@ -52,6 +52,7 @@ __all__ = [
     "TuningTable",
     "cache_dir",
     "fingerprint",
+    "is_time",
     "read_file",
     "write_file",
 ]
@@ -66,6 +67,12 @@ _WARNED: set[str] = set()  # files already warned about in this process
 
 class TuningFileError(ValueError):
     """A tuning file that cannot be used: corrupt (not the format) or foreign (another machine's fingerprint)."""
+
+
+def is_time(value: Any) -> bool:
+    """Whether `value` is a time in seconds: a finite int or float >= 0, not a bool (NaN or inf would break the
+    ranking and the file)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < float("inf")
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,7 @@ class Measurement:
         """Raises ValueError: a time that is not a number of seconds >= 0 (NaN or inf would break the ranking
         and the file)."""
         for name, t in self.times.items():
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+            if not is_time(t):
                 raise ValueError(f"times[{name!r}] is {t!r}: expected a time in seconds >= 0")
 
     def as_json(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from infiniops_py.problem import Problem
 from infiniops_py.registry import Implementation
 from infiniops_py.tuning.capture import CapturedCall, recording
 from infiniops_py.tuning.ranking import format_time
-from infiniops_py.tuning.store import Measurement
+from infiniops_py.tuning.store import Measurement, is_time
 from infiniops_py.tuning.timer import CaptureError, Timer, capturing, measure
 
 __all__ = ["DEFAULT_BUDGET_S", "Progress", "TuneReport", "TuneResult", "candidates", "tune_calls", "tune_problem"]
@@ -129,13 +129,6 @@ def _text(err: BaseException) -> str:
     return f"{type(err).__name__}: {message}"
 
 
-def _not_a_time(value: Any) -> str:
-    """Why `value`, returned by a timer, is no time in seconds >= 0 (empty when it is one)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        return f"the timer returned {value!r}, not a time in seconds >= 0"
-    return ""
-
-
 def _resolver() -> Any:
     from infiniops_py import runtime  # the runtime imports the resolver, which imports this package
 
@@ -225,11 +218,10 @@ def _tune_one(problem: Problem, call: CapturedCall, resolver: Any, timer: Timer,
         except (Exception, SystemExit) as err:  # a provider's bug: recorded, never chosen by time
             failed[impl.name] = _text(err)
             continue
-        why = _not_a_time(seconds)
-        if why:
-            failed[impl.name] = why
-        else:
+        if is_time(seconds):
             times[impl.name] = float(seconds)
+        else:
+            failed[impl.name] = f"the timer returned {seconds!r}, not a time in seconds >= 0"
     m = Measurement(problem, times, dict(call.sizes or _sizes(problem)), failed, fp.get("device", ""), today)
     new.append(m)
     return TuneResult(problem, "measured", m)
