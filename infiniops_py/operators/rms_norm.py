@@ -126,9 +126,8 @@ def rms_norm(
         raise
     if len(shape) == 2:
         n = shape[0]
-        if n and h:  # the key's bucket is size_class(n), written out (a call less on the hot path)
-            dispatch(SPEC, ("cpu" if on_cpu else device_type(x), dtype, h, 1 << (n - 1).bit_length()), x, weight,
-                     eps, out)
+        if n and h:
+            dispatch(SPEC, ("cpu" if on_cpu else device_type(x), dtype, h, size_class(n)), x, weight, eps, out)
         return out
     if 0 in shape:
         return out
