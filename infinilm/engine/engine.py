@@ -39,7 +39,7 @@ from infinilm.engine.gates import overrides, plan
 from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
-from infinilm.engine.sampling import sample
+from infinilm.engine.sampling import logprobs, sample
 from infinilm.engine.scheduler import Batch, Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infinilm.engine.state_pool import StatePool
@@ -53,11 +53,17 @@ __all__ = ["Engine", "StepOutput", "check_options", "check_prompt", "max_positio
 
 @dataclass(frozen=True)
 class StepOutput:
-    """One step's result for one sequence: the token it produced, and whether it just finished."""
+    """One step's result for one sequence: the token it produced, and whether it just finished.
+
+    `logprob` (the token's log-probability) and `top_logprobs` (``(token, logprob)`` pairs, most likely first)
+    are set when the request asks for logprobs (`SamplingParams.logprobs`), from the model's raw logits.
+    """
 
     seq: Sequence
     token: int
     finished: bool
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class Engine:
@@ -231,9 +237,10 @@ class Engine:
                 self.ranks.send(StepKind.RUN, batch)
             logits = self.runner.run(batch)
         tokens = sample(logits, batch.seqs)
+        lps = logprobs(logits, batch.seqs, tokens)
         self._count(batch, time.perf_counter() - start)
         finished = {s.id for s in self.scheduler.postprocess(batch, tokens)}
-        return [StepOutput(s, t, s.id in finished) for s, t in zip(batch.seqs, tokens)]
+        return [StepOutput(s, t, s.id in finished, *(lp or (None, ()))) for s, t, lp in zip(batch.seqs, tokens, lps)]
 
     def _count(self, batch: Batch, seconds: float) -> None:
         if batch.prefills:
