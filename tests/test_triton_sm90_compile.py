@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import triton
 from infiniops_triton import (
+    _gemv,
     add,
     causal_conv1d,
     fused_qk_norm,
@@ -158,6 +159,26 @@ def test_gemm_large_configs_pipeline_on_tensor_cores(config: Any, trans_b: bool)
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
+@pytest.mark.parametrize("config", [*_gemv._ONE_ROW, *_gemv._FEW_ROWS],
+                         ids=lambda c: f"{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']}_{c.num_warps}w{c.num_stages}s")
+def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
+    """The decode Gemm at the Qwen3-0.6B down projection (K 3072 -> N 1024): 16-byte loads of the weight, no
+    spills; the 16-row configurations multiply on tensor cores."""
+    one_row = config in _gemv._ONE_ROW
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16), "M": 1,
+            "N": 1024, "K": 3072, "stride_xm": 3072, "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1,
+            "stride_om": 1024, "stride_on": 1, "alpha": 1.0, "beta": 1.0, "HAS_C": True, "HAS_BIAS": False,
+            "PRECISION": "tf32", "BLOCK_M": 1 if one_row else 16, "EVEN_K": True, **config.kwargs}
+    compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
+    if one_row:  # straight to registers
+        assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
+    else:  # the tl.dot operands stream into shared memory, 16 bytes a copy
+        assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
+        assert _count(compiled, r"mma") > 0
+    assert _count(compiled, r"(ld|st)\.local") == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
 def _conv_args(channel_last: bool, **overrides: Any) -> dict[str, Any]:
     d, length, w = 4096, 4096, 4
     x = {"stride_xb": d * length, "stride_xd": 1 if channel_last else length, "stride_xl": d if channel_last else 1}
@@ -249,8 +270,8 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "stride_vb": 4096 * 8 * d, "stride_vt": 8 * d, "stride_ob": 32 * d, "stride_ot": 32 * d,
             "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
             "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
-            "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False,
-            **_attention_sizes(d, precision), **config.kwargs, **overrides}
+            "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False, "Counter": _Ptr("*i32"),
+            "min_split_blocks": 1, "FUSED": True, **_attention_sizes(d, precision), **config.kwargs, **overrides}
 
 
 def _fp64_scores_fit(compiled: Any) -> None:
@@ -279,6 +300,7 @@ def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> No
     args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16)
     compiled = _compile(dk.decode_split_kernel, args, cfg.num_warps, cfg.num_stages)
     assert _count(compiled, r"mma") > 0
+    assert _count(compiled, r"atom\.[.\w]*add") > 0  # the fused combine counts the splits done
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 

@@ -411,3 +411,27 @@ def test_gpu_benchmark_runs_at_tiny_sizes() -> None:
     assert BENCH.format_table(results).count("\n") == len(results)
     assert BENCH.prefill_flops(4, 32, 4096, 128) == 2 * 4 * 32 * 4096**2 * 128
     assert BENCH.decode_kv_bytes(64, 4096, 8, 128) == 2 * 64 * 4096 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kvcache_fused_combine_adapts_the_splits_to_each_context(dtype: torch.dtype) -> None:
+    """8 launched splits over 16-key blocks: sequence 0 has 3 keys (one split writes the output directly),
+    sequence 1 has 40 (3 splits, merged by the last), sequence 2 has 0 (zeros); the separate combine kernel
+    gives the same within the tolerance rule, and the counters are back at 0 after each call."""
+    args = _kvcache_args("paged 32, no append, D=96", dtype, seed=21)
+    batch = args["q"].shape[0]
+    lengths = [3, 40, 0][:batch] + [17] * max(0, batch - 3)
+    args["cache_seqlens"] = torch.tensor(lengths, dtype=torch.int32)
+    conv = _convention("flash_attn_with_kvcache", args)
+    fused = tfa.flash_attn_with_kvcache(*conv, splits=8).clone()
+    counters = [t for (dev, _), t in tfa._COUNTERS.items() if dev.type == "cpu"]
+    assert counters and all(bool((t == 0).all()) for t in counters)
+    _assert_close("flash_attn_with_kvcache", fused, args)
+    try:
+        tfa.FUSED_COMBINE = False
+        separate = tfa.flash_attn_with_kvcache(*conv, splits=8)
+    finally:
+        tfa.FUSED_COMBINE = True
+    _assert_close("flash_attn_with_kvcache", separate, args)
+    if batch > 2:
+        assert bool((fused[2] == 0).all())

@@ -7,6 +7,17 @@ once. Long contexts are split over ``num_splits`` programs to fill the GPU; each
 partial output and its log-sum-exp (base 2), and `combine_kernel` merges them (and writes the natural
 log-sum-exp of the row when asked). ``HAS_BATCH_IDX`` reads (and appends to) cache row ``cache_batch_idx[b]``
 of sequence b; a row out of range is a sequence that sees no key and writes nothing.
+
+With ``FUSED`` the split count adapts to each sequence's length on the device and the combine happens in
+the same kernel: the host cannot know the lengths (it would have to synchronize), so it launches
+``num_splits`` programs per tile for the longest context the cache holds, and each tile uses
+``min(num_splits, key blocks / MIN_SPLIT_BLOCKS)`` of them (the others exit). A tile of one split writes its
+output directly; otherwise each split writes its partial, counts itself done on the tile's counter (an
+atomic add after a barrier, acquire-release at GPU scope), and the split that finds it is the last one
+resets the counter and merges the partials (read past L1). So a decode step is one kernel at any context
+length, and a short context is one program per tile (FlashDecoding's split-KV where it pays, FlashDecoding++'s
+single pass where it does not). The counters (int32, one per tile) start and end at 0; two kernels using
+the same counters at once (two streams) would race, so the launcher keeps them per device and stream.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ __all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_
 _APPEND_SIZES = ("stride_btb", "new_len", "num_heads_kv", "capacity", "max_blocks", "num_pages", "num_rows")
 _DECODE_SIZES = ("stride_btb", "stride_lse_b", "stride_lse_h", "num_heads_kv", "num_heads_q", "q_len", "kv_group",
                  "new_len", "capacity", "max_blocks", "num_pages", "num_rows", "num_m_tiles", "num_splits",
-                 "window_left", "window_right")
+                 "window_left", "window_right", "min_split_blocks")
 _COMBINE_SIZES = ("stride_lse_b", "stride_lse_h", "q_len", "num_heads_q", "num_splits")
 
 
@@ -94,15 +105,17 @@ def decode_split_kernel(
     Out,  # [B, Sq, Hq, D] output (not SPLIT)
     OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs (SPLIT)
     LsePart,  # fp32 [B, Sq, Hq, num_splits] partial log2-sum-exp2, -inf for a split that saw no key (SPLIT)
-    Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE and not SPLIT: the combine writes it)
+    Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE; with SPLIT and not FUSED the combine writes it)
+    Counter,  # int32 [programs] splits done per tile, 0 between kernels (FUSED only)
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh, stride_btb, stride_lse_b, stride_lse_h,
     num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_rows, num_m_tiles,
     num_splits, qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
+    min_split_blocks,  # FUSED: key blocks a split takes at least
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LSE: tl.constexpr,
+    HAS_LSE: tl.constexpr, FUSED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -140,7 +153,11 @@ def decode_split_kernel(
     if HAS_LEFT:
         i_first = tl.min(tl.where(row_ok, i, q_len), 0)
         lo = tl.maximum(i_first + q_off - window_left, 0) // BLOCK_N * BLOCK_N
-    per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), num_splits) * BLOCK_N
+    blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+    splits = num_splits
+    if FUSED:  # this tile's share of the launched splits: at least min_split_blocks key blocks each
+        splits = tl.minimum(num_splits, tl.maximum(tl.cdiv(blocks, min_split_blocks), 1))
+    per_split = tl.cdiv(blocks, splits) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(hi, start + per_split)
 
@@ -175,17 +192,56 @@ def decode_split_kernel(
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = row_ok[:, None] & d_ok
+    o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
+    lse_ptrs = Lse + b.to(tl.int64) * stride_lse_b + h * stride_lse_h + i
     if not SPLIT:
-        o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
         if HAS_LSE:
-            lse_ptrs = Lse + b.to(tl.int64) * stride_lse_b + h * stride_lse_h + i
             tl.store(lse_ptrs, natural_lse(m_i, l_i), mask=row_ok)
-    else:
-        part = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * num_splits + split
-        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
+    elif FUSED and splits == 1:  # a short context: the first split is the only one, no partials
+        if split == 0:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
+            if HAS_LSE:
+                tl.store(lse_ptrs, natural_lse(m_i, l_i), mask=row_ok)
+    elif split < splits:
+        first = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * num_splits
+        tl.store(OPart + (first + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(LsePart + part, lse, mask=row_ok)
+        tl.store(LsePart + first + split, lse, mask=row_ok)
+        if FUSED:
+            tl.debug_barrier()  # every thread's partial is stored before the count says so
+            done = tl.atomic_add(Counter + pid, 1, sem="acq_rel")
+            if done == splits - 1:  # the last split of the tile merges them all
+                tl.atomic_xchg(Counter + pid, 0)
+                merged, merged_lse = _merge_splits(OPart, LsePart, first, splits, mask, row_ok, offs_d, HEAD_DIM,
+                                                   BLOCK_M, BLOCK_D)
+                tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=mask)
+                if HAS_LSE:
+                    tl.store(lse_ptrs, merged_lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(OPart, LsePart, first, splits, mask, row_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The merged output (fp32) and natural log-sum-exp of a tile's rows from their `splits` partials (the
+    combine kernel's sum, online over the splits), read past L1: other programs wrote them."""
+    top = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in range(0, splits):
+        lse = tl.load(LsePart + first + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(OPart + (first + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0,
+                    cache_modifier=".cg")
+        new_top = tl.maximum(top, lse)
+        safe = tl.where(new_top == float("-inf"), 0.0, new_top)
+        rescale = tl.exp2(top - safe)
+        w = tl.exp2(lse - safe)
+        acc = acc * rescale[:, None] + w[:, None] * o
+        total = total * rescale + w
+        top = new_top
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    lse_row = tl.where(total > 0.0, (top + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("inf"))
+    return out, lse_row
 
 
 @triton.jit(do_not_specialize=_COMBINE_SIZES)
@@ -242,6 +298,6 @@ def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kw
 
 
 decode_split_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE"],
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE", "FUSED"],
     prune_configs_by={"early_config_prune": _prune_decode},
 )(decode_split_kernel)
