@@ -271,7 +271,9 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
             "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
             "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False, "Counter": _Ptr("*i32"),
-            "min_split_blocks": 1, "FUSED": True, **_attention_sizes(d, precision), **config.kwargs, **overrides}
+            "min_split_blocks": 1, "FUSED": True, "APPEND": False, "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
+            "stride_nb": 8 * d, "stride_nt": 8 * d, "stride_nh": d, "stride_vnb": 8 * d, "stride_vnt": 8 * d,
+            "stride_vnh": d, **_attention_sizes(d, precision), **config.kwargs, **overrides}
 
 
 def _fp64_scores_fit(compiled: Any) -> None:
@@ -297,7 +299,7 @@ def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> No
     from infiniops_triton import _decode_kernels as dk
 
     cfg = dk._decode_configs()[config]  # the four the autotuner times for 16-bit inputs
-    args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16)
+    args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16, APPEND=True, new_len=1)
     compiled = _compile(dk.decode_split_kernel, args, cfg.num_warps, cfg.num_stages)
     assert _count(compiled, r"mma") > 0
     assert _count(compiled, r"atom\.[.\w]*add") > 0  # the fused combine counts the splits done

@@ -18,6 +18,10 @@ resets the counter and merges the partials (read past L1). So a decode step is o
 length, and a short context is one program per tile (FlashDecoding's split-KV where it pays, FlashDecoding++'s
 single pass where it does not). The counters (int32, one per tile) start and end at 0; two kernels using
 the same counters at once (two streams) would race, so the launcher keeps them per device and stream.
+
+With ``APPEND`` (a paged cache, no ``cache_batch_idx``) the decode kernel also does the append: keys at
+positions ``>= cache_seqlens[b]`` are read from the new k/v instead of the cache, and the first program of
+each (sequence, kv head) writes them into the cache, so a decode step's cache write costs no launch.
 """
 
 from __future__ import annotations
@@ -107,6 +111,8 @@ def decode_split_kernel(
     LsePart,  # fp32 [B, Sq, Hq, num_splits] partial log2-sum-exp2, -inf for a split that saw no key (SPLIT)
     Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE; with SPLIT and not FUSED the combine writes it)
     Counter,  # int32 [programs] splits done per tile, 0 between kernels (FUSED only)
+    KNew, VNew,  # [B, new_len, Hkv, D] new keys / values (APPEND only)
+    stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh, stride_btb, stride_lse_b, stride_lse_h,
     num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_rows, num_m_tiles,
@@ -115,7 +121,7 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LSE: tl.constexpr, FUSED: tl.constexpr,
+    HAS_LSE: tl.constexpr, FUSED: tl.constexpr, APPEND: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -124,7 +130,8 @@ def decode_split_kernel(
     b = bh // num_heads_kv
     h_kv = bh % num_heads_kv
 
-    kv_len = tl.minimum(tl.maximum(tl.load(CacheSeqlens + b) + new_len, 0), capacity)
+    cached = tl.load(CacheSeqlens + b)  # keys at positions >= cached are the new ones (APPEND: read from KNew)
+    kv_len = tl.minimum(tl.maximum(cached + new_len, 0), capacity)
     row = b  # the cache row of sequence b (contiguous caches)
     if HAS_BATCH_IDX:
         row = tl.load(CacheBatchIdx + b)
@@ -167,29 +174,37 @@ def decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = i[:, None] + q_off
-    for start_n in range(start, end, BLOCK_N):
+    cached_end = tl.minimum(end, cached) if APPEND else end  # APPEND: the cache holds the keys before `cached`
+    for start_n in range(start, cached_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks,
+        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, cached_end, stride_btb, max_blocks,
                                          num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
         if not PAGED:
             k_off += row.to(tl.int64) * stride_kb
             v_off += row.to(tl.int64) * stride_vb
         k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
         v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        s = softcapped(scores(q, k, PRECISION), qk_scale, softcap_scale, SOFTCAP)
-        keep = valid[None, :]
-        if HAS_RIGHT:
-            keep = keep & (offs_n[None, :] <= diag + window_right)
-        if HAS_LEFT:
-            keep = keep & (offs_n[None, :] >= diag - window_left)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = weighted_values(p, v, acc * alpha[:, None], PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                      window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
+    if APPEND:  # then this split's new keys (a decode step: one), read from KNew/VNew
+        for start_n in range(tl.maximum(start, cached), end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            _, _, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks, num_pages, stride_kb,
+                                     stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)  # keys on pages in range
+            t = tl.where(valid, offs_n - cached, 0).to(tl.int64)
+            ok = valid[:, None] & d_ok
+            k = tl.load(KNew + b.to(tl.int64) * stride_nb + t[:, None] * stride_nt + h_kv * stride_nh
+                        + offs_d[None, :], mask=ok, other=0.0)
+            v = tl.load(VNew + b.to(tl.int64) * stride_vnb + t[:, None] * stride_vnt + h_kv * stride_vnh
+                        + offs_d[None, :], mask=ok, other=0.0)
+            m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                          window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
 
+    if APPEND:  # one program per (sequence, kv head) writes its new keys and values into the paged cache
+        if (tile == 0) & (split == 0):
+            _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
+                          stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,
+                          stride_vb, stride_vt, stride_btb, offs_d, HEAD_DIM, PAGE_SIZE)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = row_ok[:, None] & d_ok
     o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
@@ -218,6 +233,47 @@ def decode_split_kernel(
                 tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=mask)
                 if HAS_LSE:
                     tl.store(lse_ptrs, merged_lse, mask=row_ok)
+
+
+@triton.jit
+def _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale, window_left, window_right,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax: scores (softcapped, window-masked, missing keys dropped), then the
+    running max `m_i`, sum `l_i` and weighted values `acc` updated (base-2 exponentials)."""
+    s = softcapped(scores(q, k, PRECISION), qk_scale, softcap_scale, SOFTCAP)
+    keep = valid[None, :]
+    if HAS_RIGHT:
+        keep = keep & (offs_n[None, :] <= diag + window_right)
+    if HAS_LEFT:
+        keep = keep & (offs_n[None, :] >= diag - window_left)
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = weighted_values(p, v, acc * alpha[:, None], PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
+                  stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,
+                  stride_vb, stride_vt, stride_btb, offs_d, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """`append_kv_kernel`'s write of kv head `h_kv`'s new tokens of sequence `b` (K/V: the head's base pointers
+    in the paged caches): position ``cached + t``, skipped outside the cache or on a page out of range."""
+    d_ok = offs_d < HEAD_DIM
+    for t in range(0, new_len):
+        pos = cached + t
+        ok = (pos >= 0) & (pos < capacity)
+        page = tl.load(BlockTable + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE,
+                       mask=ok & (pos // PAGE_SIZE < max_blocks), other=-1)
+        ok = ok & (page >= 0) & (page < num_pages)
+        page = tl.where(ok, page, 0).to(tl.int64)
+        slot = tl.where(ok, pos % PAGE_SIZE, 0).to(tl.int64)
+        k = tl.load(KNew + b.to(tl.int64) * stride_nb + t * stride_nt + h_kv * stride_nh + offs_d, mask=d_ok)
+        v = tl.load(VNew + b.to(tl.int64) * stride_vnb + t * stride_vnt + h_kv * stride_vnh + offs_d, mask=d_ok)
+        tl.store(K + page * stride_kb + slot * stride_kt + offs_d, k, mask=d_ok & ok)
+        tl.store(V + page * stride_vb + slot * stride_vt + offs_d, v, mask=d_ok & ok)
 
 
 @triton.jit
@@ -298,6 +354,6 @@ def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kw
 
 
 decode_split_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE", "FUSED"],
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE", "FUSED", "APPEND"],
     prune_configs_by={"early_config_prune": _prune_decode},
 )(decode_split_kernel)

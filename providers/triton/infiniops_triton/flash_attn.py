@@ -56,6 +56,7 @@ FP32_PRECISION = "fp64"
 # a comparison can switch the separate combine kernel back on.
 FUSED_COMBINE = True
 MIN_SPLIT_BLOCKS = 1
+FOLD_APPEND = True  # the decode kernel writes the new k/v of a paged cache itself
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
 _DECODE = Tuned(decode_split_tuned)
@@ -234,7 +235,10 @@ def flash_attn_with_kvcache(
         capacity = k_cache.shape[1]
     new_len = 0 if k is None else k.shape[1]
     cache_rows = cache_seqlens if cache_batch_idx is None else cache_batch_idx  # a placeholder pointer when not given
-    if k is not None and v is not None and batch * new_len > 0:
+    # the decode kernel appends itself (APPEND) to a paged cache when it has queries to run
+    folded = (FOLD_APPEND and paged and cache_batch_idx is None and k is not None and v is not None
+              and batch * new_len > 0 and batch * q_len > 0)
+    if k is not None and v is not None and batch * new_len > 0 and not folded:
         append_kv_kernel[(batch * new_len,)](
             k, v, k_cache, v_cache, cache_seqlens, table, cache_rows, *k.stride()[:3], *v.stride()[:3],
             *k_cache.stride()[:3], *v_cache.stride()[:3], stride_btb, new_len, num_heads_kv, capacity, max_blocks,
@@ -265,20 +269,22 @@ def flash_attn_with_kvcache(
     counter = split_counters(q.device, programs) if fused else cache_seqlens  # a placeholder pointer when unused
     lse = lse_part if softmax_lse is None else softmax_lse  # a placeholder pointer when not given
     lse_b, lse_h = (0, 0) if softmax_lse is None else softmax_lse.stride()[:2]
-    args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, counter,
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, lse_b, lse_h,
+    k_new, v_new = (k, v) if folded else (q, q)  # placeholder pointers when not folded
+    args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, counter, k_new, v_new,
+            *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, lse_b, lse_h,
             num_heads_kv, num_heads_q, q_len, group, new_len, capacity, max_blocks, num_pages, k_cache.shape[0],
             num_m_tiles, splits, qk_scale, softcap_scale, left, right, MIN_SPLIT_BLOCKS)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
-            "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None, "FUSED": fused}
+            "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None, "FUSED": fused,
+            "APPEND": folded}
     grid = (programs, splits)
     if interpreting:
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
         key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
-               cache_batch_idx is not None, softmax_lse is not None, fused)
+               cache_batch_idx is not None, softmax_lse is not None, fused, folded)
         _DECODE.launch(key, grid, *args, **meta)
     if splits > 1 and not fused:
         combine_kernel[(batch * q_len * num_heads_q,)](
