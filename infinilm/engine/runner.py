@@ -112,7 +112,7 @@ class Runner(abc.ABC):
 class AttentionRunner(Runner):
     """Runs an attention model over the paged KV cache `cache`."""
 
-    padding = (0, 0, -1, 1)  # token 0 at position 0, slot -1 (nothing written), one key of block 0
+    padding = (0, 0, -1, 0)  # token 0 at position 0, slot -1, context 0 (cache_seqlens -1): nothing written or read
 
     def __init__(self, model: Any, cache: KVCache, device: torch.device, max_blocks_per_seq: int) -> None:
         super().__init__(model, cache, device)
@@ -149,6 +149,7 @@ class AttentionRunner(Runner):
         ctx = AttnContext(slot_mapping=self._tensor(slots, i64), num_decode=len(batch.decodes))
         if batch.decodes:
             ctx.context_lens = self._tensor(lens, i32)
+            ctx.cache_seqlens = self._tensor([n - 1 for n in lens], i32)
             ctx.block_tables = self._tensor(tables, i32) if tables else None
         if batch.prefills:
             ctx.cu_seqlens = self._tensor(cu, i32)
@@ -163,7 +164,7 @@ class AttentionRunner(Runner):
     def graph_step(self, rows: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
         """Logits of a decode step whose rows are token, position, slot and context length."""
         ids, positions, slots, lens = rows
-        ctx = AttnContext(slot_mapping=slots, num_decode=rows.shape[1], context_lens=lens.to(torch.int32),
+        ctx = AttnContext(slot_mapping=slots, num_decode=rows.shape[1], cache_seqlens=(lens - 1).to(torch.int32),
                           block_tables=tables)
         return self.model.logits(self.model.forward(ids, positions, ctx, self.cache))
 

@@ -207,7 +207,7 @@ def attention_problems(config: ModelConfig, options: EngineOptions, base: Mappin
     # the keys a call can see: a prefill's own prompt (at most model_len), a decode's cache capacity
     for op, keys, fields in (("flash_attn_varlen", options.model_len(config), {"paged": False, "block_size": 0}),
                              ("flash_attn_with_kvcache", options.blocks_per_seq(config) * bs,
-                              {"paged": True, "block_size": bs, "append": False})):
+                              {"paged": True, "block_size": bs, "append": True})):
         for local in (False, True) if window is not None and window - 1 < keys else (False,):
             out.append((op, {**attn, "local": local, **fields}))
     return out

@@ -4,8 +4,9 @@ Decode steps have static shapes once the batch is padded, so each size in `captu
 over static input buffers and replayed with the step's values copied in. The buffers are the `DecodeStep`'s:
 a few int64 values per sequence (the paged runner: token, position, cache slot, context length; the recurrent
 runner: token, state row), plus int32 block tables when the step has them. A padding row holds the step's
-`DecodeStep.padding` values, which write nothing (slot -1, row -1) and, for attention, read one key of block
-0; its logits are dropped. Index checks of the operator contracts are off during capture by design (they
+`DecodeStep.padding` values, which write and read nothing (slot -1 and cache length -1, row -1): index values
+out of range, which the operators take for padding with their index checks off, as they are during capture;
+its logits are dropped. Index checks of the operator contracts are off during capture by design (they
 would synchronize), so the inputs are built only by the runner from the allocator's own block tables and
 rows. A capture that fails (an implementation that synchronizes with the host, or allocates or launches in
 a way graphs forbid) leaves the engine eager, with a status that names the synchronizing implementation when
@@ -20,7 +21,7 @@ from typing import Protocol
 import torch
 
 from infinilm.engine.graphs.capture import CapturedSteps
-from infiniops_py import Implementation
+from infiniops_py import Implementation, unchecked_indices
 
 __all__ = ["DecodeGraphs", "DecodeStep", "capture_sizes"]
 
@@ -72,7 +73,8 @@ class DecodeGraphs(CapturedSteps):
         self._pad(0, bs)  # padding rows: the warm-up and capture write nothing
 
     def _forward(self, bs: int) -> torch.Tensor:
-        return self.step.graph_step(self.rows[:, :bs], None if self.tables is None else self.tables[:bs])
+        with unchecked_indices():  # as during capture on CUDA: padding rows hold out-of-range values on purpose
+            return self.step.graph_step(self.rows[:, :bs], None if self.tables is None else self.tables[:bs])
 
     @torch.inference_mode()
     def capture(self, max_batch: int) -> str:

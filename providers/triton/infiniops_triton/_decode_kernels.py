@@ -200,7 +200,8 @@ def decode_split_kernel(
             m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
                                           window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
 
-    if APPEND:  # one program per (sequence, kv head) writes its new keys and values into the paged cache
+    if APPEND:  # noqa: SIM102 (a constexpr, tested apart: `and` does not take tensors in Triton)
+        # one program per (sequence, kv head) writes its new keys and values into the paged cache
         if (tile == 0) & (split == 0):
             _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
                           stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,

@@ -271,9 +271,10 @@ def flash_attn_with_kvcache(
     lse_b, lse_h = (0, 0) if softmax_lse is None else softmax_lse.stride()[:2]
     k_new, v_new = (k, v) if folded else (q, q)  # placeholder pointers when not folded
     args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, counter, k_new, v_new,
-            *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, lse_b, lse_h,
-            num_heads_kv, num_heads_q, q_len, group, new_len, capacity, max_blocks, num_pages, k_cache.shape[0],
-            num_m_tiles, splits, qk_scale, softcap_scale, left, right, MIN_SPLIT_BLOCKS)
+            *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+            *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv, num_heads_q, q_len, group, new_len, capacity,
+            max_blocks, num_pages, k_cache.shape[0], num_m_tiles, splits, qk_scale, softcap_scale, left, right,
+            MIN_SPLIT_BLOCKS)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
