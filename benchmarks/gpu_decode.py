@@ -39,7 +39,7 @@ import infiniops_py as ops
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
-from _common import json_option
+from _common import copy_bandwidth_gbs, json_option
 
 GEMM_SHAPES = {  # name: (K, N) of the nn.Linear weight [N, K]
     "qwen3-0.6b qkv": (1024, 4096), "qwen3-0.6b o": (2048, 1024), "qwen3-0.6b gate_up": (1024, 6144),
@@ -77,10 +77,9 @@ def graph_time(calls: list[Callable[[], Any]], device: torch.device, replays: in
 
 
 def copy_bandwidth(device: torch.device) -> float:
-    """Bytes per second of a 1 GiB device copy, read plus write."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / graph_time([lambda: dst.copy_(src)], device, replays=10)
+    """Bytes per second of a 2 GiB device copy of random bytes, read plus write (`_common.copy_bandwidth_gbs`,
+    the ceiling of the other GPU benchmarks)."""
+    return copy_bandwidth_gbs(str(device), fill=True) * 1e9
 
 
 def _copies(nbytes: int, smoke: bool) -> int:
@@ -176,8 +175,9 @@ def bench_attention(device: torch.device, smoke: bool, copy_bw: float) -> tuple[
     return rows, ok
 
 
-def _decode_profile(engine: Any, batch: int, input_len: int) -> tuple[float, float, int]:
-    """(wall ms, device busy ms, kernels) of one steady decode step of `batch` sequences (profiled)."""
+def _decode_profile(engine: Any, batch: int, input_len: int) -> tuple[float, float, int, dict[str, list[float]]]:
+    """(wall ms, device busy ms, kernels, kernel name -> its durations in us) of one steady decode step of `batch`
+    sequences (profiled)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -199,9 +199,12 @@ def _decode_profile(engine: Any, batch: int, input_len: int) -> tuple[float, flo
     device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     kernels = sum(1 for e in device_events if not e.name.startswith(("Memcpy", "Memset")))
     busy = _busy_us([(e.time_range.start, e.time_range.end) for e in device_events]) / 1e3
+    names: dict[str, list[float]] = {}
+    for e in device_events:
+        names.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
     while engine.has_work():
         engine.step()
-    return wall, busy, kernels
+    return wall, busy, kernels, names
 
 
 def bench_engine(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
@@ -225,8 +228,11 @@ def bench_engine(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
             build_s = time.perf_counter() - begun
             for batch in batches:
                 result = run_bench(engine, batch, 128, 8 if smoke else 128, repeats=1 if smoke else 2)
-                wall, busy, kernels = (_decode_profile(engine, batch, 128) if device.type == "cuda"
-                                       else (0.0, 0.0, 0))
+                wall, busy, kernels, names = (_decode_profile(engine, batch, 128) if device.type == "cuda"
+                                              else (0.0, 0.0, 0, {}))
+                print(f"\n{name} batch {batch}, one decode step's kernels (calls, total us):")
+                for kernel, times in sorted(names.items(), key=lambda kv: -sum(kv[1])):
+                    print(f"  {len(times):4d} {sum(times):9.1f}  {kernel[:110]}")
                 layers = engine.config.num_layers
                 rows.append({"model": name, "batch": batch, "decode_tok_s": result.decode_tokens_per_s,
                              "step_p50_ms": result.as_dict()["decode_step"]["p50_ms"],

@@ -163,9 +163,10 @@ def test_gemm_large_configs_pipeline_on_tensor_cores(config: Any, trans_b: bool)
                          ids=lambda c: f"{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']}_{c.num_warps}w{c.num_stages}s")
 def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
     """The decode Gemm at the Qwen3-0.6B down projection (K 3072 -> N 1024): 16-byte loads of the weight, no
-    spills; the 16-row configurations multiply on tensor cores."""
+    spills; the 16-row configurations multiply on tensor cores; the split-K ones count the splits done."""
     one_row = config in _gemv._ONE_ROW
-    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16), "M": 1,
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1,
             "N": 1024, "K": 3072, "stride_xm": 3072, "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1,
             "stride_om": 1024, "stride_on": 1, "alpha": 1.0, "beta": 1.0, "HAS_C": True, "HAS_BIAS": False,
             "PRECISION": "tf32", "BLOCK_M": 1 if one_row else 16, "EVEN_K": True, **config.kwargs}
@@ -176,6 +177,8 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
         assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
         assert _count(compiled, r"mma") > 0
     assert _count(compiled, r"(ld|st)\.local") == 0
+    if config.kwargs["SPLIT_K"] > 1:
+        assert _count(compiled, r"atom\.[.\w]*add") > 0  # the last split of a tile sums them
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
@@ -271,7 +274,7 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
             "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
             "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False, "Counter": _Ptr("*i32"),
-            "min_split_blocks": 1, "FUSED": True, "APPEND": False, "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
+            "min_split_blocks": 1, "tune_size": 1024 + 16, "FUSED": True, "APPEND": False, "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
             "stride_nb": 8 * d, "stride_nt": 8 * d, "stride_nh": d, "stride_vnb": 8 * d, "stride_vnt": 8 * d,
             "stride_vnh": d, **_attention_sizes(d, precision), **config.kwargs, **overrides}
 
@@ -294,11 +297,11 @@ def test_bf16_prefill_configurations_run_on_tensor_cores(config: int) -> None:
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
-@pytest.mark.parametrize("config", range(4))
+@pytest.mark.parametrize("config", range(7))
 def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> None:
     from infiniops_triton import _decode_kernels as dk
 
-    cfg = dk._decode_configs()[config]  # the four the autotuner times for 16-bit inputs
+    cfg = dk._decode_configs()[config]  # every one the autotuner may time for 16-bit inputs at D 128
     args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16, APPEND=True, new_len=1)
     compiled = _compile(dk.decode_split_kernel, args, cfg.num_warps, cfg.num_stages)
     assert _count(compiled, r"mma") > 0

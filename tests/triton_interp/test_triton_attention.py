@@ -385,9 +385,11 @@ def test_launcher_rejects_head_dim_over_256() -> None:
 
 
 def test_num_splits_heuristic() -> None:
-    # the decode target: 512 programs on 132 SMs -> 3 splits make >= 8 programs per SM
-    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 3
-    assert tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256) == 64  # capped
+    # SPLIT_WAVES programs per SM: 8 programs on 132 SMs -> 33 splits; 512 programs fill them unsplit
+    assert tfa.SPLIT_WAVES == 2
+    assert tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256) == 33
+    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 1
+    assert tfa.num_splits(programs=1, capacity=32768, num_sms=132, min_keys=256) == 64  # capped
     assert tfa.num_splits(programs=8, capacity=300, num_sms=132, min_keys=256) == 1  # too few keys to share
     assert tfa.num_splits(programs=4096, capacity=4096, num_sms=132, min_keys=256) == 1  # enough programs
     assert tfa.num_splits(programs=0, capacity=0, num_sms=132, min_keys=256) == 1

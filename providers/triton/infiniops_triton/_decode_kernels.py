@@ -49,7 +49,7 @@ __all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_
 _APPEND_SIZES = ("stride_btb", "new_len", "num_heads_kv", "capacity", "max_blocks", "num_pages", "num_rows")
 _DECODE_SIZES = ("stride_btb", "stride_lse_b", "stride_lse_h", "num_heads_kv", "num_heads_q", "q_len", "kv_group",
                  "new_len", "capacity", "max_blocks", "num_pages", "num_rows", "num_m_tiles", "num_splits",
-                 "window_left", "window_right", "min_split_blocks")
+                 "window_left", "window_right", "min_split_blocks", "tune_size")
 _COMBINE_SIZES = ("stride_lse_b", "stride_lse_h", "q_len", "num_heads_q", "num_splits")
 
 
@@ -118,6 +118,7 @@ def decode_split_kernel(
     num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_rows, num_m_tiles,
     num_splits, qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
     min_split_blocks,  # FUSED: key blocks a split takes at least
+    tune_size,  # autotuning key only: the size class of the launch (programs) and the launched splits
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
@@ -149,7 +150,6 @@ def decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d[None, :] < HEAD_DIM
     q_ptrs = Q + b.to(tl.int64) * stride_qb + i[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
 
     # The tile's key range, then this split's even share of its key blocks.
     hi = kv_len
@@ -165,6 +165,7 @@ def decode_split_kernel(
     if FUSED:  # this tile's share of the launched splits: at least min_split_blocks key blocks each
         splits = tl.minimum(num_splits, tl.maximum(tl.cdiv(blocks, min_split_blocks), 1))
     per_split = tl.cdiv(blocks, splits) * BLOCK_N
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok & (split < splits), other=0.0)  # an idle split reads nothing
     start = lo + split * per_split
     end = tl.minimum(hi, start + per_split)
 
@@ -339,22 +340,24 @@ def combine_kernel(
 
 def _decode_configs() -> list[triton.Config]:
     # (BLOCK_N, num_warps, num_stages). Paged K/V rows are gathered through the block table, a load the
-    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines. The
-    # last configuration fits every head dim and dtype.
-    shapes = [(64, 4, 5), (128, 4, 4), (64, 8, 5), (64, 4, 3), (32, 4, 2)]
+    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines; the
+    # shallow ones leave shared memory for several programs per SM (short contexts: many small programs).
+    # The fifth configuration fits every head dim and dtype.
+    shapes = [(64, 4, 5), (128, 4, 4), (64, 4, 3), (64, 4, 2), (32, 4, 2), (128, 8, 3), (32, 4, 3)]
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
 
 
 def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """Drop what may not fit in shared memory; fp16/bf16 time the first four left, fp32 takes the first."""
+    """Drop what may not fit in shared memory; fp16/bf16 time those left, fp32 takes the first."""
     elem = named_args["Q"].element_size()
     block_d = kwargs["BLOCK_D"]
     fits = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * block_d * elem <= SMEM_BUDGET]
-    fits = fits or configs[-1:]
-    return fits[:4] if elem == 2 else fits[:1]
+    fits = fits or configs[4:5]
+    return fits if elem == 2 else fits[:1]
 
 
 decode_split_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE", "FUSED", "APPEND"],
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE", "FUSED", "APPEND",
+                          "tune_size"],
     prune_configs_by={"early_config_prune": _prune_decode},
 )(decode_split_kernel)

@@ -57,6 +57,7 @@ FP32_PRECISION = "fp64"
 FUSED_COMBINE = True
 MIN_SPLIT_BLOCKS = 1
 FOLD_APPEND = True  # the decode kernel writes the new k/v of a paged cache itself
+SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
 _DECODE = Tuned(decode_split_tuned)
@@ -195,11 +196,11 @@ def split_counters(device: torch.device, programs: int) -> torch.Tensor:
 def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int) -> int:
     """How many programs share the keys of one (sequence, kv head, row tile).
 
-    Decode programs do equal, memory-bound work: with at least 8 of them per SM in total, the last wave
-    is short and every SM stays busy to the end. Each split keeps at least `min_keys` of the `capacity`
-    keys (so the combine stays cheap), and there are at most 64.
+    Decode programs do equal, memory-bound work: with `SPLIT_WAVES` of them per SM in total every SM stays
+    busy (each tile then uses as many of them as its own context fills, on the device). Each split keeps at
+    least `min_keys` of the `capacity` keys (so the combine stays cheap), and there are at most 64.
     """
-    want = math.ceil(8 * num_sms / max(programs, 1))
+    want = math.ceil(SPLIT_WAVES * num_sms / max(programs, 1))
     most = min(64, capacity // min_keys)
     return max(1, min(want, most))
 
@@ -270,11 +271,12 @@ def flash_attn_with_kvcache(
     lse = lse_part if softmax_lse is None else softmax_lse  # a placeholder pointer when not given
     lse_b, lse_h = (0, 0) if softmax_lse is None else softmax_lse.stride()[:2]
     k_new, v_new = (k, v) if folded else (q, q)  # placeholder pointers when not folded
+    tune_size = triton.next_power_of_2(programs) * 128 + splits  # tuned per launch size and split count
     args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, counter, k_new, v_new,
             *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv, num_heads_q, q_len, group, new_len, capacity,
             max_blocks, num_pages, k_cache.shape[0], num_m_tiles, splits, qk_scale, softcap_scale, left, right,
-            MIN_SPLIT_BLOCKS)
+            MIN_SPLIT_BLOCKS, tune_size)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
@@ -285,7 +287,7 @@ def flash_attn_with_kvcache(
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
         key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
-               cache_batch_idx is not None, softmax_lse is not None, fused, folded)
+               cache_batch_idx is not None, softmax_lse is not None, fused, folded, tune_size)
         _DECODE.launch(key, grid, *args, **meta)
     if splits > 1 and not fused:
         combine_kernel[(batch * q_len * num_heads_q,)](
