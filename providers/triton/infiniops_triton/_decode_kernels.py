@@ -31,6 +31,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import pdl_start
 from infiniops_triton._flash_attn_kernels import (
     LN2,
     NEG_BIG,
@@ -122,8 +123,9 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LSE: tl.constexpr, FUSED: tl.constexpr, APPEND: tl.constexpr,
+    HAS_LSE: tl.constexpr, FUSED: tl.constexpr, APPEND: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % num_m_tiles

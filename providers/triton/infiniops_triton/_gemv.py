@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import pdl, pdl_start
 from infiniops_triton._launch import Tuned
 
 __all__ = ["MAX_ROWS", "gemv", "serves"]
@@ -83,7 +84,9 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,  # programs sharing a column tile's K range; the last to finish sums them
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_K * SPLIT_K: no K mask
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -204,6 +207,6 @@ def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
         float(alpha), float(beta),
         HAS_C=c is not None, HAS_BIAS=bias is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m,
+        BLOCK_M=block_m, **pdl(),
     )
     return out

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, pdl
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 from infiniops_triton._launch import Tuned
@@ -55,7 +55,7 @@ FP32_PRECISION = "fp64"
 # its context fills with MIN_SPLIT_BLOCKS key blocks each (`infiniops_triton._decode_kernels`). Module-level so
 # a comparison can switch the separate combine kernel back on.
 FUSED_COMBINE = True
-MIN_SPLIT_BLOCKS = 1
+MIN_SPLIT_BLOCKS = 4
 FOLD_APPEND = True  # the decode kernel writes the new k/v of a paged cache itself
 SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -281,14 +281,14 @@ def flash_attn_with_kvcache(
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
             "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None, "FUSED": fused,
-            "APPEND": folded}
+            "APPEND": folded, "PDL": False}
     grid = (programs, splits)
     if interpreting:
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
         key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
                cache_batch_idx is not None, softmax_lse is not None, fused, folded, tune_size)
-        _DECODE.launch(key, grid, *args, **meta)
+        _DECODE.launch(key, grid, *args, **meta | pdl())
     if splits > 1 and not fused:
         combine_kernel[(batch * q_len * num_heads_q,)](
             o_part, lse_part, out, lse, *out.stride()[:3], lse_b, lse_h, q_len, num_heads_q, splits, HEAD_DIM=head_dim,
