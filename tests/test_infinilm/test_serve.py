@@ -595,6 +595,16 @@ def test_a_model_without_tokenizer_or_chat_template_refuses_text_and_chat_naming
         assert ok.status_code == 200 and ok.json()["choices"][0]["text"].count(" ") == 4  # ids, space-separated
 
 
+def test_logprobs_without_a_tokenizer_name_tokens_by_id(mamba_server: Server) -> None:
+    out = mamba_server.client().completions.create(model="m", prompt=[5, 6, 7], max_tokens=4, temperature=0,
+                                                   logprobs=2, extra_body={"ignore_eos": True,
+                                                                           "return_token_ids": True})
+    choice = out.choices[0]
+    assert choice.logprobs.tokens == [f"token_id:{t}" for t in choice.token_ids]  # vLLM's token-id form
+    assert all(len(top) in (2, 3) and top[t] == lp for top, t, lp in zip(
+        choice.logprobs.top_logprobs, choice.logprobs.tokens, choice.logprobs.token_logprobs))
+
+
 def test_a_full_waiting_queue_answers_429_with_retry_after(demo: Path, tmp_path: Path) -> None:
     server = Server(demo, *DENSE[:-1], "1", "--max-waiting", "2", log=tmp_path / "err")
     try:

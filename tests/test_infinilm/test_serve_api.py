@@ -169,6 +169,11 @@ def test_batched_prompts_and_n_choices_are_indexed_prompt_times_n_plus_j(server:
     chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPT}], n=3,
                                           max_tokens=5, temperature=0)
     assert [(c.index, c.message.content) for c in chat.choices] == [(i, GREEDY[:5]) for i in range(3)]
+    stream = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPT}], n=2,
+                                                 max_tokens=5, temperature=0, stream=True))
+    assert [(c.choices[0].index, c.choices[0].delta.role) for c in stream[:2]] == [(0, "assistant"), (1, "assistant")]
+    for i in range(2):
+        assert "".join(c.choices[0].delta.content for c in stream[2:] if c.choices[0].index == i) == GREEDY[:5]
 
 
 def test_n_choices_sample_with_seed_plus_their_index(server: Server) -> None:
