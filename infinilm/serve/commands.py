@@ -68,7 +68,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="most requests waiting for their first token; more get 429 (default: 256)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default: 30)")
-    p.add_argument("--api-key", default=None,
+    p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"the /v1 routes need 'Authorization: Bearer KEY', else 401 (default: ${API_KEY_ENV}, "
                    "else none; the variable keeps the key out of the process list)")
     p.add_argument("--disable-access-log", action="store_true",
