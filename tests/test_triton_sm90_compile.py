@@ -121,7 +121,8 @@ def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
           "stride_s": 1, "num_slots": 65536, "block_size": 16, "num_heads": 8, "D": 128, **cache,
           "BLOCK_H": 8, "BLOCK_D": 128}, 4),
         ("silu_and_mul", silu_and_mul._silu_and_mul_kernel,
-         {"X": _Ptr(BF16), "OUT": _Ptr(BF16), "D": 3072, "stride_x": 6144, "stride_o": 3072, "BLOCK": 1024, "PDL": False}, 4),
+         {"X": _Ptr(BF16), "OUT": _Ptr(BF16), "D": 3072, "stride_x": 6144, "stride_o": 3072, "BLOCK": 1024,
+          "PDL": False}, 4),
         *[(f"rotary_embedding_{style}", rotary_embedding._rotary_kernel,
            {"POS": _Ptr("*i64"), "Q": _Ptr(BF16), "K": _Ptr(BF16), "CACHE": _Ptr(BF16), "stride_p": 1,
             "stride_qt": 4096, "stride_qh": 128, "stride_kt": 4096, "stride_kh": 128, "num_q_heads": 16,
@@ -291,7 +292,8 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
             "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
             "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False, "Counter": _Ptr("*i32"),
-            "min_split_blocks": 1, "tune_size": 1024 + 16, "FUSED": True, "PDL": False, "APPEND": False, "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
+            "min_split_blocks": 1, "tune_size": 1024 + 16, "FUSED": True, "PDL": False, "APPEND": False,
+            "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
             "stride_nb": 8 * d, "stride_nt": 8 * d, "stride_nh": d, "stride_vnb": 8 * d, "stride_vnt": 8 * d,
             "stride_vnh": d, **_attention_sizes(d, precision), **config.kwargs, **overrides}
 

@@ -198,7 +198,9 @@ def attention_problems(config: ModelConfig, options: EngineOptions, base: Mappin
     if not (config.qk_norm and plan.fused_qk_norm_rope):
         out.append(("rotary_embedding", {**base, "head_dim": d, "rotary_dim": d if rotary_dim is None else rotary_dim,
                                          "is_neox": is_neox}))
-    if silu_mlp:
+    if silu_mlp and plan.fused_swiglu:
+        out.append(("gemm_swiglu", {**base, "has_bias": config.mlp_bias}))
+    elif silu_mlp:
         out.append(("silu_and_mul", {**base, "d": config.intermediate_size}))
     out.append(("reshape_and_cache_flash", {**base, "head_dim": d, "block_size": bs,
                                             "num_kv_heads": config.num_kv_heads}))

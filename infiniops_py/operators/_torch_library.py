@@ -158,6 +158,8 @@ SCHEMAS: Final[dict[str, str]] = {
                               "Tensor? state_batch_indices) -> Tensor",
     "all_reduce": "all_reduce(Tensor(a!) tensor, str group_name) -> ()",
     "silu_and_mul": "silu_and_mul(Tensor x) -> Tensor",
+    "gemm_swiglu": "gemm_swiglu(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    "gemm_swiglu.out": "gemm_swiglu.out(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()",
     "silu_and_mul.out": "silu_and_mul.out(Tensor x, Tensor(a!) out) -> ()",
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
                         "Tensor cos_sin_cache, bool is_neox) -> ()",
@@ -256,6 +258,8 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "all_reduce": _none,
     "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
     "silu_and_mul.out": _none,
+    "gemm_swiglu": lambda x, weight, bias: x.new_empty((x.shape[0], weight.shape[0] // 2)),
+    "gemm_swiglu.out": _none,
     "rotary_embedding": _none,
     "fused_qk_norm_rope": _none,
 }

@@ -418,9 +418,10 @@ def test_gpu_benchmark_runs_at_tiny_sizes() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kvcache_fused_combine_adapts_the_splits_to_each_context(dtype: torch.dtype,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """8 launched splits over 16-key blocks, one block per split at least: sequence 0 has 3 keys (one split writes the output directly),
-    sequence 1 has 40 (3 splits, merged by the last), sequence 2 has 0 (zeros); the separate combine kernel
-    gives the same within the tolerance rule, and the counters are back at 0 after each call."""
+    """8 launched splits over 16-key blocks, one block per split at least: sequence 0 has 3 keys (one split
+    writes the output directly), sequence 1 has 40 (3 splits, merged by the last), sequence 2 has 0 (zeros);
+    the separate combine kernel gives the same within the tolerance rule, and the counters are back at 0 after
+    each call."""
     monkeypatch.setattr(tfa, "MIN_SPLIT_BLOCKS", 1)
     args = _kvcache_args("paged 32, no append, D=96", dtype, seed=21)
     batch = args["q"].shape[0]

@@ -175,3 +175,24 @@ def test_gemm_gemv_takes_only_decode_shapes() -> None:
     assert not _gemv.serves(torch.empty(4, 32), torch.empty(32, 64), torch.empty(4, 64))  # N-contiguous b
     assert not _gemv.serves(torch.empty(32, 4).t(), w.t(), torch.empty(4, 64))  # a transposed
     assert not _gemv.serves(torch.empty(0, 32), w.t(), torch.empty(0, 64))
+
+
+def test_gemm_swiglu_conforms() -> None:
+    assert_conformant("gemm_swiglu", EXAMPLES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "d", "k"), [(1, 37, 64), (1, 5, 100), (4, 40, 96), (16, 9, 50), (20, 7, 32)])
+def test_gemm_swiglu_decode_rows_apply_the_activation_in_the_gemv_epilogue(dtype: torch.dtype, m: int, d: int,
+                                                                          k: int) -> None:
+    """Up to 16 rows run the GEMV kernel with SWIGLU (split K, ragged d and K, a bias); more rows the tiled Gemm
+    then SiluAndMul; the same values as the torch provider within the tolerance rule."""
+    x = randn(m, k + 3, dtype=dtype, seed=21)[:, :k]
+    w = randn(2 * d, k, dtype=dtype, seed=22, scale=k**-0.5)
+    bias = randn(2 * d, dtype=dtype, seed=23)
+    out = torch.full((m, d), float("nan"), dtype=dtype)
+    with infiniops_py.use("triton"):
+        infiniops_py.gemm_swiglu(x, w, bias, out=out)
+    ref = infiniops_py.gemm_swiglu(x.double(), w.double(), bias.double())
+    _, failure = compare("gemm_swiglu", out, ref, tolerance("gemm_swiglu", str(dtype).removeprefix("torch.")), k=k)
+    assert failure is None, failure

@@ -60,7 +60,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     return list(_ONE_ROW if kwargs.get("BLOCK_M", named_args.get("BLOCK_M")) == 1 else _FEW_ROWS)
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS"],
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS", "SWIGLU"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % (args["BLOCK_K"] * args["SPLIT_K"]) == 0})
 @triton.jit(do_not_specialize=["M"])
@@ -85,6 +85,7 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr,  # programs sharing a column tile's K range; the last to finish sums them
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_K * SPLIT_K: no K mask
     PDL: tl.constexpr,
+    SWIGLU: tl.constexpr,  # W is [2N, K] gate|up: OUT = silu(x @ gate.T + b) * (x @ up.T + b), `gemm_swiglu`
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -95,70 +96,100 @@ def _gemv_kernel(
     steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)  # BLOCK_K steps of each split
     k_lo = split * steps * BLOCK_K
     w_ptrs = W + wn[:, None] * stride_wn + k_lo + rk[None, :]
+    u_ptrs = w_ptrs + N * stride_wn  # SWIGLU: the up rows, N rows below the gate rows
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 1:
         x_ptrs = X + k_lo + rk
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K once, after the loop
+        acc2_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k in range(0, steps):
+            k_ok = rk < K - k_lo - k * BLOCK_K
             if EVEN_K:
                 w = tl.load(w_ptrs)
                 x = tl.load(x_ptrs)
             else:
-                k_left = K - k_lo - k * BLOCK_K
-                w = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
-                x = tl.load(x_ptrs, mask=rk < k_left, other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            if SWIGLU:
+                u = tl.load(u_ptrs) if EVEN_K else tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
+                acc2_u += u.to(tl.float32) * x.to(tl.float32)[None, :]
+                u_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
         acc = tl.sum(acc2, axis=1)[None, :]
+        if SWIGLU:
+            acc_u = tl.sum(acc2_u, axis=1)[None, :]
     else:
         rm = tl.arange(0, BLOCK_M)
         xm = rm % M
         x_ptrs = X + xm[:, None].to(tl.int64) * stride_xm + k_lo + rk[None, :]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, steps):
+            k_ok = rk[None, :] < K - k_lo - k * BLOCK_K
             if EVEN_K:
                 w = tl.load(w_ptrs)
                 x = tl.load(x_ptrs)
             else:
-                k_left = K - k_lo - k * BLOCK_K
-                w = tl.load(w_ptrs, mask=rk[None, :] < k_left, other=0.0)
-                x = tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok, other=0.0)
+                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+            if SWIGLU:
+                u = tl.load(u_ptrs) if EVEN_K else tl.load(u_ptrs, mask=k_ok, other=0.0)
+                acc_u = tl.dot(x, tl.trans(u), acc_u, input_precision=PRECISION)
+                u_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
     rm = tl.arange(0, BLOCK_M)
-    if SPLIT_K > 1:  # publish this split's sum; the last split of the tile adds them all up
-        tile = PART + pid.to(tl.int64) * BLOCK_M * BLOCK_N + rm[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        stride_split = tl.num_programs(0).to(tl.int64) * BLOCK_M * BLOCK_N
+    if SPLIT_K > 1:  # publish this split's sums; the last split of the tile adds them all up
+        parts = 2 if SWIGLU else 1  # the gate's sum, then the up rows'
+        tile = (PART + pid.to(tl.int64) * parts * BLOCK_M * BLOCK_N + rm[:, None] * BLOCK_N
+                + tl.arange(0, BLOCK_N)[None, :])
+        stride_split = tl.num_programs(0).to(tl.int64) * parts * BLOCK_M * BLOCK_N
         tl.store(tile + split * stride_split, acc)
+        if SWIGLU:
+            tl.store(tile + split * stride_split + BLOCK_M * BLOCK_N, acc_u)
         tl.debug_barrier()  # every thread's partial is stored before the count says so
         done = tl.atomic_add(COUNTER + pid, 1, sem="acq_rel")
         if done == SPLIT_K - 1:
             tl.atomic_xchg(COUNTER + pid, 0)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(0, SPLIT_K):  # read past L1: other programs wrote them
                 acc += tl.load(tile + s * stride_split, cache_modifier=".cg")
-            _epilogue(acc, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
-                      HAS_C, HAS_BIAS)
+                if SWIGLU:
+                    acc_u += tl.load(tile + s * stride_split + BLOCK_M * BLOCK_N, cache_modifier=".cg")
+            _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha,
+                      beta, HAS_C, HAS_BIAS, SWIGLU)
     else:
-        _epilogue(acc, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta, HAS_C,
-                  HAS_BIAS)
+        _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
+                  HAS_C, HAS_BIAS, SWIGLU)
 
 
 @triton.jit
-def _epilogue(acc, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
-              HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """``alpha * acc + beta * c + bias`` in fp32, rounded once into `OUT`'s rows `rm` and columns `rn`."""
-    acc = acc * alpha
+def _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
+              HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
+    """``alpha * acc + beta * c + bias`` in fp32, rounded once into `OUT`'s rows `rm` and columns `rn`; with
+    `SWIGLU`, ``silu(gate) * up`` of the two sums (each with its bias) rounded as `gemm` then `silu_and_mul` round."""
     mask = (rm[:, None] < M) & (rn[None, :] < N)
-    if HAS_C:
-        c = tl.load(C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn, mask=mask)
-        acc += beta * c.to(tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
     out_ptrs = OUT + rm[:, None].to(tl.int64) * stride_om + rn[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=mask)
+    dtype = OUT.dtype.element_ty
+    if SWIGLU:
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
+            acc_u += tl.load(BIAS + N + rn, mask=rn < N).to(tl.float32)[None, :]
+        gate = acc.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # F.silu rounded to the dtype
+        tl.store(out_ptrs, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=mask)
+    else:
+        acc = acc * alpha
+        if HAS_C:
+            c = tl.load(C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn, mask=mask)
+            acc += beta * c.to(tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
+        tl.store(out_ptrs, acc.to(dtype), mask=mask)
 
 
 _GEMV = Tuned(_gemv_kernel)
@@ -181,7 +212,7 @@ def _scratch(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     found = _SCRATCH.get(key)
     if found is None or found[1].numel() < tiles:
         size = triton.next_power_of_2(max(tiles, 1024))
-        found = _SCRATCH[key] = (torch.empty(MAX_SPLIT_K * size * 8 * MAX_BLOCK_M, dtype=torch.float32,
+        found = _SCRATCH[key] = (torch.empty(2 * MAX_SPLIT_K * size * 8 * MAX_BLOCK_M, dtype=torch.float32,
                                              device=device), torch.zeros(size, dtype=torch.int32, device=device))
     return found
 
@@ -190,23 +221,25 @@ _SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float,
-         beta: float, out: torch.Tensor) -> torch.Tensor:
+         beta: float, out: torch.Tensor, *, swiglu: bool = False) -> torch.Tensor:
     """``out = alpha * a @ b + beta * c + bias`` for `a` ``[M, K]`` and `b` ``[K, N]`` a transposed ``[N, K]``
-    weight, when `serves` says so; `c` is already expanded to ``[M, N]`` (or None: never read)."""
+    weight, when `serves` says so; `c` is already expanded to ``[M, N]`` (or None: never read). With `swiglu`,
+    `b` is ``[K, 2d]`` (the gate columns, then the up columns), `bias` None or ``[2d]`` and `out` ``[M, d]``:
+    ``out = silu(a @ gate + b_gate) * (a @ up + b_up)`` (`c`, `alpha`, `beta` unused)."""
     m, k = a.shape
-    n = b.shape[1]
+    n = out.shape[1]
     block_m = 1 if m == 1 else 16
     c_arg = out if c is None else c
     bias_arg = out if bias is None else bias
     part, counter = _scratch(a.device, n)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
     _GEMV.launch(
-        (n, k, block_m, c is not None, bias is not None, a.dtype, c_arg.dtype, bias_arg.dtype), grid,
+        (n, k, block_m, c is not None, bias is not None, swiglu, a.dtype, c_arg.dtype, bias_arg.dtype), grid,
         a, b, c_arg, bias_arg, out, part, counter, m, n, k,
         a.stride(0), b.stride(1), *c_arg.stride(), *out.stride(),
         float(alpha), float(beta),
         HAS_C=c is not None, HAS_BIAS=bias is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, **pdl(),
+        BLOCK_M=block_m, SWIGLU=swiglu, **pdl(),
     )
     return out
