@@ -160,6 +160,7 @@ def pack_gate_up(mlp: torch.nn.Module) -> None:
             packed[:n].copy_(gate)
             packed[n:].copy_(up)
             gate.data, up.data = packed[:n], packed[n:]
+    with torch.no_grad():  # in the caller's mode: the parameters may be inference tensors
         g, u = mlp.gate_proj, mlp.up_proj
         weight = _gate_up(g.weight, u.weight)
         bias = None if g.bias is None else _gate_up(g.bias, u.bias)
