@@ -472,3 +472,15 @@ def test_kernelized_model_compiles_fullgraph_without_graph_breaks(family: str) -
         torch.testing.assert_close(compiled(ids, position_ids=packed).logits, patched(ids, position_ids=packed).logits,
                                    rtol=tol.rtol, atol=tol.atol)
     torch._dynamo.reset()
+
+
+def test_kernelize_twice_in_inference_mode_on_a_model_copied_there() -> None:
+    # a model copied under inference_mode has inference tensors for parameters: packing their gate|up views
+    # outside inference mode raised "Inference tensors do not track version counter" on the second kernelize
+    model = _model("llama")
+    with torch.inference_mode():
+        patched = copy.deepcopy(model)
+        kernelize(patched)
+        kernelize(patched)  # the pairs are packed now: only their views are taken
+        assert len(patched.infiniops_kernelized.swapped["gated_mlp"]) == 2
+    _assert_same_logits(patched, model, _ids()[0])

@@ -140,7 +140,8 @@ def _gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
             or gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()):
         return None
     shape = (2 * gate.shape[0], *gate.shape[1:])
-    return gate.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+    # through .data: a parameter made in inference mode (a model copied there) takes no view of its own
+    return gate.data.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
 
 
 def pack_gate_up(mlp: torch.nn.Module) -> None:
