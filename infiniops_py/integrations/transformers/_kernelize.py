@@ -39,7 +39,7 @@ def kernelize(model: M, *, device: str | torch.device | None = None, mode: str =
             MLP by one gate|up projection and `silu_and_mul`. Each is independent of the others.
 
     Returns:
-        `model`. The `Kernelized` report is ``model.infiniops_kernelized`` (and the last lines of ``repr(model)``);
+        `model`. The `Kernelized` report is ``model.infiniops_kernelized`` (and the first lines of ``repr(model)``);
         its ``restore()`` undoes the swaps. Kernelizing a model again restores the previous swaps first (once the
         new gates pass).
 
@@ -106,7 +106,7 @@ def set_attention(report: Kernelized, model: torch.nn.Module) -> None:
 
 
 def _show(report: Kernelized, model: torch.nn.Module) -> None:
-    """Put the report on ``model.infiniops_kernelized`` and at the end of ``repr(model)`` (the instance's
+    """Put the report on ``model.infiniops_kernelized`` and at the top of ``repr(model)`` (the instance's
     ``extra_repr``), with the undo of both."""
     had = model.__dict__.get("extra_repr")
     own = model.extra_repr
