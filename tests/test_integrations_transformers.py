@@ -5,11 +5,15 @@ gates run before anything is swapped, and `restore` undoes the swaps."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "test_infinilm"))
+from lm_helpers import hf_config
 
 from infiniops_py import GateError, runtime
 from infiniops_py.integrations.transformers import ATTENTION, Kernelized, kernelize
@@ -23,36 +27,16 @@ CALLED = {**dict.fromkeys(("llama", "qwen2", "qwen3", "mistral", "glm4"), _DECOD
 
 
 def _model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **extra: object) -> torch.nn.Module:
-    """A 2-layer model from transformers' config classes (`extra`: more config fields), random weights (norm
-    weights around 1, so that a norm applied with the wrong weight changes the logits; Gemma's around 0, its
-    norms multiplying by 1 + weight), eval mode. Llama has attention and MLP biases."""
-    from transformers import (
-        AutoModelForCausalLM,
-        Gemma2Config,
-        Glm4Config,
-        LlamaConfig,
-        Mamba2Config,
-        MistralConfig,
-        Qwen2Config,
-        Qwen3Config,
-    )
+    """A 2-layer model of `hf_config` (the infinilm tests' tiny configs: Llama with attention and MLP biases,
+    Mistral's and Gemma 2's short sliding windows, Gemma 2's small softcaps, GLM-4's partial RoPE; `extra`: more
+    config fields), random weights (norm weights around 1, so that a norm applied with the wrong weight changes
+    the logits; Gemma's around 0, its norms multiplying by 1 + weight), eval mode; Gemma 2 with transformers' eager
+    attention, which keeps its softcap."""
+    from transformers import AutoModelForCausalLM
 
-    common = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-              "eos_token_id": 255, "bos_token_id": 0, "pad_token_id": 0, **extra}
-    config = {
-        "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True),
-        "qwen2": lambda: Qwen2Config(**common),
-        "qwen3": lambda: Qwen3Config(**common, head_dim=32),
-        "mistral": lambda: MistralConfig(**common),
-        "glm4": lambda: Glm4Config(**common),  # partial (half-head) GPT-J RoPE, packed gate_up_proj
-        "gemma2": lambda: Gemma2Config(**common, head_dim=16),  # (1 + weight) norms, softcap, GELU MLP
-        "mamba2": lambda: Mamba2Config(vocab_size=160, hidden_size=32, num_hidden_layers=2, state_size=16, expand=2,
-                                       head_dim=16, num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8,
-                                       eos_token_id=159, pad_token_id=0, bos_token_id=0),
-    }[family]()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    eager = {"attn_implementation": "eager"} if family == "gemma2" else {}
+    model = AutoModelForCausalLM.from_config(hf_config(family, tied=False, **extra), **eager).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -484,3 +468,21 @@ def test_kernelize_twice_in_inference_mode_on_a_model_copied_there() -> None:
         kernelize(patched)  # the pairs are packed now: only their views are taken
         assert len(patched.infiniops_kernelized.swapped["gated_mlp"]) == 2
     _assert_same_logits(patched, model, _ids()[0])
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_kernelize_sliding_window_layers_generate_the_stock_tokens(family: str) -> None:
+    # a window of 4 keys, prompts of 9: the window (and Gemma 2's alternating window and softcap) bites, over
+    # dynamic and static caches, with and without left padding
+    model = _model(family, sliding_window=4)
+    patched = kernelize(copy.deepcopy(model))
+    torch.manual_seed(8)
+    ids = torch.randint(1, 150, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    _assert_same_logits(patched, model, ids)
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}, {"cache_implementation": "static"},
+                       {"attention_mask": mask, "cache_implementation": "static"}):
+            expected = model.generate(ids, max_new_tokens=6, do_sample=False, **kwargs)
+            assert torch.equal(patched.generate(ids, max_new_tokens=6, do_sample=False, **kwargs), expected), kwargs
