@@ -29,6 +29,7 @@ ATTENTION: Final = "infiniops"  # the name registered in transformers' Attention
 
 _PACKED: Final = PerForward()  # position_ids -> cu_seqlens, one entry per forward
 _ROWS: Final = PerForward()  # (batch, seq, device) -> cu_seqlens of equal rows
+_HELD: Final = PerForward()  # (batch, keys, device) -> cache_seqlens of a decode step
 
 
 def register() -> bool:
@@ -145,7 +146,9 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                                 max_k if isinstance(max_k, int) else b * sk, **options)
         return out.view(b, sq, hq, d), None
     if sq < sk:  # decode over transformers' cache (every row holds all sk keys): a view, no copy
-        return flash_attn_with_kvcache(q, k, v, cache_seqlens=sk, **options), None
+        held = _HELD.get((b, sk, query.device),
+                         lambda: torch.full((b,), sk, dtype=torch.int32, device=query.device))
+        return flash_attn_with_kvcache(q, k, v, cache_seqlens=held, **options), None
     if b == 1:  # one row: one sequence, or several packed back to back; [S, H, D] views, no copy
         cu, longest = _packed(kwargs.get("position_ids"), sq, query.device)
         out = flash_attn_varlen(q[0], k[0], v[0], cu, cu, longest, longest, **options)
