@@ -462,15 +462,17 @@ def test_kernelized_model_compiles_fullgraph_without_graph_breaks(family: str) -
     torch._dynamo.reset()
 
 
-def test_kernelize_twice_in_inference_mode_on_a_model_copied_there() -> None:
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_kernelize_twice_in_inference_mode_on_a_model_copied_there(family: str) -> None:
     # a model copied under inference_mode has inference tensors for parameters: packing their gate|up views
     # outside inference mode raised "Inference tensors do not track version counter" on the second kernelize
-    model = _model("llama")
+    # (and in the forward); Gemma's norms hold 1 + weight by the weight's version, which such a weight has not
+    model = _model(family)
     with torch.inference_mode():
         patched = copy.deepcopy(model)
         kernelize(patched)
         kernelize(patched)  # the pairs are packed now: only their views are taken
-        assert len(patched.infiniops_kernelized.swapped["gated_mlp"]) == 2
+        assert len(patched.infiniops_kernelized.swapped["rms_norm"]) in (5, 9)
     _assert_same_logits(patched, model, _ids()[0])
 
 

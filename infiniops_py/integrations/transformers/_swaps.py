@@ -62,14 +62,16 @@ def gemma_rms_norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -
 
 def _plus_one(norm: torch.nn.Module) -> torch.Tensor:
     """``1 + norm.weight`` in float32, held on the module while the weight is the same tensor at the same
-    version (made again after an in-place update or a replaced parameter)."""
+    version (made again after an in-place update or a replaced parameter; a weight that is an inference tensor
+    has no version: an in-place update of it inside inference mode is not seen)."""
     weight = norm.weight
     if torch.compiler.is_compiling():
         return 1.0 + weight.float()
     held = norm.__dict__.get("_infiniops_plus_one")
-    if held is None or held[0] is not weight or held[1] != weight._version:
+    version = -1 if weight.is_inference() else weight._version  # inference tensors count no versions
+    if held is None or held[0] is not weight or held[1] != version:
         with torch.no_grad():
-            held = (weight, weight._version, 1.0 + weight.float())
+            held = (weight, version, 1.0 + weight.float())
         norm.__dict__["_infiniops_plus_one"] = held
     return held[2]  # type: ignore[no-any-return]
 
