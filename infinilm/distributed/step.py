@@ -3,10 +3,11 @@
 Rank 0 owns the scheduler; every step it broadcasts what the runners read of the batch (vLLM's driver
 broadcasting its step inputs), and each follower rebuilds the same `Batch` of `StepSeq` stand-ins and runs
 the same runner on it, so the ranks' collectives line up. A decode sequence travels as its last token, its
-length and its block table (or state row); a prefill as its tokens and its block table. Two broadcasts per
-step over the control group (gloo, on the CPU): a header ``[kind, decodes, prefills, payload length]``, then
-the payload ``[token, length, table length, *table]`` per decode and ``[length, *tokens, table length,
-*table]`` per prefill.
+length, its row of the persistent step inputs (`infinilm.engine.input_batch`, which the follower loads the
+rest into) and its block table (or state row); a prefill as its tokens and its block table. Two broadcasts
+per step over the control group (gloo, on the CPU): a header ``[kind, decodes, prefills, payload length]``,
+then the payload ``[token, length, row, table length, *table]`` per decode and ``[length, *tokens, table
+length, *table]`` per prefill.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ class StepKind(enum.IntEnum):
 
 class StepSeq:
     """What a runner reads of a sequence, on a follower: its tokens (a decode sequence's last one only), its
-    length and its block table (a recurrent model's: its state row)."""
+    length, its block table (a recurrent model's: its state row) and its row on rank 0 (a decode's; else None)."""
 
-    __slots__ = ("block_table", "length", "tokens")
+    __slots__ = ("block_table", "length", "row", "tokens")
 
-    def __init__(self, tokens: list[int], length: int, block_table: list[int]) -> None:
-        self.tokens, self.length, self.block_table = tokens, length, block_table
+    def __init__(self, tokens: list[int], length: int, block_table: list[int], row: int | None = None) -> None:
+        self.tokens, self.length, self.block_table, self.row = tokens, length, block_table, row
 
     def __len__(self) -> int:
         return self.length
@@ -49,7 +50,7 @@ def _pack(kind: StepKind, batch: Batch | None) -> tuple[list[int], list[int]]:
     decodes = batch.decodes if batch is not None else []
     prefills = batch.prefills if batch is not None else []
     for s in decodes:
-        payload += (s.tokens[-1], len(s), len(s.block_table), *s.block_table)
+        payload += (s.tokens[-1], len(s), s.row, len(s.block_table), *s.block_table)
     for s in prefills:
         payload += (len(s), *s.tokens, len(s.block_table), *s.block_table)
     return [int(kind), len(decodes), len(prefills), len(payload)], payload
@@ -58,9 +59,9 @@ def _pack(kind: StepKind, batch: Batch | None) -> tuple[list[int], list[int]]:
 def _unpack(header: list[int], payload: list[int]) -> Batch:
     batch, at = Batch(), 0
     for _ in range(header[1]):
-        token, length, width = payload[at:at + 3]
-        batch.decodes.append(StepSeq([token], length, payload[at + 3:at + 3 + width]))  # type: ignore[arg-type]
-        at += 3 + width
+        token, length, row, width = payload[at:at + 4]
+        batch.decodes.append(StepSeq([token], length, payload[at + 4:at + 4 + width], row))  # type: ignore[arg-type]
+        at += 4 + width
     for _ in range(header[2]):
         length = payload[at]
         tokens = payload[at + 1:at + 1 + length]
