@@ -76,8 +76,9 @@ class BlockTable:
 
     __slots__ = ("buffer", "transposed")
 
-    def __init__(self, max_rows: int, max_blocks: int, device: torch.device) -> None:
-        self.transposed = device.type == "cuda"
+    def __init__(self, max_rows: int, max_blocks: int, device: torch.device, *, transposed: bool | None = None) -> None:
+        """`transposed`: the layout (None: transposed on CUDA only; a test may ask for either anywhere)."""
+        self.transposed = device.type == "cuda" if transposed is None else transposed
         shape = (max_blocks, max_rows) if self.transposed else (max_rows, max_blocks)
         self.buffer = CpuGpuBuffer(shape, torch.int32, device)
 
@@ -122,9 +123,11 @@ class SeqRows:
             length and row.
     """
 
-    def __init__(self, max_rows: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, max_blocks: int, block_size: int, device: torch.device, *,
+                 transposed: bool | None = None) -> None:
+        """`transposed`: the tables' layout (`BlockTable`)."""
         self.max_rows, self.max_blocks, self.block_size, self.device = max_rows, max_blocks, block_size, device
-        self.tables = BlockTable(max_rows, max_blocks, device)
+        self.tables = BlockTable(max_rows, max_blocks, device, transposed=transposed)
         self.step = CpuGpuBuffer((5, max_rows), torch.int64, device)
         self.num_blocks = np.zeros(max_rows, dtype=np.int64)
         self.lens = np.zeros(max_rows, dtype=np.int64)
