@@ -11,6 +11,13 @@ context lengths), the sampling call, postprocess. The sampling call is ``infinil
 is device work, not host work). Batch 64 decode steps are timed at max_model_len 512, 8192 and 40960, with
 contexts of 128 and 4096 tokens in the cache; the table gives each cell's p50 and p90 over `--steps` steps and
 the ratios the acceptance of #24 asks for (at most 150 us, within 10% across max_model_len and context).
+
+Two paths per cell: ``eager`` (the step's inputs handed to the model's forward) and ``graphs`` (the decode
+graph's path: `DecodeGraphs` over a stand-in capture whose replay runs nothing, as a replayed CUDA graph costs
+the host one launch, so the step copies its rows into the static buffers and "replays"). The last column times,
+on the same sequences, the inputs the graph path built before #24 (`legacy_graph_inputs`: per-sequence Python
+lists, block tables padded to ``max_model_len / block_size``, then two tensors): the alternative measured in the
+same run. ``--breakdown`` adds where the graph path's time goes.
 """
 
 from __future__ import annotations
@@ -19,13 +26,18 @@ import argparse
 import math
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+import infinilm.engine.engine as engine_module
 from infinilm import EngineOptions, SamplingParams
 from infinilm.config import ModelConfig
 from infinilm.engine import Engine
 from infinilm.engine.gates import plan
+from infinilm.engine.graphs.decode import DecodeGraphs
+from infinilm.engine.sequence import Sequence
 
 VOCAB = 64
 MAX_POSITIONS = 40960
@@ -57,8 +69,23 @@ def config() -> ModelConfig:
                        eos_token_ids=(0,))
 
 
-def engine(max_model_len: int, context: int, batch: int, steps: int) -> Engine:
-    """An engine over `StandIn` whose `batch` requests have prefilled `context` tokens (one step each done)."""
+class NoGraph:
+    """What `DecodeGraphs` captures here: a replay that runs nothing (its output is the stand-in's logits)."""
+
+    def replay(self) -> None:
+        pass
+
+    def pool(self) -> None:
+        return None
+
+
+def _capture_nothing(self: DecodeGraphs, size: int, pool: object) -> tuple[NoGraph, torch.Tensor]:
+    return NoGraph(), self._forward(size)
+
+
+def engine(max_model_len: int, context: int, batch: int, steps: int, graphs: bool = False) -> Engine:
+    """An engine over `StandIn` whose `batch` requests have prefilled `context` tokens (one step each done); with
+    `graphs`, its decode steps go through `DecodeGraphs` over `NoGraph` captures."""
     cfg = config()
     block_size = 16
     blocks = batch * math.ceil((context + steps + 8) / block_size) + 1
@@ -66,6 +93,12 @@ def engine(max_model_len: int, context: int, batch: int, steps: int) -> Engine:
                             max_num_seqs=batch, max_num_batched_tokens=batch * context + batch,
                             max_model_len=max_model_len)
     eng = Engine(cfg, options, plan(cfg, options), StandIn(batch * context + batch))
+    if graphs:
+        real, DecodeGraphs._capture_one = DecodeGraphs._capture_one, _capture_nothing  # type: ignore[assignment]
+        try:
+            eng.runner.capture_graphs(batch)
+        finally:
+            DecodeGraphs._capture_one = real  # type: ignore[method-assign]
     params = SamplingParams(max_new_tokens=steps + 8, ignore_eos=True)
     for i in range(batch):
         eng.add_request([2 + (i + j) % (VOCAB - 2) for j in range(context)], params)
@@ -83,33 +116,105 @@ def time_steps(eng: Engine, steps: int) -> list[float]:
     return out
 
 
+def legacy_graph_inputs(seqs: list[Sequence], max_blocks: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode graph's inputs as built before #24 (``AttentionRunner.decode_rows`` and ``DecodeGraphs.replay``
+    at ee38887): lists per sequence, tables padded to `max_blocks`, then one tensor of each."""
+    bs = block_size
+    ids = [s.tokens[-1] for s in seqs]
+    positions = [len(s) - 1 for s in seqs]
+    slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
+    lens = [len(s) for s in seqs]
+    tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+    return torch.tensor([ids, positions, slots, lens], dtype=torch.int64), torch.tensor(tables, dtype=torch.int32)
+
+
+def time_legacy(eng: Engine, repeats: int) -> list[float]:
+    """Microseconds of `legacy_graph_inputs` over `eng`'s running sequences."""
+    seqs, width, bs = list(eng.scheduler.running), eng.runner.table_width, eng.cache.allocator.block_size
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        legacy_graph_inputs(seqs, width, bs)
+        out.append((time.perf_counter_ns() - start) / 1e3)
+    return out
+
+
+def breakdown(eng: Engine, steps: int) -> dict[str, float]:
+    """Median microseconds per step of schedule, the runner (inputs and the graph path), sample, the rows'
+    advance and postprocess, over `steps` steps (each phase wrapped by a timer)."""
+    spent: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any) -> Any:
+            start = time.perf_counter_ns()
+            out = fn(*args)
+            spent.setdefault(name, []).append((time.perf_counter_ns() - start) / 1e3)
+            return out
+        return wrapper
+
+    sample = engine_module.sample
+    eng.scheduler.schedule = timed("schedule", eng.scheduler.schedule)  # type: ignore[method-assign]
+    eng.runner.run = timed("inputs + run", eng.runner.run)  # type: ignore[method-assign]
+    eng.rows.advance = timed("advance rows", eng.rows.advance)  # type: ignore[method-assign]
+    eng.scheduler.postprocess = timed("postprocess", eng.scheduler.postprocess)  # type: ignore[method-assign]
+    engine_module.sample = timed("sample", sample)  # type: ignore[assignment]
+    try:
+        total = time_steps(eng, steps)
+    finally:
+        engine_module.sample = sample  # type: ignore[assignment]
+    return {**{k: statistics.median(v) for k, v in spent.items()}, "step (wrapped)": statistics.median(total)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=300, help="decode steps timed per cell and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the cells (the best p50 is kept)")
+    parser.add_argument("--breakdown", action="store_true", help="also where the graph path's step time goes")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results: dict[tuple[int, int], list[list[float]]] = {cell: [] for cell in CELLS}
+    paths = ("eager", "graphs")
+    runs: dict[tuple[str, int, int], list[list[float]]] = {(p, *c): [] for p in paths for c in CELLS}
+    legacy: dict[tuple[int, int], list[list[float]]] = {c: [] for c in CELLS}
     for _ in range(args.rounds):  # interleaved, so a busy moment of the machine hits every cell alike
         for mml, ctx in CELLS:
-            eng = engine(mml, ctx, args.batch, args.steps + 20)
-            time_steps(eng, 20)
-            results[(mml, ctx)].append(time_steps(eng, args.steps))
-    p50 = {cell: min(statistics.median(r) for r in runs) for cell, runs in results.items()}
-    p90 = {cell: min(statistics.quantiles(r, n=10)[-1] for r in runs) for cell, runs in results.items()}
-    print(f"decode step host time, batch {args.batch}, stand-in model (no kernels), greedy sampling call; "
-          f"best of {args.rounds} rounds of {args.steps} steps; torch {torch.__version__}, 1 thread\n")
-    print("| max_model_len | context (tokens) | p50 (us) | p90 (us) |")
-    print("|---|---|---|---|")
+            for path in paths:
+                eng = engine(mml, ctx, args.batch, args.steps + 20, graphs=path == "graphs")
+                time_steps(eng, 20)
+                runs[(path, mml, ctx)].append(time_steps(eng, args.steps))
+                if path == "graphs":
+                    legacy[(mml, ctx)].append(time_legacy(eng, args.steps))
+    p50 = {k: min(statistics.median(r) for r in v) for k, v in runs.items()}
+    p90 = {k: min(statistics.quantiles(r, n=10)[-1] for r in v) for k, v in runs.items()}
+    old = {k: min(statistics.median(r) for r in v) for k, v in legacy.items()}
+    print(f"decode step host time (us), batch {args.batch}, stand-in model (no kernels), greedy sampling call "
+          f"(argmax over {VOCAB} logits); best p50 of {args.rounds} rounds of {args.steps} steps; torch "
+          f"{torch.__version__}, 1 thread\n")
+    print("| max_model_len | context (tokens) | eager p50 | eager p90 | graphs p50 | graphs p90 | "
+          "graph inputs before #24 p50 |")
+    print("|---|---|---|---|---|---|---|")
     for mml, ctx in CELLS:
-        print(f"| {mml} | {ctx} | {p50[(mml, ctx)]:.1f} | {p90[(mml, ctx)]:.1f} |")
+        print(f"| {mml} | {ctx} | {p50[('eager', mml, ctx)]:.1f} | {p90[('eager', mml, ctx)]:.1f} | "
+              f"{p50[('graphs', mml, ctx)]:.1f} | {p90[('graphs', mml, ctx)]:.1f} | {old[(mml, ctx)]:.1f} |")
     print()
-    print(f"- max_model_len 40960 / 512 at context 128: {p50[(40960, 128)] / p50[(512, 128)]:.3f}")
-    print(f"- max_model_len 40960 / 8192 at context 4096: {p50[(40960, 4096)] / p50[(8192, 4096)]:.3f}")
-    print(f"- context 4096 / 128 at max_model_len 40960: {p50[(40960, 4096)] / p50[(40960, 128)]:.3f}")
+    for path in paths:
+        r = {c: p50[(path, *c)] for c in CELLS}
+        print(f"- {path}: max_model_len 40960 / 512 at context 128: {r[(40960, 128)] / r[(512, 128)]:.3f}; "
+              f"40960 / 8192 at context 4096: {r[(40960, 4096)] / r[(8192, 4096)]:.3f}; context 4096 / 128 at "
+              f"max_model_len 40960: {r[(40960, 4096)] / r[(40960, 128)]:.3f}")
     worst = max(p50.values())
-    print(f"- slowest cell {worst:.1f} us: {'PASS' if worst <= 150 else 'FAIL'} (at most 150 us)")
+    ratios = [p50[(p, 40960, 128)] / p50[(p, 512, 128)] for p in paths] + \
+        [p50[(p, 40960, 4096)] / p50[(p, 40960, 128)] for p in paths]
+    print(f"- slowest cell {worst:.1f} us: {'PASS' if worst <= 150 else 'FAIL'} (at most 150 us); ratios within "
+          f"10%: {'PASS' if all(0.9 <= r <= 1.1 for r in ratios) else 'FAIL'}")
+    print(f"- the graph inputs before #24 at max_model_len 40960, context 4096: {old[(40960, 4096)]:.1f} us, "
+          f"{old[(40960, 4096)] / p50[('graphs', 40960, 4096)]:.1f}x this whole step")
+    if args.breakdown:
+        eng = engine(40960, 4096, args.batch, args.steps + 20, graphs=True)
+        time_steps(eng, 20)
+        parts = breakdown(eng, args.steps)
+        print("\ngraph path at max_model_len 40960, context 4096 (median us per step): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
     return 0
 
 

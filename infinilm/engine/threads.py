@@ -7,8 +7,8 @@ rows at batch 1 and at the largest decode batch it runs, as the warm-up and the 
 one thread and with torch's default count, and keeps torch's count only where it is at least `MARGIN` faster
 (threads also lose more to a loaded machine than a few timed steps show). A calibration, not a rule from the
 model's sizes: whether threads pay depends on the machine's cores and load, which no size rule sees. It
-takes a few steps of each kind; a step slower than `SLOW_S` ends it (a model that large keeps torch's count,
-whose threads pay at such sizes).
+takes a few steps of each kind; a step slower than `SLOW_S` ends a timing: at one thread, torch's count is kept
+(a model that large gains from threads); at torch's count, one thread wins.
 
 The engine applies its count inside its own calls only (`using_threads`, which restores the caller's count:
 switching costs well under a microsecond), so the process's own count stays the user's. An explicit choice is
@@ -102,9 +102,10 @@ def calibrate_threads(step: Callable[[], object]) -> tuple[int | None, str]:
     if current <= 1:
         return None, "cpu threads: 1 (one core)"
     one = _median_step_s(step, 1)
-    many = _median_step_s(step, current) if one is not None else None
-    if one is None or many is None:
+    if one is None:
         return None, f"cpu threads: {current} (torch's default: a decode step takes over {SLOW_S * 1e3:.0f} ms)"
-    chosen = current if many * MARGIN <= one else 1
-    return chosen, (f"cpu threads: {chosen} (calibrated: decode step {one * 1e3:.2f} ms at 1 thread, "
-                    f"{many * 1e3:.2f} ms at {current})")
+    many = _median_step_s(step, current)
+    chosen = current if many is not None and many * MARGIN <= one else 1
+    at_many = f"over {SLOW_S * 1e3:.0f}" if many is None else f"{many * 1e3:.2f}"
+    return chosen, (f"cpu threads: {chosen} (calibrated: decode step {one * 1e3:.2f} ms at 1 thread, {at_many} ms "
+                    f"at {current})")

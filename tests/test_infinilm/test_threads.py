@@ -41,9 +41,13 @@ def test_one_thread_wins_unless_the_default_is_clearly_faster(monkeypatch: pytes
     assert threads.calibrate_threads(lambda: None)[0] == 1
     _timed(monkeypatch, {1: 0.010, 4: 0.010 / threads.MARGIN})
     assert threads.calibrate_threads(lambda: None)[0] == 4
-    _timed(monkeypatch, {1: None, 4: None})  # a step over SLOW_S: keep torch's count
+    asked = _timed(monkeypatch, {1: None, 4: 0.001})  # a step over SLOW_S at one thread: keep torch's count
     assert threads.calibrate_threads(lambda: None) == (None, "cpu threads: 4 (torch's default: a decode step takes "
                                                              "over 250 ms)")
+    assert asked == [1]
+    _timed(monkeypatch, {1: 0.2, 4: None})  # over SLOW_S at torch's count (a loaded machine): one thread
+    assert threads.calibrate_threads(lambda: None) == (1, "cpu threads: 1 (calibrated: decode step 200.00 ms at 1 "
+                                                          "thread, over 250 ms at 4)")
     assert torch.get_num_threads() == 4
 
 
