@@ -10,7 +10,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lm_helpers import CheckpointFactory, replay_on_cpu
 
+from infinilm import Engine, EngineOptions
+from infinilm.engine.graphs.decode import DecodeGraphs
 from infinilm.engine.input_batch import LENGTH, POSITION, ROW, SLOT, TOKEN, SeqRows
 from infinilm.engine.kv_cache import BlockAllocator, CacheError
 from infinilm.engine.scheduler import Scheduler
@@ -119,3 +122,27 @@ def test_the_staging_rows_are_the_decode_graph_value_rows() -> None:
 
     assert (TOKEN, POSITION, SLOT, LENGTH) == (0, 1, 2, 3) and len(AttentionRunner.padding) == ROW
     assert np.array_equal(SeqRows.rows_of([]), np.zeros(0, dtype=np.int64))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_cuda_layout_of_the_tables_gives_the_same_tokens_on_the_cpu(checkpoint: CheckpointFactory,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        graphs: bool) -> None:
+    """The transposed tables (CUDA's layout: copied by the width in use, gathered by the device), eager and through
+    the decode graphs' static buffers, against the CPU's row layout: the same greedy tokens, with requests of
+    different lengths finishing and their rows reused (stale entries past a row's table are never read)."""
+    path, _ = checkpoint("qwen3")
+    options = EngineOptions(block_size=4, num_blocks=64, max_model_len=64, max_num_seqs=4)
+    plain, moved = Engine.from_pretrained(path, options), Engine.from_pretrained(path, options)
+    rows = SeqRows(4, moved.rows.max_blocks, 4, CPU, transposed=True)
+    moved.rows = moved.scheduler.rows = moved.runner.rows = rows
+    if graphs:
+        replay_on_cpu(monkeypatch, DecodeGraphs)
+        assert moved.runner.capture_graphs(4).startswith("cuda graphs: on")
+    prompts = [[5, 9, 200, 4, 4, 4, 4, 4, 4, 4, 1], [17], [33, 8, 8, 1, 90], [64, 2], [7] * 20, [3, 1, 4, 1, 5]]
+    for n in (3, 17):
+        params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+        assert moved.generate(prompts, params) == plain.generate(prompts, params)
+    assert rows.tables.transposed and rows.num_free == 4
+    if graphs:
+        assert sum(g.replays for g, _ in moved.runner.graphs.graphs.values()) > 0
