@@ -267,8 +267,7 @@ class Engine:
         self.rows.advance(batch.rows, tokens)
         self._count(batch, time.perf_counter() - start)
         finished = {s.id for s in self.scheduler.postprocess(batch, tokens)}
-        new = tuple.__new__  # StepOutput's own __new__ without its Python-level wrapper: a third less per sequence
-        return [new(StepOutput, (s, t, s.id in finished)) for s, t in zip(batch.seqs, tokens)]
+        return [StepOutput(s, t, s.id in finished) for s, t in zip(batch.seqs, tokens)]
 
     def _count(self, batch: Batch, seconds: float) -> None:
         if batch.prefills:
