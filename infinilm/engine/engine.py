@@ -342,8 +342,7 @@ class Engine:
                 with self._scope():
                     if kind is StepKind.RUN:
                         self.rows.writable()
-                        for s in batch.decodes:  # rank 0's rows, as its broadcast carries them
-                            self.rows.load(s.row, s.block_table, len(s), s.tokens[-1])
+                        self.rows.mirror(batch)
                         self.runner.run(batch)
                     else:
                         self.runner.prefill_logits(batch)

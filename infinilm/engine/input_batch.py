@@ -164,6 +164,20 @@ class SeqRows:
         self.tables.write(row, 0, table)
         self.num_blocks[row], self.lens[row], self.last[row] = n, length, last
 
+    def mirror(self, batch: Any) -> None:
+        """A tensor-parallel follower: update this copy of rank 0's rows from a broadcast step's batch of
+        `infinilm.distributed.step.StepSeq` (a prefill's row loaded whole; a decode's table told its length and
+        last block, the one block a decode step can add, its length and last token)."""
+        for s in batch.prefills:
+            if s.row is not None:
+                self.load(s.row, s.block_table, len(s), s.tokens[-1])
+        for s in batch.decodes:
+            n, row = s.num_blocks, s.row
+            if not 0 < n <= self.max_blocks:
+                raise CacheError(f"a block table of {n} blocks: a row holds 1 to {self.max_blocks}")
+            self.tables.write(row, n - 1, s.block_table[-1:])
+            self.num_blocks[row], self.lens[row], self.last[row] = n, len(s), s.tokens[-1]
+
     def grow(self, seq: Any) -> None:
         """Write the blocks `seq` got since its row was last written (its table only grows while it runs)."""
         row = seq.row

@@ -1,5 +1,6 @@
 """The persistent step inputs (`infinilm.engine.input_batch`): stable rows, block tables kept up to date by the
-scheduler, and decode inputs equal to those built from the sequences themselves, in both table layouts."""
+scheduler, and decode inputs equal to those built from the sequences themselves, in both table layouts, on rank 0
+and on a tensor-parallel follower's copy kept from the step broadcasts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from lm_helpers import CheckpointFactory, replay_on_cpu
 
 from infinilm import Engine, EngineOptions
+from infinilm.distributed.step import StepKind, _pack, _unpack
 from infinilm.engine.graphs.decode import DecodeGraphs
 from infinilm.engine.input_batch import LENGTH, POSITION, ROW, SLOT, TOKEN, SeqRows
 from infinilm.engine.kv_cache import BlockAllocator, CacheError
@@ -70,6 +72,7 @@ def test_decode_inputs_equal_the_sequences_own_through_admissions_preemptions_fi
     max_len, max_seqs = 40, 5
     alloc = BlockAllocator(-(-max_len // block_size) * 2, block_size)
     rows = SeqRows(max_seqs, -(-max_len // block_size), block_size, CPU, transposed=transposed)
+    follower = SeqRows(max_seqs, -(-max_len // block_size), block_size, CPU, transposed=not transposed)
     sched = Scheduler(alloc, max_num_seqs=max_seqs, max_num_batched_tokens=64, max_model_len=max_len,
                       eos_token_ids=(0,), rows=rows)
     seqs = []
@@ -84,15 +87,18 @@ def test_decode_inputs_equal_the_sequences_own_through_admissions_preemptions_fi
         running = {s.row: s for s in sched.running}
         assert len(running) == len(sched.running) and None not in running  # one distinct row each
         assert rows.num_free == max_seqs - len(sched.running)
+        header, payload = _pack(StepKind.RUN, batch)  # what a tensor-parallel follower receives
+        follower.mirror(_unpack(header, payload))
         if batch.decodes:
             idx = SeqRows.rows_of(batch.decodes)
-            rows.step.np.fill(-7)  # poison the staging buffer: every value read must be written this step
-            step, tables = rows.decode_step(idx)
-            assert step[:ROW].T.tolist() == _expected(batch.decodes, block_size)
-            assert step[ROW].tolist() == idx.tolist()
-            assert tables.shape == (len(idx), max(len(s.block_table) for s in batch.decodes))
-            for s, table in zip(batch.decodes, tables.tolist(), strict=True):
-                assert table[:len(s.block_table)] == s.block_table
+            for r in (rows, follower):
+                r.step.np.fill(-7)  # poison the staging buffer: every value read must be written this step
+                step, tables = r.decode_step(idx)
+                assert step[:ROW].T.tolist() == _expected(batch.decodes, block_size)
+                assert step[ROW].tolist() == idx.tolist()
+                assert tables.shape == (len(idx), max(len(s.block_table) for s in batch.decodes))
+                for s, table in zip(batch.decodes, tables.tolist(), strict=True):
+                    assert table[:len(s.block_table)] == s.block_table
         tokens = [0 if rng.random() < 0.05 else rng.randrange(1, 50) for _ in batch.seqs]
         batch.rows = SeqRows.rows_of(batch.seqs)
         rows.advance(batch.rows, tokens)
