@@ -247,6 +247,7 @@ class SeqRows:
         return step[:2, :n]
 
     def _record(self) -> None:
+        """Mark the copies just queued on the device's current stream (what `writable` waits for)."""
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
