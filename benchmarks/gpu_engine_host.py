@@ -94,7 +94,7 @@ def measure(engine: Engine, batch: int, mode: str, steps: int, gen: torch.Genera
             engine.step()
         sync()
         out["wall"] = (time.perf_counter() - start) * 1e3 / loop
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(loop):
                 engine.step()
             sync()

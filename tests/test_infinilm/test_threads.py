@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from lm_helpers import CheckpointFactory
@@ -21,9 +23,13 @@ def four_default_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _timed(monkeypatch: pytest.MonkeyPatch, seconds: dict[int, float | None]) -> list[int]:
+    """The calibration's timings replaced by `seconds` per thread count (each step still runs once, at that
+    count); returns the counts it asked for."""
     asked: list[int] = []
 
-    def fixed(step: object, n: int) -> float | None:
+    def fixed(step: Callable[[], object], n: int) -> float | None:
+        with threads.using_threads(n):
+            step()
         asked.append(n)
         return seconds[n]
 
@@ -83,9 +89,13 @@ def test_default_threads_counts_cores() -> None:
 
 
 @pytest.mark.usefixtures("four_default_threads")
+@pytest.mark.parametrize("family", ["qwen3", "mamba2"])
 def test_the_engine_runs_its_steps_at_its_count_and_leaves_the_callers(checkpoint: CheckpointFactory,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    path, _ = checkpoint("qwen3")
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       family: str) -> None:
+    """The calibration runs the engine's own decode step of padding rows (each kind of runner); the engine then
+    runs at its count and hands the caller's back."""
+    path, _ = checkpoint(family)
     _timed(monkeypatch, {1: 0.001, 4: 0.010})
     engine = Engine.from_pretrained(path, EngineOptions(block_size=8, num_blocks=16, max_model_len=64))
     assert engine.cpu_threads == 1 and engine.threads_status.startswith("cpu threads: 1 (calibrated: ")
