@@ -77,7 +77,13 @@ class BlockTable:
     __slots__ = ("buffer", "transposed")
 
     def __init__(self, max_rows: int, max_blocks: int, device: torch.device, *, transposed: bool | None = None) -> None:
-        """`transposed`: the layout (None: transposed on CUDA only; a test may ask for either anywhere)."""
+        """`transposed`: the layout (None: transposed on CUDA, by rows on the CPU, where a test may ask for either).
+
+        Raises:
+            ValueError: ``transposed=False`` on CUDA (the device gathers from the transposed layout only).
+        """
+        if transposed is False and device.type == "cuda":
+            raise ValueError("transposed=False: block tables on CUDA are transposed (see infinilm.engine.input_batch)")
         self.transposed = device.type == "cuda" if transposed is None else transposed
         shape = (max_blocks, max_rows) if self.transposed else (max_rows, max_blocks)
         self.buffer = CpuGpuBuffer(shape, torch.int32, device)
