@@ -174,7 +174,7 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
     used = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
     print(f"\n[{len(prompt)} prompt tokens, {seq.num_output} generated ({seq.finish_reason.value}) in {elapsed:.2f}s; "
           f"prefill {_rate(engine.prefill_tokens, engine.prefill_seconds)} tok/s, decode "
-          f"{_rate(engine.decode_tokens, engine.decode_seconds)} tok/s; {engine.graph_status}; providers: {used}]")
+          f"{_rate(engine.decode_tokens, engine.decode_seconds)} tok/s; {engine.status}; providers: {used}]")
     return 0
 
 
@@ -193,13 +193,14 @@ def _bench(args: argparse.Namespace) -> int:
     count = count_decode_step(engine, args.batch, args.input_len, seed=args.seed)  # after the timed runs
     print(result.table())
     print(count.line())
-    print(f"{engine.graph_status}; providers: "
+    print(f"{engine.status}; providers: "
           + ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items()))
     print(engine.warmup.summary())
     if args.json:
         import json
 
-        status = {"graph_status": engine.graph_status, "warmup": engine.warmup.summary(),
+        status = {"graph_status": engine.graph_status, "threads_status": engine.threads_status,
+                  "warmup": engine.warmup.summary(),
                   "providers": engine.plan.providers_by_op(), "decode_step_count": count.as_dict()}
         with open(args.json, "w") as f:
             json.dump({**result.as_dict(), **status}, f, indent=1)

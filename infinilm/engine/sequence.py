@@ -127,10 +127,12 @@ class Sequence:
         num_prompt: how many of `tokens` are the prompt.
         num_cached: how many leading tokens have their K/V in the cache (0 after a preemption).
         block_table: the cache block ids this sequence owns.
+        row: its row of the engine's persistent step inputs while it runs (`infinilm.engine.input_batch`), else
+            None.
     """
 
     __slots__ = ("block_table", "finish_reason", "generator", "id", "num_cached", "num_prompt", "params",
-                 "status", "tokens")
+                 "row", "status", "tokens")
 
     def __init__(self, prompt: list[int], params: SamplingParams, request_id: int = 0) -> None:
         """A waiting request of `prompt` (token ids).
@@ -145,6 +147,7 @@ class Sequence:
         self.num_prompt = len(prompt)
         self.num_cached = 0
         self.block_table: list[int] = []
+        self.row: int | None = None
         self.params = params
         self.status = SeqStatus.WAITING
         self.finish_reason: FinishReason | None = None

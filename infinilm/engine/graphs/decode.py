@@ -1,7 +1,8 @@
 """CUDA graphs for decode steps: one captured forward + LM head per padded batch size, for either runner kind.
 
 Decode steps have static shapes once the batch is padded, so each size in `capture_sizes` is captured once
-over static input buffers and replayed with the step's values copied in. The buffers are the `DecodeStep`'s:
+over static input buffers and replayed with the step's values copied in, device to device, from the
+runner's persistent rows (`infinilm.engine.input_batch`). The buffers are the `DecodeStep`'s:
 a few int64 values per sequence (the paged runner: token, position, cache slot, context length; the recurrent
 runner: token, state row), plus int32 block tables when the step has them. A padding row holds the step's
 `DecodeStep.padding` values, which write and read nothing (slot -1 and cache length -1, row -1): index values
@@ -89,16 +90,18 @@ class DecodeGraphs(CapturedSteps):
             return failed
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
 
-    def replay(self, rows: list[list[int]], tables: list[list[int]] | None = None) -> torch.Tensor:
-        """Logits ``[n, V]`` of a decode step of n sequences: `rows` holds one list of n values per value row,
-        `tables` their block tables (each ``table_width`` long) when the step has them."""
-        n = len(rows[0])
+    def replay(self, rows: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[n, V]`` of a decode step of n sequences: `rows` int64 ``[len(padding), n]`` and `tables` int32
+        ``[n, width]`` (width <= ``table_width``; any strides) on the device, copied into the static buffers by
+        the device (the columns past `width` keep older entries, which the step's context lengths never reach).
+        """
+        n = rows.shape[1]
         bs = next(s for s in self.sizes if s >= n)
         if bs > n:
             self._pad(n, bs)
-        self.rows[:, :n].copy_(torch.tensor(rows, dtype=torch.int64), non_blocking=True)
+        self.rows[:, :n].copy_(rows)
         if self.tables is not None and tables is not None:
-            self.tables[:n].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+            self.tables[:n, :tables.shape[1]].copy_(tables)
         graph, out = self.graphs[bs]
         graph.replay()
         return out[:n]
