@@ -259,6 +259,16 @@ def _calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
              "A": -torch.rand(2), "B": _randn(1, 1, 5, seed=44), "C": _randn(1, 1, 5, seed=45),
              "D": _randn(2, seed=46), "z": _randn(1, 2, 4, seed=47), "dt_bias": _randn(2, seed=48),
              "state_batch_indices": torch.tensor([1], dtype=I32)}),
+        "silu_and_mul": (lambda x, **kw: io.silu_and_mul(x, **kw),
+                         {"x": _randn(3, 8, seed=49), "out": torch.empty(3, 4)}),
+        "rotary_embedding": (lambda positions, query, key, cos_sin_cache: io.rotary_embedding(
+            positions, query, key, d, cos_sin_cache, True),
+            {"positions": torch.tensor([0, 2, 1, 3]), "query": _randn(t, 2 * d, seed=50),
+             "key": _randn(t, d, seed=51), "cos_sin_cache": _randn(5, d, seed=52)}),
+        "fused_qk_norm_rope": (lambda qkv, q_weight, k_weight, cos_sin_cache, positions: io.fused_qk_norm_rope(
+            qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads=2, num_kv_heads=1, head_dim=d),
+            {"qkv": _randn(t, 4 * d, seed=53), "q_weight": _randn(d, seed=54), "k_weight": _randn(d, seed=55),
+             "cos_sin_cache": _randn(5, d, seed=56), "positions": torch.tensor([0, 2, 1, 3])}),
     }
 
 
@@ -272,6 +282,30 @@ def test_every_tensor_argument_rejects_a_non_tensor(op: str, name: str) -> None:
     for bad in (kwargs[name].tolist(), 1.5):
         message = str(_rejects(lambda bad=bad: fn(**{**kwargs, name: bad}), name))
         assert "expected a torch.Tensor" in message and f"got {type(bad).__name__}" in message
+
+
+def _other_layouts(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`t` in each layout other than strided that it converts to: sparse COO, the compressed sparse layouts
+    (2-D only) and MKLDNN (float32 only)."""
+    made = {"sparse_coo": t.to_sparse()}
+    if t.dim() == 2:
+        made.update(sparse_csr=t.to_sparse_csr(), sparse_csc=t.to_sparse_csc(),
+                    sparse_bsr=t.to_sparse_bsr((1, 1)))
+    if t.dtype is torch.float32 and torch.backends.mkldnn.is_available():
+        made["_mkldnn"] = t.to_mkldnn()  # torch names the layout torch._mkldnn
+    return made
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+@pytest.mark.parametrize(("op", "name"), _TENSOR_ARGS, ids=[f"{o}-{n}" for o, n in _TENSOR_ARGS])
+def test_every_tensor_argument_rejects_a_sparse_or_mkldnn_tensor(op: str, name: str) -> None:
+    # Issue #30 (5): add raised torch's RuntimeError, gemm's check raised on a CSR tensor's missing strides,
+    # an MKLDNN x reached rms_norm's kernel (NotImplementedError), and a sparse `other` of add was accepted.
+    fn, kwargs = _calls()[op]
+    written = [t for t in kwargs.values() if t.layout is torch.strided]
+    for layout, bad in _other_layouts(kwargs[name]).items():
+        message = str(_rejects(lambda bad=bad: fn(**{**kwargs, name: bad}), name, *written))
+        assert f"got layout torch.{layout}" in message and "a strided tensor" in message, message
 
 
 _BAD_SCALARS = [

@@ -18,6 +18,7 @@ from infiniops_py.operators._base import (
     check_no_overlap,
     check_real,
     check_shape,
+    check_tensor,
     check_writable,
 )
 
@@ -136,6 +137,7 @@ def as_seqlens_tensor(op: str, cache_seqlens: object, b: int, capacity: int, dev
     """`cache_seqlens` as an int32 ``[B]`` tensor: as given, one int for every sequence, or None for full
     caches (flash-attention's meaning; then nothing can be appended)."""
     if isinstance(cache_seqlens, torch.Tensor):
+        check_tensor(op, "cache_seqlens", cache_seqlens)  # its layout
         check_dtype(op, "cache_seqlens", cache_seqlens, INT32)
         check_device(op, "cache_seqlens", cache_seqlens, device)
         check_shape(op, "cache_seqlens", cache_seqlens, [b], " (B = q.shape[0])")
