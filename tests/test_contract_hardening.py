@@ -9,6 +9,7 @@ compared with the float64 reference.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -378,3 +379,20 @@ def test_window_at_least_max_seqlen_k_is_unbounded_even_when_sq_exceeds_sk(windo
     rule = tolerance("flash_attn_with_kvcache", "float32")
     _, message = compare("flash_attn_with_kvcache", cached[0], expected, rule, low=low)
     assert message is None, message
+
+
+# --- 6. scalars given as Python ints beyond int64 ----------------------------------------------------------
+
+def test_int_scalars_beyond_int64_are_used_as_floats() -> None:
+    # The hostile pass of issue #30: alpha/beta/dt_limit given as ints of 30 digits passed the checks (finite
+    # reals) and then reached torch as ints: OverflowError ("int too big to convert") from inside the kernel.
+    big = 10**30
+    kw = _calls()
+    a, b, c = kw["gemm"][1]["a"], kw["gemm"][1]["b"], kw["gemm"][1]["c"]
+    torch.testing.assert_close(io.gemm(a, b, c=c, alpha=big, beta=-big), io.gemm(a, b, c=c, alpha=1e30, beta=-1e30))
+    x, y = kw["add"][1]["input"], kw["add"][1]["other"]
+    torch.testing.assert_close(io.add(x, y, alpha=big), io.add(x, y, alpha=1e30))
+    s = kw["selective_scan"][1]
+    args = (s["x"], s["dt"], s["A"], s["B"], s["C"])
+    for limit, same in (((0, big), (0.0, 1e30)), ((-big, 10**400), (-1e30, math.inf))):
+        torch.testing.assert_close(io.selective_scan(*args, dt_limit=limit), io.selective_scan(*args, dt_limit=same))

@@ -74,7 +74,7 @@ def add(
         check_tensor(_OP, "input", input)
         check_tensor(_OP, "other", other)
     if type(alpha) is not float or alpha - alpha != 0.0:  # NaN and +-inf give NaN
-        check_real(_OP, "alpha", alpha)
+        alpha = check_real(_OP, "alpha", alpha)  # as a float: an int beyond int64 would overflow in torch
     dtype = input.dtype
     if dtype not in _FLOAT_SET:
         check_dtype(_OP, "input", input, FLOAT_DTYPES)
