@@ -18,7 +18,7 @@ import torch
 
 import infiniops_py as io
 from infiniops_py import ContractError
-from infiniops_py.operators._base import check_writable, overlaps
+from infiniops_py.operators._base import check_writable, overlaps, unchecked_indices
 from infiniops_py.testing.compare import compare
 from infiniops_py.testing.tolerances import tolerance
 
@@ -396,3 +396,17 @@ def test_int_scalars_beyond_int64_are_used_as_floats() -> None:
     args = (s["x"], s["dt"], s["A"], s["B"], s["C"])
     for limit, same in (((0, big), (0.0, 1e30)), ((-big, 10**400), (-1e30, math.inf))):
         torch.testing.assert_close(io.selective_scan(*args, dt_limit=limit), io.selective_scan(*args, dt_limit=same))
+
+
+def test_a_block_table_without_columns_is_refused_in_unchecked_mode_too() -> None:
+    # The hostile pass of issue #30: a [B, 0] block table passed the shape check; unchecked (no value checks,
+    # as on CUDA by default) the torch provider then indexed column -1 of it (RuntimeError from the kernel).
+    kw = _calls()
+    for op in ("flash_attn_varlen", "flash_attn_with_kvcache"):
+        fn, args = kw[op]
+        bad = {**args, "block_table": torch.zeros(1, 0, dtype=I32)}
+        for scope in (io.checked_indices, unchecked_indices):
+            with scope():
+                message = str(_rejects(lambda fn=fn, bad=bad: fn(**bad), "block_table",
+                                       *(t for t in args.values() if isinstance(t, torch.Tensor))))
+            assert "max_blocks >= 1" in message, message

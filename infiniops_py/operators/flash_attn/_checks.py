@@ -202,6 +202,9 @@ def check_block_table(op: str, table: torch.Tensor, b: int, device: torch.device
     check_dtype(op, "block_table", table, INT32)
     check_device(op, "block_table", table, device)
     check_shape(op, "block_table", table, [b, None], " ([B, max_blocks])")
+    if b and not table.shape[1]:  # a shape, known without reading the values: refused in unchecked mode too
+        raise ContractError(op, "block_table", f"expected max_blocks >= 1 columns, got shape {list(table.shape)}: "
+                                               "each sequence needs a block (unused entries may be any padding)")
 
 
 def normalize(op: str, d: int, softmax_scale: float | None, causal: bool, window_size: Sequence[int],
