@@ -3,20 +3,45 @@ output rounded once to the input dtype (flash-attention's ``attention_ref(upcast
 conformance suite (on float64 copies of the inputs) and the ``reference`` provider's implementations, which
 so serve float16/bfloat16 as accurately as the peers (issue #30: in the input dtype they missed
 flash-attention's tolerance). They read sequence starts and index tensors on the host (a synchronization on
-CUDA)."""
+CUDA).
+
+`in_input_dtype()` scopes the other computation, in the input dtype throughout (``attention_ref(upcast=False)``):
+the baseline of flash-attention's low-precision tolerance rule (`infiniops_py.testing.tolerances.LowPrecisionRule`:
+a provider's error may be at most 2x or 3x that baseline's), which the testing layer computes under it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 import torch
 
-__all__ = ["reference_kvcache", "reference_varlen"]
+__all__ = ["in_input_dtype", "reference_kvcache", "reference_varlen"]
+
+_IN_INPUT_DTYPE: contextvars.ContextVar[bool] = contextvars.ContextVar("infiniops_attention_ref_in_input_dtype",
+                                                                       default=False)
+
+
+@contextlib.contextmanager
+def in_input_dtype() -> Iterator[None]:
+    """Scope (of this thread or asyncio task) in which the attention references compute in the input dtype, as
+    flash-attention's ``attention_ref(upcast=False)``: the low-precision rule's baseline, never for serving."""
+    token = _IN_INPUT_DTYPE.set(True)
+    try:
+        yield
+    finally:
+        _IN_INPUT_DTYPE.reset(token)
 
 
 def _work(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the references compute in for inputs of `dtype`: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """The dtype the references compute in for inputs of `dtype`: float64 for float64, else float32 (`dtype`
+    itself inside `in_input_dtype`)."""
+    if dtype == torch.float64 or _IN_INPUT_DTYPE.get():
+        return dtype
+    return torch.float32
 
 
 def _visible(sq: int, sk: int, causal: bool, window: tuple[int, int], device: torch.device) -> torch.Tensor:
