@@ -1,4 +1,4 @@
-"""The ``infinilm`` console script: ``generate``, ``check``, ``bench`` and ``demo``.
+"""The ``infinilm`` console script: ``generate``, ``check``, ``bench``, ``demo``, ``serve`` and ``bench-serve``.
 
 Exit status: 0 on success, 1 when the gates reject the configuration (the gate report is printed and no
 weight has been read), 2 for any other user error (a bad option, an unsupported config, a checkpoint that
@@ -29,6 +29,10 @@ from infiniops_py import GateError
 
 __all__ = ["main"]
 
+# the first line of `infinilm --help`: plain text (the module doc's first line is reStructuredText)
+_DESCRIPTION = ("Run Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral, GLM-4, Gemma 2, Mamba-2) through the "
+                "InfiniOps-Py operators: generate text, check a checkpoint, benchmark, serve an OpenAI-compatible "
+                "API.")
 _LLM_EXTRA = ("transformers", "safetensors", "tokenizers", "tqdm")  # the `llm` extra of pyproject.toml
 
 
@@ -76,7 +80,10 @@ def _command_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infinilm", description=__doc__.splitlines()[0])
+    from infiniops_py import __version__
+
+    parser = argparse.ArgumentParser(prog="infinilm", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"infinilm (infiniops-py {__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text (or token ids) from a prompt, streaming")
     _engine_args(gen)

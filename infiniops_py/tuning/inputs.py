@@ -85,8 +85,9 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
 
     Raises:
         KeyError: an unknown operator. ValueError: an operator without a size bucket (``all_reduce``), a size
-            that is not an int >= 1, a name that is neither a size of `op` (`SIZES`) nor a field, an unknown
-            dtype or device, or inputs that cannot be allocated (naming the sizes).
+            or a size field (one whose default is an int >= 1: ``hidden_size``) that is not an int >= 1, a
+            name that is neither a size of `op` (`SIZES`) nor a field, an unknown dtype or device, or inputs
+            that cannot be allocated (naming the sizes).
         ContractError: fields that cannot go together (the operator's own checks name them).
     """
     from infiniops_py import OPERATORS
@@ -108,6 +109,10 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     for name, n in full.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{op}: size {name}={n!r} must be an int >= 1")
+    for name, value in fields.items():  # a size among the fields (hidden_size, head_dim): 0 builds empty inputs,
+        default = spec.fields[name]     # which time nothing (issue #30, item 10)
+        if _is_size(default) and (not _is_size(value) or value < 1):
+            raise ValueError(f"{op}: field {name}={value!r} must be an int >= 1 (a size; its default is {default})")
     values = {**spec.fields, **fields}
     dt = getattr(torch, dtype_name(dtype), None) if isinstance(dtype, str) else dtype
     if not isinstance(dt, torch.dtype):
@@ -121,6 +126,12 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     except (RuntimeError, MemoryError) as err:  # an allocation the device refuses
         raise ValueError(f"{op}: cannot make the inputs of sizes {full} on {device}: {err}") from None
     return SyntheticCall(function, args, kwargs, full)
+
+
+def _is_size(value: Any) -> bool:
+    """Whether a field's `value` is an int >= 1 (not a bool): the default of a size field, such as
+    ``hidden_size`` or ``head_dim`` (a field whose default is 0, such as ``block_size`` 0, is a switch)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
