@@ -159,6 +159,10 @@ SCHEMAS: Final[dict[str, str]] = {
     "all_reduce": "all_reduce(Tensor(a!) tensor, str group_name) -> ()",
     "silu_and_mul": "silu_and_mul(Tensor x) -> Tensor",
     "silu_and_mul.out": "silu_and_mul.out(Tensor x, Tensor(a!) out) -> ()",
+    "rms_norm_gated": "rms_norm_gated(Tensor x, Tensor weight, Tensor? bias, Tensor? z, float eps, int? group_size, "
+                      "bool norm_before_gate) -> Tensor",
+    "rms_norm_gated.out": "rms_norm_gated.out(Tensor x, Tensor weight, Tensor? bias, Tensor? z, float eps, "
+                          "int? group_size, bool norm_before_gate, Tensor(a!) out) -> ()",
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
                         "Tensor cos_sin_cache, bool is_neox) -> ()",
     "fused_qk_norm_rope": "fused_qk_norm_rope(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
@@ -256,6 +260,8 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "all_reduce": _none,
     "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
     "silu_and_mul.out": _none,
+    "rms_norm_gated": lambda x, *_: x.new_empty(x.shape),
+    "rms_norm_gated.out": _none,
     "rotary_embedding": _none,
     "fused_qk_norm_rope": _none,
 }
