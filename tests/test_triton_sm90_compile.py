@@ -30,6 +30,7 @@ from infiniops_triton import (
     gemm,
     paged_cache,
     rms_norm,
+    rms_norm_gated,
     rotary_embedding,
     silu_and_mul,
 )
@@ -105,6 +106,10 @@ def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
     return [
         ("rms_norm", rms_norm._rms_norm_kernel,
          {"X": _Ptr(BF16), "W": _Ptr(BF16), "Y": _Ptr(BF16), "stride_x": h, "stride_y": h, **norm}, 8),
+        ("rms_norm_gated", rms_norm_gated._rms_norm_gated_kernel,  # Mamba-2-130m's: z a slice of in_proj's rows
+         {"X": _Ptr(BF16), "Z": _Ptr(BF16), "W": _Ptr(BF16), "B": _Ptr(BF16), "Y": _Ptr(BF16), "GROUP": 1536,
+          "stride_x": 1536, "stride_z": 3352, "stride_y": 1536, "eps": 1e-5, "BLOCK": 2048, "HAS_Z": True,
+          "HAS_BIAS": False, "NORM_BEFORE_GATE": False, "PDL": False}, 8),
         ("fused_add_rms_norm", rms_norm._fused_add_rms_norm_kernel,
          {"X": _Ptr(BF16), "R": _Ptr(BF16), "W": _Ptr(BF16), "stride_x": h, "stride_r": h, **norm}, 8),
         ("add", add._add_kernel, {"A": _Ptr(BF16), "B": _Ptr(BF16), "OUT": _Ptr(BF16), "numel": t * h,

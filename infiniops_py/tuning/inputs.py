@@ -40,6 +40,7 @@ SIZES: Final[dict[str, dict[str, int]]] = {
     "selective_scan": {"tokens": 2048, "num_heads": 24},
     "selective_state_update": {"batch": 16, "num_heads": 24},
     "silu_and_mul": {"tokens": 128},
+    "rms_norm_gated": {"tokens": 16},
     "rotary_embedding": {"tokens": 128, "num_q_heads": 16, "num_kv_heads": 8},
     "fused_qk_norm_rope": {"tokens": 128},
 }
@@ -377,6 +378,15 @@ def _silu_and_mul(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple
     return silu_and_mul, (r(s["tokens"], 2 * f["d"]),), {}
 
 
+def _rms_norm_gated(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
+    from infiniops_py import rms_norm_gated
+
+    t, h = s["tokens"], f["hidden_size"]
+    kwargs = {"z": r(t, h) if f["has_z"] else None, "group_size": f["group_size"],
+              "norm_before_gate": f["norm_before_gate"]}
+    return rms_norm_gated, (r(t, h), r(h), r(h) if f["has_bias"] else None), kwargs
+
+
 def _cos_sin(r: _Draw, rotary_dim: int, positions: int) -> torch.Tensor:
     """vLLM's cache ``[positions, rotary_dim]``: the cos half, then the sin half (float32)."""
     inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
@@ -419,6 +429,7 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
     "selective_scan": _scan,
     "selective_state_update": _state_update,
     "silu_and_mul": _silu_and_mul,
+    "rms_norm_gated": _rms_norm_gated,
     "rotary_embedding": _rotary,
     "fused_qk_norm_rope": _qk_norm_rope,
 }
