@@ -134,7 +134,8 @@ class Routes:
             # a new one instead of sending its next request into a closed socket (a reset on keep-alive)
             raise APIError(400, f"body: cannot be read ({detail})", "body", headers={"Connection": "close"}) from None
         body = parse_body(raw)
-        greq = parse_chat(body, self.info) if chat else parse_completion(body, self.info)
+        parse = parse_chat if chat else parse_completion  # in a thread: encoding a long prompt (the tokenizer lets
+        greq = await asyncio.to_thread(parse, body, self.info)  # the GIL go) must not hold up the other streams
         if self.draining:
             raise APIError(503, "the server is shutting down")
         handle = self.loop.submit(greq.prompt, greq.params)

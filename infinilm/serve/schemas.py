@@ -18,7 +18,12 @@ OpenAI's, the sampling ranges are `infinilm.engine.sequence.SamplingParams`'), p
 - The prompt is checked as the engine checks it, naming the request's field (``prompt``, or ``messages`` for
   chat): at least one token, every id in the model's vocabulary (a tokenizer may hold more ids than the
   config's ``vocab_size``), room to generate.
-- ``stop``: one string or a list of at most 4 non-empty strings (OpenAI's limit); it needs a tokenizer.
+- ``stop``: one string or a list of at most 4 non-empty strings (OpenAI's limit) of at most 1024 characters each
+  (a stop string is a marker; the limit bounds the text held back while it may still begin); it needs a tokenizer.
+- A text prompt (completions' ``prompt``, chat's rendered ``messages``) of more than ``32 * max_model_len``
+  characters is refused before it is encoded: no text that long fits (32 characters per token is several times
+  what tokenizers reach on text, whitespace runs and code aside; the body limit allows the same), and encoding
+  it would only cost time.
 - JSON's non-standard ``NaN``/``Infinity`` literals are refused as invalid JSON, and so is a string holding a
   lone surrogate (JSON may escape one, ``"\\ud800"``; no UTF-8 text can hold it), naming where it is.
 """
@@ -41,6 +46,8 @@ __all__ = ["GenerationRequest", "ModelInfo", "parse_body", "parse_chat", "parse_
 _SEED_RANGE: Final = (0, 2**64 - 1)  # SamplingParams.seed's
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of U+D800..U+DFFF
 _MAX_STOP: Final = 4
+_MAX_STOP_CHARS: Final = 1024
+_PROMPT_CHARS_PER_TOKEN: Final = 32  # the prompt's characters allowed per token of max_model_len
 _ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 # fields of the API the engine does not implement: accepted at these values only
 _NEUTRAL: Final[Mapping[str, tuple[object, ...]]] = MappingProxyType({
@@ -179,6 +186,7 @@ def parse_chat(body: dict[str, Any], info: ModelInfo) -> GenerationRequest:
     if not add_generation_prompt:
         raise bad_request("add_generation_prompt", "only true is supported")
     text = info.render_chat(messages)
+    _check_length(text, info, "messages", "the messages rendered by the chat template")
     prompt = info.tokenizer.encode(text, add_special_tokens=False).ids  # the template writes the special tokens
     _check_prompt(prompt, info, "messages", "the messages rendered by the chat template")
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is not None:
@@ -217,6 +225,7 @@ def _prompt(body: dict[str, Any], info: ModelInfo) -> list[int]:
         if info.tokenizer is None:
             raise bad_request("prompt", f"model {info.name!r} has no tokenizer.json: send token ids (a list of "
                               "integers)")
+        _check_length(prompt, info, "prompt", "the prompt")
         ids = info.tokenizer.encode(prompt).ids
         _check_prompt(ids, info, "prompt", "the tokenizer's encoding of the prompt")
     elif isinstance(prompt, list):
@@ -236,6 +245,14 @@ def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
         if not 0 <= t < vocab_size:
             raise bad_request(name, f"token id {t} (item {i}) is outside the vocabulary [0, {vocab_size})")
     return value
+
+
+def _check_length(text: str, info: ModelInfo, name: str, what: str) -> None:
+    """Refuse a prompt text too long to fit `info.max_model_len` before it is encoded (see the module's notes)."""
+    limit = _PROMPT_CHARS_PER_TOKEN * info.max_model_len
+    if len(text) > limit:
+        raise bad_request(name, f"{what} has {len(text)} characters; at most {limit} ({_PROMPT_CHARS_PER_TOKEN} per "
+                          f"token of max_model_len={info.max_model_len}) are encoded")
 
 
 def _check_prompt(ids: list[int], info: ModelInfo, name: str, what: str) -> None:
@@ -336,6 +353,9 @@ def _stop(stop: Any, info: ModelInfo) -> tuple[str, ...]:
         raise bad_request("stop", f"must be a non-empty string or a list of them, got {_show(stop)}")
     if len(items) > _MAX_STOP:
         raise bad_request("stop", f"{len(items)} stop strings; at most {_MAX_STOP}")
+    longest = max((len(s) for s in items), default=0)
+    if longest > _MAX_STOP_CHARS:
+        raise bad_request("stop", f"a stop string of {longest} characters; at most {_MAX_STOP_CHARS}")
     if items and info.tokenizer is None:
         raise bad_request("stop", f"model {info.name!r} has no tokenizer.json to match text; use stop_token_ids")
     return tuple(items)
