@@ -40,6 +40,8 @@ _port = _number(int, "a port number", lambda v: 0 <= v <= 65535,
                 lambda t, v: f"{v} is not in [0, 65535] (0: any free port)")
 _seconds = _number(float, "a number of seconds", lambda v: math.isfinite(v) and v >= 0,
                    lambda t, v: f"{t!r} must be a finite number >= 0")
+_timeout = _number(float, "a number of seconds", lambda v: math.isfinite(v) and v > 0,
+                   lambda t, v: f"{t!r} must be a finite number > 0")
 
 
 def _rate(text: str) -> float:
@@ -64,6 +66,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="most requests waiting for their first token; more get 429 (default: 256)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default: 30)")
+    p.add_argument("--read-timeout", type=_timeout, default=60.0,
+                   help="seconds a client has to send a request's headers, then its body; past them: 408 and the "
+                   "connection closes (default: 60)")
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
