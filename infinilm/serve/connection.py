@@ -96,17 +96,24 @@ class _Connection(RequestHandler):
 
     async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
                               start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        if isinstance(resp, web.HTTPException) and resp.status >= 400:  # raised before the middlewares ran (an
+            self._on_error(resp.status)  # ``Expect`` aiohttp does not know: 417): the OpenAI body too
+            resp = _answer(APIError(resp.status, f"{request.method} {request.path}: {resp.text or resp.reason}"))
         if self._eof and not self._messages:  # the last answer on a half-closed connection: then close
             resp.force_close()
         return await super().finish_response(request, resp, start_time)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs it; raises if an answer has begun
-        self._on_error(status)
         if status >= 500:
+            super().handle_error(request, status, exc, message)  # logs the traceback; raises if an answer began
+            self._on_error(status)
             return _answer(APIError(status, f"internal error: {type(exc).__name__ if exc else 'unknown'}"))
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer has begun: no error answer can follow")
         detail = " ".join(str(message or exc or "").split())[:300]
+        self.logger.debug("a request the HTTP parser refused: %s", detail)  # not a traceback per hostile client
+        self._on_error(status)
         return _answer(APIError(status, f"the request is not valid HTTP/1.1: {detail}"))
 
 

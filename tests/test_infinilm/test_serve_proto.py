@@ -148,6 +148,7 @@ PROTOCOL_ERRORS = [  # what aiohttp's parser refuses: each a 4xx with the OpenAI
     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\n{}",
     _request(GREEDY, extra="Connection: close\r\n") + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    _request(GREEDY, extra="Expect: 999-weird\r\n"),  # aiohttp answers 417 before any middleware runs
 ]
 
 
