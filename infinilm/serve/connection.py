@@ -101,6 +101,8 @@ class _Connection(RequestHandler):
             resp = _answer(APIError(resp.status, f"{request.method} {request.path}: {resp.text or resp.reason}"))
         if self._eof and not self._messages:  # the last answer on a half-closed connection: then close
             resp.force_close()
+        if request.content.exception() is not None:  # a body that cannot be read (bad gzip): aiohttp would read
+            request.content.feed_eof()  # on after the answer, raise again and log a traceback per request
         return await super().finish_response(request, resp, start_time)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
