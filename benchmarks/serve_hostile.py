@@ -87,8 +87,9 @@ class Pass:
         return self.metric('infinilm_cache_blocks_used{kind="kv_block"}')
 
 
-def _statuses(data: bytes) -> list[tuple[int, str, bytes]]:
-    """(status, content-type, body head) of each response in `data` (bodies read by Content-Length or chunks)."""
+def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """The HTTP/1.1 responses in `data`, in order: (status, headers in lower case, body), bodies read by
+    Content-Length or chunks (tests/test_infinilm/test_serve_proto.py reads answers with it too)."""
     out = []
     while data.startswith(b"HTTP/1."):
         head, _, data = data.partition(b"\r\n\r\n")
@@ -105,14 +106,14 @@ def _statuses(data: bytes) -> list[tuple[int, str, bytes]]:
         else:
             n = int(headers.get("content-length", "0"))
             body, data = data[:n], data[n:]
-        out.append((int(lines[0].split()[1]), headers.get("content-type", ""), body))
+        out.append((int(lines[0].split()[1]), headers, body))
     return out
 
 
-def _json_errors_ok(answers: list[tuple[int, str, bytes]]) -> bool:
-    for status, ctype, body in answers:
+def _json_errors_ok(answers: list[tuple[int, dict[str, str], bytes]]) -> bool:
+    for status, headers, body in answers:
         if status >= 400:
-            if not ctype.startswith("application/json"):
+            if not headers.get("content-type", "").startswith("application/json"):
                 return False
             try:
                 error = json.loads(body)["error"]
@@ -173,11 +174,11 @@ BAD_JSON: list[bytes] = [
 
 def malformed(p: Pass) -> None:
     for i, data in enumerate(MALFORMED):
-        answers = _statuses(p.raw(data, shut=True))  # then the server answers what it has and closes
+        answers = responses(p.raw(data, shut=True))  # then the server answers what it has and closes
         p.check(f"malformed[{i}] answers are JSON errors", _json_errors_ok(answers), answers[:2])
         p.check(f"malformed[{i}] healthy after", p.healthy())
     for i, data in enumerate(BAD_JSON):
-        answers = _statuses(p.raw(_post(data), shut=True))
+        answers = responses(p.raw(_post(data), shut=True))
         ok = len(answers) == 1 and 400 <= answers[0][0] < 500 and _json_errors_ok(answers)
         p.check(f"bad_json[{i}] is a 4xx JSON error", ok, answers[:1])
     p.check("bad json: healthy after", p.healthy())
@@ -221,17 +222,17 @@ def slow(p: Pass, read_timeout: float) -> None:
 
 def pipelining(p: Pass) -> None:
     reqs = [_post({**OK, "max_tokens": 1 + i % 4}) for i in range(10)]
-    answers = _statuses(p.raw(b"".join(reqs) + _post(b"", extra="Connection: close\r\n")))
+    answers = responses(p.raw(b"".join(reqs) + _post(b"", extra="Connection: close\r\n")))
     texts = [json.loads(b)["choices"][0]["text"] for s, _, b in answers[:10] if s == 200]
     p.check("pipelined 10: answered in order", texts == ["-Py runs"[:1 + i % 4] for i in range(10)], texts)
     p.check("pipelined: the trailing bad one is a JSON 400", answers[-1:] and answers[-1][0] == 400, answers[-1:])
     mixed = [_post(OK), _post(b"{bad"), _post({**OK, "stream": True}), _post({"model": "zz", "prompt": "x"}), _post(OK)]
-    answers = _statuses(p.raw(b"".join(mixed), shut=True))
+    answers = responses(p.raw(b"".join(mixed), shut=True))
     p.check("pipelined mixed + half-close: 5 answers", [a[0] for a in answers] == [200, 400, 200, 404, 200],
             [a[0] for a in answers])
-    p.check("half-close after a whole request: answered", _statuses(p.raw(_post(OK), shut=True))[:1]
-            and _statuses(p.raw(_post(OK), shut=True))[0][0] == 200)
-    p.check("half-close mid-body: JSON 400", (_statuses(p.raw(_post(OK)[:-4], shut=True)) or [(0, "", b"")])[0][0]
+    p.check("half-close after a whole request: answered", responses(p.raw(_post(OK), shut=True))[:1]
+            and responses(p.raw(_post(OK), shut=True))[0][0] == 200)
+    p.check("half-close mid-body: JSON 400", (responses(p.raw(_post(OK)[:-4], shut=True)) or [(0, {}, b"")])[0][0]
             == 400)
     p.check("pipelining: healthy after", p.healthy())
 
@@ -282,7 +283,7 @@ def disconnects(p: Pass) -> None:
 
 
 def limits(p: Pass) -> None:
-    answers = _statuses(p.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000000\r\n\r\n"))
+    answers = responses(p.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000000\r\n\r\n"))
     p.check("Content-Length 2e9: 413 at once", answers[:1] and answers[0][0] == 413, answers)
     stop = [c * 1024 for c in "abcd"]
     r = httpx.post(f"{p.url}/v1/completions", json={**OK, "max_tokens": 200, "ignore_eos": True, "stop": stop},

@@ -8,6 +8,7 @@ No assertion depends on timing: every socket read has a generous timeout that on
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import socket
 import threading
@@ -24,6 +25,11 @@ from infinilm.serve.metrics import ServerMetrics
 from infinilm.serve.schemas import ModelInfo
 from infinilm.serve.server import create_app
 
+_spec = importlib.util.spec_from_file_location("serve_hostile", Path(__file__).parents[2] / "benchmarks" /
+                                               "serve_hostile.py")
+assert _spec is not None and _spec.loader is not None
+HOSTILE = importlib.util.module_from_spec(_spec)  # the hostile pass's script: its reader of raw HTTP answers
+_spec.loader.exec_module(HOSTILE)
 HANG_GUARD = 60.0  # seconds: a read that waits this long has hung (the tests' answers come at once)
 EXPECTED = TEXT.removeprefix(PROMPT)
 
@@ -44,28 +50,6 @@ def _read_all(sock: socket.socket) -> bytes:
     while chunk := sock.recv(1 << 16):
         data += chunk
     return data
-
-
-def _responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
-    """The HTTP/1.1 responses in `data`, in order: (status, headers in lower case, body)."""
-    out = []
-    while data:
-        head, _, data = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        if headers.get("transfer-encoding") == "chunked":
-            body = b""
-            while True:
-                size, _, data = data.partition(b"\r\n")
-                n = int(size, 16)
-                body, data = body + data[:n], data[n + 2:]
-                if n == 0:
-                    break
-        else:
-            n = int(headers.get("content-length", "0"))
-            body, data = data[:n], data[n:]
-        out.append((int(lines[0].split()[1]), headers, body))
-    return out
 
 
 def _request(body: dict[str, Any], *, path: str = "/v1/completions", extra: str = "") -> bytes:
@@ -90,13 +74,13 @@ def test_a_request_then_a_half_close_gets_its_answer_and_the_ones_pipelined_befo
     with _connect(proto_server) as sock:
         sock.sendall(_request(GREEDY))
         sock.shutdown(socket.SHUT_WR)
-        [(status, headers, body)] = _responses(_read_all(sock))
+        [(status, headers, body)] = HOSTILE.responses(_read_all(sock))
     assert status == 200 and json.loads(body)["choices"][0]["text"] == EXPECTED[:3], body
     assert headers.get("connection") == "close"
     with _connect(proto_server) as sock:  # pipelined: a stream and two answers, then the half-close
         sock.sendall(_request({**GREEDY, "stream": True}) + _request({**GREEDY, "max_tokens": 5}) + _request(GREEDY))
         sock.shutdown(socket.SHUT_WR)
-        stream, five, three = _responses(_read_all(sock))
+        stream, five, three = HOSTILE.responses(_read_all(sock))
     events = [line[6:] for line in stream[2].decode().split("\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == "-Py"
     assert json.loads(five[2])["choices"][0]["text"] == EXPECTED[:5]
@@ -109,7 +93,7 @@ def test_a_body_cut_short_by_a_half_close_is_a_400_naming_the_body(proto_server:
     with _connect(proto_server) as sock:
         sock.sendall(_request(GREEDY)[:-5])
         sock.shutdown(socket.SHUT_WR)
-        [answer] = _responses(_read_all(sock))
+        [answer] = HOSTILE.responses(_read_all(sock))
     assert answer[0] == 400 and _json_error(answer)["param"] == "body"
 
 
@@ -117,7 +101,7 @@ def test_a_content_length_above_the_limit_is_a_413_before_the_body_is_sent(proto
     with _connect(proto_server) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 1000000000\r\n\r\n")
-        [answer] = _responses(_read_all(sock))  # the server answers and closes: no body was ever sent
+        [answer] = HOSTILE.responses(_read_all(sock))  # the server answers and closes: no body was ever sent
     error = _json_error(answer)
     assert answer[0] == 413 and error["param"] == "body" and "1000000000" in error["message"]
 
@@ -126,12 +110,12 @@ def test_a_body_or_headers_that_never_arrive_are_a_408_and_the_connection_closes
     before = proto_server.metrics().get('infinilm_requests_rejected_total{status="408"}', 0.0)
     with _connect(proto_server) as sock:
         sock.sendall(_request(GREEDY)[:-20])  # the headers and part of the body, then nothing
-        [body_late] = _responses(_read_all(sock))
+        [body_late] = HOSTILE.responses(_read_all(sock))
     assert body_late[0] == 408 and _json_error(body_late)["param"] == "body"
     for partial in (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le", b""):  # slowloris, idle
         with _connect(proto_server) as sock:
             sock.sendall(partial)
-            [headers_late] = _responses(_read_all(sock))
+            [headers_late] = HOSTILE.responses(_read_all(sock))
         assert headers_late[0] == 408 and "did not arrive" in _json_error(headers_late)["message"]
     after = proto_server.metrics().get('infinilm_requests_rejected_total{status="408"}', 0.0)
     assert after - before == 3
@@ -156,12 +140,12 @@ PROTOCOL_ERRORS = [  # what aiohttp's parser refuses: each a 4xx with the OpenAI
 def test_requests_the_http_parser_refuses_get_the_openai_error_body(proto_server: Server, raw: bytes) -> None:
     with _connect(proto_server) as sock:
         sock.sendall(raw)
-        answers = _responses(_read_all(sock))
+        answers = HOSTILE.responses(_read_all(sock))
     assert answers and 400 <= answers[-1][0] < 500, answers
     for answer in answers:
         if answer[0] != 200:
             _json_error(answer)
-    assert _responses(_read_all(_connect_and_send(proto_server, b"GET /health HTTP/1.1\r\nHost: x\r\n"
+    assert HOSTILE.responses(_read_all(_connect_and_send(proto_server, b"GET /health HTTP/1.1\r\nHost: x\r\n"
                                                                b"Connection: close\r\n\r\n")))[0][0] == 200
 
 
