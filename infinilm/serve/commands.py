@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
+import os
+import sys
 from collections.abc import Callable
 from typing import Final
 
@@ -16,7 +19,8 @@ from infinilm.config import ConfigError, EngineOptions
 
 __all__ = ["add_bench_serve_args", "add_serve_args", "run_bench_serve", "run_serve"]
 
-_SERVE_EXTRA: Final = ("aiohttp", "prometheus_client")  # the `serve` extra of pyproject.toml
+_SERVE_EXTRA: Final = ("aiohttp", "prometheus_client", "pydantic", "pydantic_core")  # the `serve` extra
+API_KEY_ENV: Final = "INFINILM_API_KEY"  # vLLM's VLLM_API_KEY
 
 
 def _number(convert: Callable[[str], float], noun: str, ok: Callable[[float], bool],
@@ -58,7 +62,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The options of ``infinilm serve`` besides the engine's (``--model``, ``--device``, ...)."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0: a free one, printed)")
-    p.add_argument("--served-model-name", default=None, help="the name clients send as `model` (default: --model)")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="most requests per step (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
                    help="most tokens per step (default: 8192)")
@@ -69,6 +73,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-timeout", type=_timeout, default=60.0,
                    help="seconds a client has to send a request's headers, then its body; past them: 408 and the "
                    "connection closes (default: 60)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"the /v1 routes need 'Authorization: Bearer KEY', else 401 (default: ${API_KEY_ENV}, "
+                   "else none; the variable keeps the key out of the process list)")
+    p.add_argument("--disable-access-log", action="store_true",
+                   help="no access log line per request on stderr (logger infinilm.serve.access)")
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
@@ -96,13 +105,27 @@ def run_serve(args: argparse.Namespace, options: EngineOptions) -> int:
     """``infinilm serve``: serve until SIGTERM; returns 0.
 
     Raises:
-        ConfigError: a package of the ``serve`` extra is missing, or the address cannot be listened on; and
+        ConfigError: a package of the ``serve`` extra is missing, the API key is empty, or the address cannot be
+            listened on; and
             whatever loading the engine raises (ConfigError, GateError, LoadError).
     """
     try:
+        from infinilm.serve.middleware import ACCESS_LOG
         from infinilm.serve.server import serve
     except ModuleNotFoundError as err:
         raise _missing(err) from None
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key: the key is empty")
+    if args.disable_access_log:
+        ACCESS_LOG.disabled = True
+    elif not ACCESS_LOG.handlers:  # the embedding application's logging config wins where it set one
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        ACCESS_LOG.addHandler(handler)
+        ACCESS_LOG.setLevel(logging.INFO)
+        ACCESS_LOG.propagate = False
     return serve(args, options)
 
 

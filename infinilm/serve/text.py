@@ -27,11 +27,14 @@ class TextOutput:
 
     Attributes:
         stopped: a stop string has been found (no text comes after it).
+        stop_string: the stop string that ended the output (vLLM's ``stop_reason``): of those found in the same
+            token's text, the one that begins first (the first in `stop` of those that begin there); else None.
     """
 
     def __init__(self, tokenizer: Any | None, stop: tuple[str, ...] = ()) -> None:
         self.stop = stop
         self.stopped = False
+        self.stop_string: str | None = None
         self._decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
         self._matchers = [_Matcher(s) for s in stop]
         self._held = ""  # text decoded but not returned: it may be the start of a stop string
@@ -54,10 +57,11 @@ class TextOutput:
         if not self._matchers:
             return new
         text, base = self._held + new, len(self._held)
-        starts = [base + end - len(m.stop) for m in self._matchers if (end := m.feed(new)) >= 0]
+        starts = [(base + end - len(m.stop), i) for i, m in enumerate(self._matchers) if (end := m.feed(new)) >= 0]
         if starts:  # the earliest stop string found ends the output
-            self.stopped, self._held = True, ""
-            return text[:min(starts)]
+            start, i = min(starts)
+            self.stopped, self.stop_string, self._held = True, self.stop[i], ""
+            return text[:start]
         keep = 0 if final else max(m.state for m in self._matchers)  # a proper start of a stop string
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]

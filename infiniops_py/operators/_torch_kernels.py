@@ -17,8 +17,10 @@ from infiniops_py.operators import flash_attn as fa
 from infiniops_py.operators import fused_qk_norm as qk
 from infiniops_py.operators import fused_qk_norm_rope as qkr
 from infiniops_py.operators import gemm as g
+from infiniops_py.operators import gemm_swiglu as gs
 from infiniops_py.operators import paged_cache as pc
 from infiniops_py.operators import rms_norm as rn
+from infiniops_py.operators import rms_norm_gated as rng
 from infiniops_py.operators import rotary_embedding as re_
 from infiniops_py.operators import selective_scan as ss
 from infiniops_py.operators import silu_and_mul as sm
@@ -101,6 +103,12 @@ def kernels() -> dict[str, Callable[..., Any]]:
         "all_reduce": lambda tensor, group_name: (ar.all_reduce(tensor, group=ar.group_of(group_name)), None)[1],
         "silu_and_mul": lambda x: sm.silu_and_mul(x),
         "silu_and_mul.out": lambda x, out: (sm.silu_and_mul(x, out=out), None)[1],
+        "gemm_swiglu": lambda x, weight, bias: gs.gemm_swiglu(x, weight, bias),
+        "gemm_swiglu.out": lambda x, weight, bias, out: (gs.gemm_swiglu(x, weight, bias, out=out), None)[1],
+        "rms_norm_gated": lambda x, weight, bias, z, eps, group, before: rng.rms_norm_gated(
+            x, weight, bias, z, eps, group, before),
+        "rms_norm_gated.out": lambda x, weight, bias, z, eps, group, before, out: (rng.rms_norm_gated(
+            x, weight, bias, z, eps, group, before, out=out), None)[1],
         "rotary_embedding": lambda positions, query, key, head_size, cache, is_neox: (
             re_.rotary_embedding(positions, query, key, head_size, cache, is_neox), None)[1],
         "fused_qk_norm_rope": lambda qkv, qw, kw, cache, positions, hq, hkv, d, eps, is_neox: (

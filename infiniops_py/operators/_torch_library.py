@@ -158,7 +158,13 @@ SCHEMAS: Final[dict[str, str]] = {
                               "Tensor? state_batch_indices) -> Tensor",
     "all_reduce": "all_reduce(Tensor(a!) tensor, str group_name) -> ()",
     "silu_and_mul": "silu_and_mul(Tensor x) -> Tensor",
+    "gemm_swiglu": "gemm_swiglu(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    "gemm_swiglu.out": "gemm_swiglu.out(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out) -> ()",
     "silu_and_mul.out": "silu_and_mul.out(Tensor x, Tensor(a!) out) -> ()",
+    "rms_norm_gated": "rms_norm_gated(Tensor x, Tensor weight, Tensor? bias, Tensor? z, float eps, int? group_size, "
+                      "bool norm_before_gate) -> Tensor",
+    "rms_norm_gated.out": "rms_norm_gated.out(Tensor x, Tensor weight, Tensor? bias, Tensor? z, float eps, "
+                          "int? group_size, bool norm_before_gate, Tensor(a!) out) -> ()",
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
                         "Tensor cos_sin_cache, bool is_neox) -> ()",
     "fused_qk_norm_rope": "fused_qk_norm_rope(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
@@ -256,6 +262,10 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "all_reduce": _none,
     "silu_and_mul": lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)),
     "silu_and_mul.out": _none,
+    "gemm_swiglu": lambda x, weight, bias: x.new_empty((x.shape[0], weight.shape[0] // 2)),
+    "gemm_swiglu.out": _none,
+    "rms_norm_gated": lambda x, *_: x.new_empty(x.shape),
+    "rms_norm_gated.out": _none,
     "rotary_embedding": _none,
     "fused_qk_norm_rope": _none,
 }

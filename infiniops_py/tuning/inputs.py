@@ -40,6 +40,7 @@ SIZES: Final[dict[str, dict[str, int]]] = {
     "selective_scan": {"tokens": 2048, "num_heads": 24},
     "selective_state_update": {"batch": 16, "num_heads": 24},
     "silu_and_mul": {"tokens": 128},
+    "rms_norm_gated": {"tokens": 16},
     "rotary_embedding": {"tokens": 128, "num_q_heads": 16, "num_kv_heads": 8},
     "fused_qk_norm_rope": {"tokens": 128},
 }
@@ -85,8 +86,9 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
 
     Raises:
         KeyError: an unknown operator. ValueError: an operator without a size bucket (``all_reduce``), a size
-            that is not an int >= 1, a name that is neither a size of `op` (`SIZES`) nor a field, an unknown
-            dtype or device, or inputs that cannot be allocated (naming the sizes).
+            or a size field (one whose default is an int >= 1: ``hidden_size``) that is not an int >= 1, a
+            name that is neither a size of `op` (`SIZES`) nor a field, an unknown dtype or device, or inputs
+            that cannot be allocated (naming the sizes).
         ContractError: fields that cannot go together (the operator's own checks name them).
     """
     from infiniops_py import OPERATORS
@@ -108,6 +110,10 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     for name, n in full.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{op}: size {name}={n!r} must be an int >= 1")
+    for name, value in fields.items():  # a size among the fields (hidden_size, head_dim): 0 builds empty inputs,
+        default = spec.fields[name]     # which time nothing (issue #30, item 10)
+        if _is_size(default) and (not _is_size(value) or value < 1):
+            raise ValueError(f"{op}: field {name}={value!r} must be an int >= 1 (a size; its default is {default})")
     values = {**spec.fields, **fields}
     dt = getattr(torch, dtype_name(dtype), None) if isinstance(dtype, str) else dtype
     if not isinstance(dt, torch.dtype):
@@ -121,6 +127,12 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     except (RuntimeError, MemoryError) as err:  # an allocation the device refuses
         raise ValueError(f"{op}: cannot make the inputs of sizes {full} on {device}: {err}") from None
     return SyntheticCall(function, args, kwargs, full)
+
+
+def _is_size(value: Any) -> bool:
+    """Whether a field's `value` is an int >= 1 (not a bool): the default of a size field, such as
+    ``hidden_size`` or ``head_dim`` (a field whose default is 0, such as ``block_size`` 0, is a switch)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
@@ -366,6 +378,15 @@ def _silu_and_mul(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple
     return silu_and_mul, (r(s["tokens"], 2 * f["d"]),), {}
 
 
+def _rms_norm_gated(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
+    from infiniops_py import rms_norm_gated
+
+    t, h = s["tokens"], f["hidden_size"]
+    kwargs = {"z": r(t, h) if f["has_z"] else None, "group_size": f["group_size"],
+              "norm_before_gate": f["norm_before_gate"]}
+    return rms_norm_gated, (r(t, h), r(h), r(h) if f["has_bias"] else None), kwargs
+
+
 def _cos_sin(r: _Draw, rotary_dim: int, positions: int) -> torch.Tensor:
     """vLLM's cache ``[positions, rotary_dim]``: the cos half, then the sin half (float32)."""
     inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
@@ -408,6 +429,7 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
     "selective_scan": _scan,
     "selective_state_update": _state_update,
     "silu_and_mul": _silu_and_mul,
+    "rms_norm_gated": _rms_norm_gated,
     "rotary_embedding": _rotary,
     "fused_qk_norm_rope": _qk_norm_rope,
 }

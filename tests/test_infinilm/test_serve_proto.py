@@ -159,6 +159,7 @@ class _Engine:
     """What `create_app` needs of an `EngineLoop` to parse requests; submitting one is a 503."""
 
     metrics = ServerMetrics("kv_block", 8)
+    max_waiting = 256
 
     def submit(self, prompt: list[int], params: object) -> None:
         raise APIError(503, "no engine in this test")
@@ -183,7 +184,9 @@ def test_prompts_are_encoded_off_the_event_loop() -> None:
                                ("/v1/chat/completions", {**M, "messages": [{"role": "user", "content": "hi"}]})):
                 resp = await client.post(path, json=body)
                 assert resp.status == 503, await resp.text()
+            resp = await client.post("/tokenize", json={**M, "prompt": "x" * 200})
+            assert resp.status == 200 and (await resp.json())["count"] >= 200
         return [threading.get_ident()]
 
     loop_thread = asyncio.run(run())
-    assert len(threads) == 2 and loop_thread[0] not in threads
+    assert len(threads) == 3 and loop_thread[0] not in threads

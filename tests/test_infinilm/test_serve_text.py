@@ -8,6 +8,7 @@ counted as token ids handed to the tokenizer per push, never timed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from infinilm.demo import build_byte_tokenizer
 from infinilm.serve.errors import APIError
-from infinilm.serve.schemas import ModelInfo, parse_completion
+from infinilm.serve.schemas import ModelInfo, parse_chat, parse_completion
 from infinilm.serve.text import TextOutput
 from infinilm.tokenizer import StreamDecoder
 
@@ -146,6 +147,7 @@ def test_one_stop_string_ends_the_output_before_its_first_occurrence(text: str, 
     got = _until_stop(out, len(pieces))
     found = text.find(stop)
     assert got == (text if found < 0 else text[:found]) and out.stopped == (found >= 0)
+    assert out.stop_string == (stop if found >= 0 else None)
 
 
 @settings(max_examples=200, deadline=None)
@@ -158,9 +160,17 @@ def test_several_stop_strings_cut_the_output_at_one_of_them(text: str, stops: li
     got = _until_stop(out, len(pieces))
     assert text.startswith(got) and not any(s in got for s in stops)
     if out.stopped:
-        assert any(text[len(got):].startswith(s) for s in stops)
+        assert out.stop_string in stops and text[len(got):].startswith(out.stop_string)
     else:
+        assert out.stop_string is None
         assert got == text and not any(s in text for s in stops)
+
+
+def test_the_stop_string_named_is_the_one_that_begins_first_then_the_first_listed() -> None:
+    out = TextOutput(ByteTokens([b"x", b"abc", b"d"]), ("bc", "abc", "ab"))
+    assert (out.push(0), out.push(1), out.stopped, out.stop_string) == ("x", "", True, "abc")
+    out = TextOutput(ByteTokens([b"x", b"ab", b"c"]), ("abc", "b"))  # "b" is found; "abc" is not yet
+    assert (out.push(0), out.push(1), out.stop_string, out.flush()) == ("x", "a", "b", "")
 
 
 INFO = ModelInfo("m", 257, 256, 16, 64, build_byte_tokenizer(), None)
@@ -189,4 +199,15 @@ def test_a_prompt_past_the_character_limit_is_refused_before_it_is_encoded() -> 
         parse_completion({"model": "m", "prompt": "x" * 1_000_000}, ModelInfo("m", 257, 256, 16, 64, NoEncode(), None))
     assert err.value.param == "prompt" and "1000000 characters" in err.value.message
     ok = parse_completion({"model": "m", "prompt": "x" * 200, "stop": "y" * 1024}, INFO)
-    assert len(ok.prompt) == 200 and ok.stop == ("y" * 1024,)
+    assert len(ok.prompts[0]) == 200 and ok.stop == ("y" * 1024,)
+
+
+def test_each_prompt_of_a_batch_and_the_rendered_chat_have_the_character_limit() -> None:
+    with pytest.raises(APIError) as err:
+        parse_completion({"model": "m", "prompt": ["In", "x" * (32 * 256 + 1)]}, INFO)
+    assert (err.value.status, err.value.param) == (400, "prompt") and "prompt 1 of the batch" in err.value.message
+    chat = dataclasses.replace(INFO, render_chat=lambda messages: "".join(m["content"] for m in messages))
+    with pytest.raises(APIError) as err:
+        parse_chat({"model": "m", "messages": [{"role": "user", "content": "x" * (32 * 256 + 1)}]}, chat)
+    assert (err.value.status, err.value.param) == (400, "messages") and "8193 characters" in err.value.message
+    assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "x" * 200}]}, chat).prompts[0]

@@ -16,7 +16,8 @@ from infiniops_py.registry import provider_from_modules
 __all__ = ["infiniops_provider"]
 
 # families it has no module for (AllReduce: the torch provider's torch.distributed serves the collective)
-_UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "all_reduce")
+_UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "all_reduce",
+             "rms_norm_gated")
 
 
 @hookimpl
