@@ -174,9 +174,11 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
         sys.stdout.write(args.prompt)
     start = time.perf_counter()
     for _ in engine.stream():
-        text = decoder.push(seq.output) if decoder else f"{seq.output[-1]} "
-        sys.stdout.write(text)
+        new = seq.output[len(decoder.ids):] if decoder else seq.output[-1:]
+        sys.stdout.write("".join(decoder.push(t) if decoder else f"{t} " for t in new))
         sys.stdout.flush()
+    if decoder is not None:
+        sys.stdout.write(decoder.flush())  # an incomplete last character, as U+FFFD
     elapsed = time.perf_counter() - start
     used = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
     print(f"\n[{len(prompt)} prompt tokens, {seq.num_output} generated ({seq.finish_reason.value}) in {elapsed:.2f}s; "
