@@ -169,3 +169,23 @@ def test_non_finite_logits_finish_their_request_with_an_error_and_leave_the_othe
     assert [o.finished for o in outputs if o.seq is bad] == [True]
     assert good.output == solo and good.finish_reason is FinishReason.LENGTH
     assert len(hot.output) == 4 and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch_of_32(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """Issue #24: per-row seeds (the request's Philox key, its draw number the offset) whatever shares the step."""
+    import random
+
+    from infinilm import Engine, EngineOptions
+
+    path, _ = checkpoint("llama")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=160))
+    rng = random.Random(5)
+    prompts = [[rng.randrange(1, 255) for _ in range(rng.randint(2, 12))] for _ in range(32)]
+    hot = SamplingParams(max_new_tokens=10, temperature=0.9, top_k=50, top_p=0.95, seed=2**64 - 3, ignore_eos=True)
+    alone = engine.generate([prompts[7]], hot)[0]
+    others = [SamplingParams(max_new_tokens=10, temperature=1.2, seed=i, ignore_eos=True, presence_penalty=0.5)
+              if i % 2 else SamplingParams(max_new_tokens=6, ignore_eos=True) for i in range(32)]
+    seqs = [engine.add_request(p, hot if i == 7 else others[i]) for i, p in enumerate(prompts)]
+    for _ in engine.stream():
+        pass
+    assert seqs[7].output == alone and len(set(alone)) > 1
