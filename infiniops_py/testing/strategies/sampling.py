@@ -33,7 +33,7 @@ _DRAWS = 400
 _INTERPRETED_DRAWS = 40  # the Triton interpreter runs one program per draw in Python
 _LARGE_VOCAB = (*_VOCAB, 1000, 32768, 151936)
 _LARGE_DRAWS = 4000
-_LARGE_ELEMENTS = 2**28
+_LARGE_ELEMENTS = 2**26  # logits elements of a case, draws included (the float64 reference holds several copies)
 _ALPHA = 1e-6
 
 
