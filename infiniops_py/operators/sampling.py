@@ -252,17 +252,28 @@ def sample_rows(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, t
                 penalties: Penalties | None, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The whole pipeline in batched torch ops computing in `dtype` (float64: the reference; float32: the torch
     provider): penalties, the non-finite flag, argmax rows, min-p / top-k / top-p thresholds from one sort, and
-    the Gumbel-max draw over `philox_uniform`. Writes `out` and returns it."""
+    the Gumbel-max draw over `philox_uniform` (on the CPU only for the rows with a temperature > 0). Writes `out`
+    and returns it."""
     x = penalize(logits.to(dtype), penalties).index_select(0, rows)
     bad = (x.isnan() | (x == math.inf)).any(1) | (x == -math.inf).all(1)
-    greedy = x.argmax(1)
+    ids = x.argmax(1)
     temp = temperature.to(dtype)
+    if x.is_cpu:  # the values are on the host already: draw only the rows that sample (greedy batches: no sort)
+        hot = (temp > 0).nonzero()[:, 0]
+        if hot.numel():
+            ids[hot] = _draw(x[hot], top_k[hot], top_p[hot], temp[hot], min_p[hot], seed[hot], offset[hot], dtype)
+    else:  # no synchronization: every row is drawn, the greedy ones keep their argmax
+        ids = torch.where(temp > 0, _draw(x, top_k, top_p, temp, min_p, seed, offset, dtype), ids)
+    return out.copy_(torch.where(bad, -1, ids))
+
+
+def _draw(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, temp: torch.Tensor, min_p: torch.Tensor,
+          seed: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The Gumbel-max draw of each row of `x` ``[n, V]`` (temperatures > 0) over its filtered tokens."""
     z = (x - x.max(1, keepdim=True).values) / temp.clamp_min(torch.finfo(dtype).tiny)[:, None]
     keep = filter_mask(z, top_k, top_p.to(dtype), min_p.to(dtype))
     u = philox_uniform(seed, offset, x.shape[1], dtype)
-    drawn = torch.where(keep, z - torch.log(-torch.log(u)), -math.inf).argmax(1)
-    ids = torch.where(temp > 0, drawn, greedy)
-    return out.copy_(torch.where(bad, -1, ids))
+    return torch.where(keep, z - torch.log(-torch.log(u)), -math.inf).argmax(1)
 
 
 def penalize(x: torch.Tensor, penalties: Penalties | None) -> torch.Tensor:
