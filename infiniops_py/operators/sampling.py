@@ -83,7 +83,8 @@ def top_k_top_p_sampling_from_logits(
     FlashInfer's ``top_k_top_p_sampling_from_logits(logits, top_k, top_p, indices=None, ..., seed, offset)``
     (top-k first, then top-p renormalized) with vLLM's sampler options. One batched call, no host
     synchronization: per-row values are tensors, and bad per-row values are clamped, not checked (a negative
-    temperature is greedy, top_p <= 0 keeps only the most likely, top_p >= 1 and k <= 0 or k >= V filter nothing).
+    temperature is greedy, top_p <= 0 and min_p >= 1 keep only the most likely, top_p >= 1 and k <= 0 or k >= V
+    filter nothing).
 
     Args:
         logits: ``[R, V]`` float16/bfloat16/float32/float64, last stride 1, V >= 1.
@@ -293,7 +294,7 @@ def filter_mask(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p
     top-p over the renormalized survivors, each a threshold from one descending sort (ties kept together)."""
     v = z.shape[1]
     ordered = z.sort(1, descending=True).values
-    floor = torch.where(min_p > 0, torch.log(min_p), -math.inf)
+    floor = torch.where(min_p > 0, torch.log(min_p), -math.inf).clamp_max(0)  # min_p > 1 keeps the maxima
     k = top_k.long()
     kth = ordered.gather(1, (k.clamp(1, v) - 1)[:, None])[:, 0]
     floor = torch.maximum(floor, torch.where((k > 0) & (k < v), kth, -math.inf))

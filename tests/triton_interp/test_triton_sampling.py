@@ -48,3 +48,16 @@ def test_non_finite_rows_give_minus_one() -> None:
     got = _draw("triton", logits, seed=torch.arange(6))
     assert [got[i] == -1 for i in range(6)] == [False, True, True, False, True, False]
     assert got.tolist() == _draw("torch", logits, seed=torch.arange(6)).tolist()
+
+
+def test_per_row_values_out_of_range_are_clamped_alike() -> None:
+    """min_p above 1 and top_p at or below 0 keep the maxima; a negative temperature is the argmax."""
+    logits = randn(4, 50, seed=5)
+    logits[:, 7] = logits.max() + 1
+    kw = {"temperature": torch.tensor([1.0, 1.0, -2.0, 1.0]), "min_p": torch.tensor([3.0, 0.0, 0.0, 0.0]),
+          "seed": torch.arange(4)}
+    top_p = torch.tensor([1.0, -1.0, 1.0, 0.0])
+    for provider in ("triton", "torch"):
+        with infiniops_py.use(provider):
+            got = top_k_top_p_sampling_from_logits(logits, 0, top_p, **kw)  # type: ignore[arg-type]
+        assert got.tolist() == [7, 7, 7, 7], provider

@@ -94,7 +94,7 @@ def _sample_kernel(
         min_p = tl.load(MINP + b).to(tl.float32)
         kept = zero + 0x7F800000
         if min_p > 0:
-            floor = -tl.log(min_p)
+            floor = tl.maximum(-tl.log(min_p), 0.0)  # min_p > 1 keeps the maxima
             kept = tl.where(floor == 0.0, 0, floor.to(tl.int32, bitcast=True))
         k = tl.load(TOPK + b)
         if (k > 0) & (k < V):  # the smallest key with at least k tokens at or below it
