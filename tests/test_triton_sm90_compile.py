@@ -398,5 +398,6 @@ def test_the_sampling_kernel_streams_its_row_in_vectors_without_spills(penalized
     args = {"LOGITS": _Ptr(BF16), "stride_l": 151936, "ROWS": i64, "TOPK": _Ptr("*i32"), "TOPP": f32, "TEMP": f32,
             "MINP": f32, "SEED": i64, "OFFSET": i64, "REP": f32, "FREQ": f32, "PRES": f32, "COUNTS": _Ptr("*i32"),
             "stride_c": 151936, "SEEN": _Ptr("*u8"), "stride_s": 151936, "WORK": f32, "OUT": _Ptr("*i32"),
-            "V": 151936, "PENALIZED": penalized, "BLOCK": 1024, "ITERS": sampling._ITERS}
+            "V": 151936, "PENALIZED": penalized, "BLOCK": 1024, "ITERS": sampling._ITERS, "WAYS": sampling._WAYS,
+            "SEARCH": sampling._SEARCH}
     _fast_memory(_compile(sampling._sample_kernel, args, 4))

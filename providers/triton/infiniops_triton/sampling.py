@@ -2,10 +2,11 @@
 
 A program reads its logits row once (penalties applied on the fly), writes the penalized float32 row to a
 workspace and keeps its max, argmax and non-finite flag. A greedy row (temperature <= 0) stores the argmax.
-Otherwise the thresholds are exact bisections over the order-preserving integer key of ``z = (x - max) / T``
-(``key = bits(-z)``, 0 for the maxima, larger for less likely tokens): the top-k key is the smallest key with
-at least k tokens at or below it (31 passes at most), the top-p key the largest key whose strictly more likely
-tokens hold less than top_p of the mass kept by min-p and top-k (31 more). The draw is Gumbel-max with
+Otherwise the thresholds are exact 15-fold searches over the order-preserving integer key of ``z = (x - max) /
+T`` (``key = bits(-z)``, 0 for the maxima, larger for less likely tokens), each pass testing 16 candidate keys
+at once: the top-k key is the smallest key with at least k tokens at or below it (8 passes at most), the top-p
+key the largest key whose strictly more likely tokens hold less than top_p of the mass kept by min-p and top-k
+(one pass for the mass, 8 more). The draw is Gumbel-max with
 ``tl.philox`` keyed by the row's seed, counter ``(token, offset)``: the same uniforms as the contract's
 `philox_uniform`, so the torch provider and this one draw the same tokens wherever their float32 filters agree.
 """
@@ -23,7 +24,9 @@ from infiniops_triton._common import PRIORITY, base_constraints
 __all__ = ["IMPLEMENTATIONS", "top_k_top_p_sampling_from_logits"]
 
 _BLOCK = 1024
-_ITERS = 31  # bisection steps over keys in [0, 2**31): exact; 0x7F800000 (in the kernel) is the key of -inf
+_WAYS = 16  # candidate keys per search pass, both ends included: the interval of keys shrinks 15-fold per pass
+_SEARCH = 128  # columns per step of a search pass ([WAYS, SEARCH] comparisons in registers)
+_ITERS = 8  # search passes over keys in [0, 2**31): 15**8 > 2**31, exact; 0x7F800000 (in the kernel): key of -inf
 
 
 @triton.jit
@@ -33,26 +36,47 @@ def _z_key(w, m, temp):
 
 
 @triton.jit
-def _count_le(W, V, m, temp, limit, BLOCK: tl.constexpr):
-    total = 0
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+def _counts_le(W, V, m, temp, cand, SEARCH: tl.constexpr):
+    """For each candidate key ``cand[j]``: how many tokens have a key <= it."""
+    total = tl.zeros(cand.shape, tl.int32)
+    for start in range(0, V, SEARCH):
+        cols = start + tl.arange(0, SEARCH)
         w = tl.load(W + cols, mask=cols < V, other=float("-inf"))
         key, _ = _z_key(w, m, temp)
-        total += tl.sum(((key <= limit) & (cols < V)).to(tl.int32), 0)
+        hit = (key[None, :] <= cand[:, None]) & (cols < V)[None, :]
+        total += tl.sum(hit.to(tl.int32), 1)
     return total
 
 
 @triton.jit
-def _mass_lt(W, V, m, temp, limit, kept, BLOCK: tl.constexpr):
-    """Sum of exp(z) over the tokens with key < limit among those with key <= kept."""
-    total = 0.0
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+def _masses_lt(W, V, m, temp, cand, kept, SEARCH: tl.constexpr):
+    """For each candidate key ``cand[j]``: the sum of exp(z) over the tokens with key < it among key <= kept."""
+    total = tl.zeros(cand.shape, tl.float32)
+    for start in range(0, V, SEARCH):
+        cols = start + tl.arange(0, SEARCH)
         w = tl.load(W + cols, mask=cols < V, other=float("-inf"))
         key, z = _z_key(w, m, temp)
-        total += tl.sum(tl.where((key < limit) & (key <= kept) & (cols < V), tl.exp(z), 0.0), 0)
+        weight = tl.where((key <= kept) & (cols < V), tl.exp(z), 0.0)
+        total += tl.sum(tl.where(key[None, :] < cand[:, None], weight[None, :], 0.0), 1)
     return total
+
+
+@triton.jit
+def _candidates(lo, hi, WAYS: tl.constexpr):
+    """``WAYS`` nondecreasing keys from `lo` to `hi`, evenly spread (int64 arithmetic: no overflow)."""
+    j = tl.arange(0, WAYS).to(tl.int64)
+    span = (hi - lo).to(tl.int64)
+    return (lo.to(tl.int64) + (j * span) // (WAYS - 1)).to(tl.int32)
+
+
+@triton.jit
+def _narrow(lo, hi, cand, good, WAYS: tl.constexpr):
+    """The next ``[lo, hi]``: up to the first candidate where `good` holds (it holds at `hi`)."""
+    j = tl.arange(0, WAYS)
+    first = tl.min(tl.where(good, j, WAYS), 0)
+    new_hi = tl.sum(tl.where(j == first, cand, 0), 0)
+    below = tl.sum(tl.where(j == first - 1, cand, 0), 0) + 1
+    return tl.where(first == 0, lo, below), new_hi
 
 
 @triton.jit
@@ -60,7 +84,8 @@ def _sample_kernel(
     LOGITS, stride_l, ROWS, TOPK, TOPP, TEMP, MINP, SEED, OFFSET,
     REP, FREQ, PRES, COUNTS, stride_c, SEEN, stride_s,
     WORK, OUT, V,
-    PENALIZED: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+    PENALIZED: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, WAYS: tl.constexpr,
+    SEARCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     r = tl.load(ROWS + b)
@@ -102,22 +127,18 @@ def _sample_kernel(
             hi = zero + 0x7F800000
             for _ in range(ITERS):
                 if lo < hi:
-                    mid = lo + (hi - lo) // 2
-                    enough = _count_le(W, V, m, temp, mid, BLOCK) >= k
-                    hi = tl.where(enough, mid, hi)
-                    lo = tl.where(enough, lo, mid + 1)
+                    cand = _candidates(lo, hi, WAYS)
+                    lo, hi = _narrow(lo, hi, cand, _counts_le(W, V, m, temp, cand, SEARCH) >= k, WAYS)
             kept = tl.minimum(kept, hi)
         top_p = tl.load(TOPP + b).to(tl.float32)
         if top_p < 1:  # the largest key whose strictly more likely tokens hold less than top_p of the mass
-            need = top_p * _mass_lt(W, V, m, temp, kept + 1, kept, BLOCK)
             lo = zero
             hi = kept + 1
+            need = top_p * tl.max(_masses_lt(W, V, m, temp, hi + tl.zeros((WAYS,), tl.int32), kept, SEARCH), 0)
             for _ in range(ITERS):
                 if lo < hi:
-                    mid = lo + (hi - lo) // 2
-                    over = _mass_lt(W, V, m, temp, mid, kept, BLOCK) >= need
-                    hi = tl.where(over, mid, hi)
-                    lo = tl.where(over, lo, mid + 1)
+                    cand = _candidates(lo, hi, WAYS)
+                    lo, hi = _narrow(lo, hi, cand, _masses_lt(W, V, m, temp, cand, kept, SEARCH) >= need, WAYS)
             kept = tl.maximum(tl.minimum(kept, hi - 1), 0)
         seed = tl.load(SEED + b)
         offset = tl.load(OFFSET + b)
@@ -156,7 +177,8 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, rows: torch.Tensor, t
     _sample_kernel[(n,)](
         logits, logits.stride(0), rows, top_k, top_p, temperature, min_p, seed, offset,
         rep, freq, pres, counts, stride_c, seen, stride_s, work, out, v,
-        PENALIZED=penalties is not None, BLOCK=min(_BLOCK, triton.next_power_of_2(v)), ITERS=_ITERS, num_warps=4,
+        PENALIZED=penalties is not None, BLOCK=min(_BLOCK, triton.next_power_of_2(v)), ITERS=_ITERS, WAYS=_WAYS,
+        SEARCH=_SEARCH, num_warps=4,
     )
     return out
 
