@@ -189,3 +189,19 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch_of_32(check
     for _ in engine.stream():
         pass
     assert seqs[7].output == alone and len(set(alone)) > 1
+
+
+def test_infinilm_generate_reports_non_finite_logits_and_exits_1(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue #30 item 2: `infinilm generate` with a sampled prompt of non-finite logits ended in a traceback."""
+    from lm_helpers import hf_model
+
+    from infinilm.cli import main
+
+    model = hf_model("llama", tied=False)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[3] = float("inf")
+    model.save_pretrained(str(tmp_path))
+    code = main(["generate", "--model", str(tmp_path), "--prompt", "9 3 4", "--max-new-tokens", "4",
+                 "--temperature", "0.8", "--max-model-len", "64"])
+    assert code == 1
+    assert "non-finite" in capsys.readouterr().err
