@@ -25,6 +25,7 @@ from infiniops_py.operators import paged_cache as _paged_cache
 from infiniops_py.operators import rms_norm as _rms_norm
 from infiniops_py.operators import rms_norm_gated as _rms_norm_gated
 from infiniops_py.operators import rotary_embedding as _rotary_embedding
+from infiniops_py.operators import sampling as _sampling
 from infiniops_py.operators import selective_scan as _selective_scan
 from infiniops_py.operators import silu_and_mul as _silu_and_mul
 from infiniops_py.problem import OpSpec, Problem
@@ -34,7 +35,7 @@ __all__ = ["FAMILIES", "OPERATORS", "ContractError", "OpSpec", "Problem"]
 _MODULES: Final[tuple[ModuleType, ...]] = (
     _gemm, _add, _rms_norm, _fused_qk_norm, _paged_cache, _flash_attn, _causal_conv1d, _selective_scan,
     _silu_and_mul, _rotary_embedding, _fused_qk_norm_rope, _gemm_swiglu, _all_reduce,
-    _rms_norm_gated,
+    _rms_norm_gated, _sampling,
 )
 
 FAMILIES: Final[tuple[str, ...]] = tuple(m.__name__.rpartition(".")[2] for m in _MODULES)

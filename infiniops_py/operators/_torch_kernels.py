@@ -22,6 +22,7 @@ from infiniops_py.operators import paged_cache as pc
 from infiniops_py.operators import rms_norm as rn
 from infiniops_py.operators import rms_norm_gated as rng
 from infiniops_py.operators import rotary_embedding as re_
+from infiniops_py.operators import sampling as sa
 from infiniops_py.operators import selective_scan as ss
 from infiniops_py.operators import silu_and_mul as sm
 
@@ -114,4 +115,9 @@ def kernels() -> dict[str, Callable[..., Any]]:
         "fused_qk_norm_rope": lambda qkv, qw, kw, cache, positions, hq, hkv, d, eps, is_neox: (
             qkr.fused_qk_norm_rope(qkv, qw, kw, cache, positions, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                                    eps=eps, is_neox=is_neox), None)[1],
+        "top_k_top_p_sampling_from_logits": lambda logits, top_k, top_p, indices, temperature, min_p, seed, offset,
+        repetition, frequency, presence, counts, prompt: sa.top_k_top_p_sampling_from_logits(
+            logits, top_k, top_p, indices, temperature=temperature, min_p=min_p, seed=seed, offset=offset,
+            repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence,
+            output_token_counts=counts, prompt_token_mask=prompt),
     }

@@ -170,6 +170,11 @@ SCHEMAS: Final[dict[str, str]] = {
     "fused_qk_norm_rope": "fused_qk_norm_rope(Tensor(a!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
                           "Tensor positions, int num_q_heads, int num_kv_heads, int head_dim, float eps, "
                           "bool is_neox) -> ()",
+    "top_k_top_p_sampling_from_logits": "top_k_top_p_sampling_from_logits(Tensor logits, Tensor top_k, Tensor top_p, "
+                                        "Tensor? indices, Tensor temperature, Tensor min_p, Tensor seed, "
+                                        "Tensor offset, Tensor? repetition_penalty, Tensor? frequency_penalty, "
+                                        "Tensor? presence_penalty, Tensor? output_token_counts, "
+                                        "Tensor? prompt_token_mask) -> Tensor",
 }
 
 
@@ -268,6 +273,7 @@ _FAKES: Final[dict[str, Callable[..., Any]]] = {
     "rms_norm_gated.out": _none,
     "rotary_embedding": _none,
     "fused_qk_norm_rope": _none,
+    "top_k_top_p_sampling_from_logits": lambda logits, top_k, *_: logits.new_empty(top_k.shape, dtype=torch.int32),
 }
 
 _LIBRARY: list[torch.library.Library] = []  # kept alive: dropping a Library deregisters its operators

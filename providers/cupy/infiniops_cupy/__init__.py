@@ -17,13 +17,13 @@ __all__ = ["infiniops_provider"]
 
 # families it has no module for (AllReduce: the torch provider's torch.distributed serves the collective)
 _UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "all_reduce",
-             "rms_norm_gated")
+             "rms_norm_gated", "sampling")
 
 
 @hookimpl
 def infiniops_provider() -> Provider:
-    """The ``cupy`` provider: every family but FlashAttention and the decode fusions (``_UNSERVED``), built for
-    provider API 1.
+    """The ``cupy`` provider: every family but FlashAttention, the decode fusions and sampling (``_UNSERVED``),
+    built for provider API 1.
 
     Importing its modules needs neither CuPy nor a GPU (each module defers CuPy to its first call).
     """
