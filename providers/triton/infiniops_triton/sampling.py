@@ -19,7 +19,7 @@ import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_py.operators.sampling import Penalties
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import base_constraints
 
 __all__ = ["IMPLEMENTATIONS", "top_k_top_p_sampling_from_logits"]
 
@@ -183,11 +183,17 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, rows: torch.Tensor, t
     return out
 
 
+# Below the torch provider's 10: one program per row makes this kernel slower than the torch provider's batched
+# pipeline at every batch measured on the H200 (benchmarks/RESULTS.md, "Sampling"), so it serves by measured time
+# (`infiniops tune`) or when asked for, not by default.
+SAMPLING_PRIORITY = 5
+
+
 IMPLEMENTATIONS = [
     Implementation(
         "top_k_top_p_sampling_from_logits", "triton", "triton.top_k_top_p_sampling_from_logits",
         Capability(*base_constraints(), OneOf("dtype", ("float16", "bfloat16", "float32")),
                    OneOf("penalized", (False, True))),
-        PRIORITY, top_k_top_p_sampling_from_logits,
+        SAMPLING_PRIORITY, top_k_top_p_sampling_from_logits,
     ),
 ]
