@@ -111,7 +111,7 @@ def run_conformance(
         says why when the provider serves nothing there, or when `device` is cuda and the machine has no
         CUDA device). Nothing raises for a failing provider.
     """
-    from infiniops_py.testing.strategies import STRATEGIES
+    from infiniops_py.testing.strategies import strategy as strategy_of
 
     report = Report(provider, device)
     ref_device = torch.device(reference_device or ("cuda" if device == "cuda" else "cpu"))
@@ -130,7 +130,7 @@ def run_conformance(
             if dtypes is None or dtype in dtypes:
                 op_report = OpReport(impl.op, dtype, impl.name)
                 report.ops.append(op_report)
-                strategy = STRATEGIES.get(impl.op)
+                strategy = strategy_of(impl.op)
                 if strategy is None:
                     op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
                     continue
