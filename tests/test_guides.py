@@ -10,6 +10,7 @@ row.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -85,15 +86,15 @@ def test_the_readme_adds_an_operator_and_a_provider_that_pass_check_compile_expo
     write_distribution(site, Plugin("infiniops-provider-mine", package, {"mine": "infiniops_mine"}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(core), str(site), str(ROOT / "providers/torch")]),
            "INFINIOPS_PROVIDERS": "mine,torch"}
-    check = subprocess.run([sys.executable, "-m", "infiniops_py.cli", "check", "mine", "--op", "scale_rows",
-                            "--op", "add", "--max-examples", "15"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                           timeout=600)
+    command = [sys.executable, "-m", "infiniops_py.cli", "check", "mine", "--op", "scale_rows", "--op", "add",
+               "--max-examples", "15"]
+    check = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "mine.scale_rows" in check.stdout and "mine.add" in check.stdout, check.stdout
     run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=600)
     assert run.returncode == 0, run.stderr
-    found = __import__("json").loads(run.stdout.splitlines()[-1])
+    found = json.loads(run.stdout.splitlines()[-1])
     assert found["breaks"] == 0 and found["compiled"] and found["exported"], found
     assert "infiniops.scale_rows.default" in found["targets"], found["targets"]
     assert found["schema"] == "infiniops::scale_rows(Tensor x, float scale) -> Tensor"
