@@ -111,7 +111,7 @@ def rms_norm(
             1, a bad `eps` or `out`, or a tensor that requires grad while grad mode is on (there is no
             backward).
     """
-    # The checks run on every call (benchmarks/dispatch.py keeps them near 2 us, as add.py's): each
+    # The checks run on every call (benchmarks/dispatch.py times them, as add.py's): each
     # attribute is read once, and a helper is only called to raise. A non-tensor fails an attribute read
     # (the try costs nothing when nothing is raised) or, duck-typed, a helper's `check_tensor`.
     if type(eps) is not float or not 0.0 < eps < _INF:
