@@ -5,7 +5,7 @@ Each Python block of the two sections starts with a comment naming its file. The
 the end of ``FAMILIES`` (nothing else of the core changes), lays the provider out as an installed distribution
 with its entry point (`tests/example_plugins.py`), and runs in a fresh interpreter: ``infiniops check`` on the
 new operator and the provider, ``torch.compile(fullgraph=True)`` and ``torch.export`` of a call, and the matrix
-row.
+row, and the tuner on a call its declaration's ``sample_inputs`` builds.
 """
 
 from __future__ import annotations
@@ -43,12 +43,15 @@ targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function
 with ops.use("mine", op="scale_rows"):
     ran = exported.module()(x)
 matrix = build(devices=("cpu",), dtypes=("float32",))
+from infiniops_py.tuning import tune_problem
+tuned = tune_problem("scale_rows", sizes={"tokens": 33}, fields={"hidden_size": 8}, save=False).results
 print(json.dumps({
     "breaks": explained.graph_break_count,
     "compiled": torch.allclose(compiled, x * 2 + 1),
     "exported": torch.allclose(ran, x * 3),
     "targets": targets,
     "schema": str(torch.ops.infiniops.scale_rows.default._schema),
+    "tuned": [[repr(r.problem), r.status] for r in tuned],
     "rows": [[r.provider, [c.text() for c in r.cells]] for r in matrix.rows_of("scale_rows")],
 }))
 '''
@@ -98,4 +101,6 @@ def test_the_readme_adds_an_operator_and_a_provider_that_pass_check_compile_expo
     assert found["breaks"] == 0 and found["compiled"] and found["exported"], found
     assert "infiniops.scale_rows.default" in found["targets"], found["targets"]
     assert found["schema"] == "infiniops::scale_rows(Tensor x, float scale) -> Tensor"
+    assert [p for p, _ in found["tuned"]] == ["Problem(scale_rows, device_type=cpu, dtype=float32, hidden_size=8; "
+                                             "size bucket tokens<=64)"], found["tuned"]  # built by sample_inputs
     assert ["mine", ["served"]] in found["rows"] and ["reference", ["served"]] in found["rows"], found["rows"]

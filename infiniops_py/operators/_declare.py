@@ -22,8 +22,19 @@ public function itself wrapped by a generated function of the same signature tha
 whose `Overload.when` matches the call (`lowered`), and otherwise runs the body. The dispatch key is
 `OpSpec.key` (made from `fields` and `buckets`, by name).
 
-`sizes` and `sample_inputs` describe a call by its sizes (for conformance, tuning and benchmarks): the testing
-layer draws each size from `sizes` and builds the call with `sample_inputs`.
+Converting an operator written in the earlier style (a schema in ``_torch_library.SCHEMAS``, a fake in
+``_FAKES``, an adapter in ``_torch_kernels.kernels()``, an ``if lowered(x):`` branch, an `OpSpec` at the end of
+its module and a key tuple written by position): drop the three table entries and the branch; move the
+reference above the public function and replace the `OpSpec` by an `Operator` of the same fields, buckets,
+reference and doc, placed before the function, with one `Overload` per branch of the old lowering (its
+selector as `when`, its fake as `fake`, ``outputs`` and ``returns`` as the schema's result) and the mutated
+arguments in `mutates`; decorate the function with ``@SPEC.define``; and build the key with
+``SPEC.key(device_type, dtype, <field>=..., <bucket>=<raw size>)`` (the size class is taken there).
+``tests/test_torch_ops.py`` then compiles, exports and fakes it with the others once it is in their lists.
+
+`sizes` and `sample_inputs` describe a call by its fields and sizes (for conformance and tuning): the testing
+layer draws each size from `sizes` and builds the call with `sample_inputs` (where the family has no strategy
+module), and so does the tuner (where ``tuning/inputs.py`` has no builder of its own).
 """
 
 from __future__ import annotations
@@ -57,8 +68,10 @@ GIVEN: Final = _Given()
 
 SampleInputs = Callable[[Mapping[str, int], torch.dtype, torch.device, torch.Generator],
                         tuple[tuple[Any, ...], dict[str, Any]]]
-"""``sample_inputs(sizes, dtype, device, generator) -> (args, kwargs)``: a call of the public function of the
-given sizes (each size named in `Operator.sizes`), random values from `generator`."""
+"""``sample_inputs(values, dtype, device, generator) -> (args, kwargs)``: a call of the public function whose
+problem has the given fields and sizes (`values`: every problem field and every size of `Operator.sizes`, by
+name), random values from `generator`. The conformance suite draws the sizes from `Operator.sizes` (and the bool
+fields); the tuner passes a problem's fields and its bucket's sizes."""
 
 _KINDS: Final[dict[str, str]] = {  # the public function's annotation -> the schema type
     "torch.Tensor": "Tensor", "torch.Tensor|None": "Tensor?", "float": "float", "float|None": "float?",
@@ -123,7 +136,8 @@ class Operator(OpSpec):
         overloads: the forms of the call (`Overload`), tried in order; the default: one form, one output.
         mutates: the public arguments written in place (``Tensor(a!)`` in every schema that has them).
         params: `Param` per public argument whose schema form its annotation does not give.
-        sizes: size name -> the values the testing layer draws (``{"tokens": (1, 3, 17)}``).
+        sizes: size name -> the values the testing layer draws (``{"tokens": (1, 3, 17)}``); the tuner's default
+            is the largest.
         sample_inputs: a call of the given sizes (`SampleInputs`); None: none declared.
         tolerance_as: the operator whose tolerances (``infiniops_py/testing/tolerances.py``) apply, when not
             its own name.

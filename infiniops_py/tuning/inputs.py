@@ -22,6 +22,20 @@ from typing import Any, Final
 
 import torch
 
+from infiniops_py.operators import OPERATORS
+from infiniops_py.operators.add import add
+from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
+from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
+from infiniops_py.operators.fused_qk_norm import fused_qk_norm
+from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
+from infiniops_py.operators.gemm import gemm
+from infiniops_py.operators.paged_cache import reshape_and_cache_flash
+from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
+from infiniops_py.operators.rotary_embedding import rotary_embedding
+from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
+from infiniops_py.operators.silu_and_mul import silu_and_mul
+from infiniops_py.problem import dtype_name
+
 __all__ = ["SIZES", "SyntheticCall", "build"]
 
 FP8: Final = torch.float8_e4m3fn
@@ -89,11 +103,11 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
             dtype or device, or inputs that cannot be allocated (naming the sizes).
         ContractError: fields that cannot go together (the operator's own checks name them).
     """
-    from infiniops_py import OPERATORS
-    from infiniops_py.problem import dtype_name
-
     if op not in OPERATORS:
         raise KeyError(f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
+    declared = getattr(OPERATORS[op], "sample_inputs", None)
+    if op not in SIZES and declared is not None:
+        return _declared(OPERATORS[op], device=device, dtype=dtype, sizes=sizes, fields=fields)
     if op not in SIZES:
         raise ValueError(f"{op} has no size bucket: nothing to tune (a collective is timed on all its ranks "
                          "together, which the tuner does not do)")
@@ -123,9 +137,23 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     return SyntheticCall(function, args, kwargs, full)
 
 
-def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import gemm
+def _declared(spec: Any, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str, int],
+              fields: Mapping[str, Any]) -> SyntheticCall:
+    """The call an operator's declaration builds (``Operator.sample_inputs``) from its fields and sizes: those
+    given, else each size the largest of the declaration's ``sizes``, each field its default."""
+    unknown = set(sizes) - set(spec.sizes) | set(fields) - set(spec.fields)
+    if unknown:
+        raise ValueError(f"{spec.name}: unknown size(s) or field(s) {sorted(unknown)}; its sizes: "
+                         f"{', '.join(spec.sizes)}; its fields: {', '.join(spec.fields)}")
+    values = {**spec.fields, **{name: max(drawn) for name, drawn in spec.sizes.items()}, **fields, **sizes}
+    dt = getattr(torch, dtype_name(dtype), None) if isinstance(dtype, str) else dtype
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, ...)")
+    args, kwargs = spec.sample_inputs(values, dt, torch.device(device), torch.Generator().manual_seed(0))
+    return SyntheticCall(spec.function, tuple(args), dict(kwargs), {name: values[name] for name in spec.sizes})
 
+
+def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
     m, n, k = s["m"], s["n"], s["k"]
     lead = (2,) if f["batched"] else ()
     a = r(*lead, *((k, m) if f["trans_a"] else (m, k)))
@@ -139,8 +167,6 @@ def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callabl
 
 
 def _add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import add
-
     numel = s["numel"]
     if f["broadcast"]:  # the bias add of a linear layer: [rows, cols] + [cols]
         cols = min(numel, 1024)
@@ -151,22 +177,16 @@ def _add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable
 
 
 def _rms_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import rms_norm
-
     h = f["hidden_size"]
     return rms_norm, (r(s["tokens"], h), 1 + r(h, scale=0.1), 1e-6), {}
 
 
 def _fused_add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import fused_add_rms_norm
-
     h = f["hidden_size"]
     return fused_add_rms_norm, (r(s["tokens"], h), r(s["tokens"], h), 1 + r(h, scale=0.1), 1e-6), {}
 
 
 def _qk_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import fused_qk_norm
-
     d, hq, hkv = f["head_dim"], f["num_q_heads"], f["num_kv_heads"]
     qkv = r(s["tokens"], (hq + 2 * hkv) * d)
     return fused_qk_norm, (qkv, 1 + r(d, scale=0.1), 1 + r(d, scale=0.1)), {
@@ -174,8 +194,6 @@ def _qk_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Call
 
 
 def _cache_write(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import reshape_and_cache_flash
-
     t, bs, hkv, d = s["tokens"], f["block_size"], f["num_kv_heads"], f["head_dim"]
     blocks = math.ceil(t / bs) + 1
     slots = torch.arange(t, dtype=torch.int64, device=r.device)
@@ -213,8 +231,6 @@ def _paged(r: _Draw, f: Mapping[str, Any], lengths: list[int], hkv: int, d: int
 
 
 def _varlen(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import flash_attn_varlen
-
     q_tokens, k_len, hkv, d = s["q_tokens"], s["k_len"], s["num_kv_heads"], f["head_dim"]
     hq = hkv * f["gqa_ratio"]
     # q_tokens <= k_len: one sequence whose last q_tokens query rows see k_len keys (a chunked prefill);
@@ -237,8 +253,6 @@ def _varlen(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Calla
 
 
 def _kvcache(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import flash_attn_with_kvcache
-
     batch, k_len, hkv, d = s["q_tokens"], s["k_len"], s["num_kv_heads"], f["head_dim"]
     hq = hkv * f["gqa_ratio"]
     kwargs = _attention_kwargs(r, f, k_len, batch, hq, hkv)
@@ -264,8 +278,6 @@ def _kvcache(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Call
 
 
 def _conv(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import causal_conv1d
-
     tokens, dim, width = s["tokens"], s["dim"], f["width"]
     weight = r(dim, width, scale=width ** -0.5)
     kwargs: dict[str, Any] = {"activation": "silu" if f["silu"] else None}
@@ -289,8 +301,6 @@ def _conv(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callabl
 
 
 def _conv_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import causal_conv1d_update
-
     batch, dim, width = s["batch"], s["dim"], f["width"]
     slots = 2 * batch if f["has_indices"] else batch
     kwargs: dict[str, Any] = {"activation": "silu" if f["silu"] else None}
@@ -322,8 +332,6 @@ def _scan_inputs(r: _Draw, f: Mapping[str, Any], rows: int, length: int, heads: 
 
 
 def _scan(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import selective_scan
-
     tokens, heads = s["tokens"], s["num_heads"]
     args, kwargs = _scan_inputs(r, f, 1, tokens, heads)
     kwargs["chunk_size"] = f["chunk_size"]
@@ -341,8 +349,6 @@ def _scan(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callabl
 
 
 def _state_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import selective_state_update
-
     batch, heads, p, n = s["batch"], s["num_heads"], f["head_dim"], f["d_state"]
     (x, dt, a, b, c), kwargs = _scan_inputs(r, f, batch, 0, heads)
     if f["untied"]:  # mamba's own layouts, one value per channel: dt [B, H, P], A [H, P, N], dt_bias and D [H, P]
@@ -361,8 +367,6 @@ def _state_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple
 
 
 def _silu_and_mul(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import silu_and_mul
-
     return silu_and_mul, (r(s["tokens"], 2 * f["d"]),), {}
 
 
@@ -374,8 +378,6 @@ def _cos_sin(r: _Draw, rotary_dim: int, positions: int) -> torch.Tensor:
 
 
 def _rotary(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import rotary_embedding
-
     t, hq, hkv, d = s["tokens"], s["num_q_heads"], s["num_kv_heads"], f["head_dim"]
     qkv = r(t, (hq + 2 * hkv) * d)  # query and key as column views of one packed projection, as in a model
     positions = torch.arange(t, dtype=torch.int64, device=r.device)
@@ -384,8 +386,6 @@ def _rotary(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Calla
 
 
 def _qk_norm_rope(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import fused_qk_norm_rope
-
     t, hq, hkv, d = s["tokens"], f["num_q_heads"], f["num_kv_heads"], f["head_dim"]
     positions = torch.arange(t, dtype=torch.int64, device=r.device)
     return fused_qk_norm_rope, (r(t, (hq + 2 * hkv) * d), 1 + r(d, scale=0.1), 1 + r(d, scale=0.1),

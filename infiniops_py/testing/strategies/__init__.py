@@ -37,11 +37,15 @@ STRATEGIES: Final = _collect()
 
 
 def sampled_case(ctx: CaseContext) -> Case:
-    """A case from the declaration's ``sample_inputs``: each size of ``sizes`` drawn from its values, random
-    values from the case's generator; the arguments the declaration ``mutates`` are compared after the call."""
+    """A case from the declaration's ``sample_inputs``: each size of ``sizes`` drawn from its values, each bool
+    field drawn (mostly among the values the implementation declares), the other fields at their defaults,
+    random values from the case's generator; the arguments the declaration ``mutates`` are compared after the
+    call."""
     spec: Any = ctx.spec
-    sizes = {name: ctx.record(name, ctx.draw(st.sampled_from(values))) for name, values in spec.sizes.items()}
-    args, kwargs = spec.sample_inputs(sizes, ctx.dtype, ctx.device, ctx.generator())
+    values = {name: ctx.pick(name, (False, True)) if isinstance(default, bool) else default
+              for name, default in spec.fields.items()}
+    sizes = {name: ctx.record(name, ctx.draw(st.sampled_from(drawn))) for name, drawn in spec.sizes.items()}
+    args, kwargs = spec.sample_inputs({**values, **sizes}, ctx.dtype, ctx.device, ctx.generator())
     mutated = tuple(name for name in spec.mutates if name in kwargs)
     return Case(tuple(args), dict(kwargs), mutated=mutated, note=", ".join(f"{k}={v}" for k, v in sizes.items()))
 
