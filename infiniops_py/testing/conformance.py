@@ -59,6 +59,7 @@ from infiniops_py.testing.lookup import (
     serves_nothing,
 )
 from infiniops_py.testing.report import NOTHING_RAN, Failure, OpReport, Report
+from infiniops_py.testing.strategies import strategy as strategy_of
 from infiniops_py.testing.tolerances import tolerance
 
 __all__ = [
@@ -111,8 +112,6 @@ def run_conformance(
         says why when the provider serves nothing there, or when `device` is cuda and the machine has no
         CUDA device). Nothing raises for a failing provider.
     """
-    from infiniops_py.testing.strategies import strategy as strategy_of
-
     report = Report(provider, device)
     ref_device = torch.device(reference_device or ("cuda" if device == "cuda" else "cpu"))
     scale = _Scale(device == "cuda" if large is None else large, ref_device)
