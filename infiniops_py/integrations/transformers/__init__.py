@@ -47,8 +47,8 @@ a call with grad mode on and parameters that require grad raises the operators' 
 from __future__ import annotations
 
 from infiniops_py.integrations.transformers._attention import ATTENTION
-from infiniops_py.integrations.transformers._families import FAMILIES, Family
+from infiniops_py.integrations.transformers._families import FAMILIES, SwapTargets
 from infiniops_py.integrations.transformers._kernelize import kernelize
 from infiniops_py.integrations.transformers._report import Kernelized
 
-__all__ = ["ATTENTION", "FAMILIES", "Family", "Kernelized", "kernelize"]
+__all__ = ["ATTENTION", "FAMILIES", "Kernelized", "SwapTargets", "kernelize"]

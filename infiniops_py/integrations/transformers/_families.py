@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["FAMILIES", "Family"]
+__all__ = ["FAMILIES", "SwapTargets"]
 
 @dataclass(frozen=True)
-class Family:
+class SwapTargets:
     """What `kernelize` swaps in one model family, by transformers class name.
 
     Attributes:
@@ -31,11 +31,11 @@ class Family:
     left: tuple[str, ...] = ()
 
 
-FAMILIES: Final[dict[str, Family]] = {
-    "llama": Family(("LlamaRMSNorm",), ("LlamaDecoderLayer",), ("LlamaAttention",), ("LlamaMLP",)),
-    "qwen2": Family(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), ("Qwen2MLP",)),
-    "qwen3": Family(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), ("Qwen3MLP",)),
-    "mamba2": Family(("Mamba2RMSNorm",), float32_inputs=("norm_f",), left=(
+FAMILIES: Final[dict[str, SwapTargets]] = {
+    "llama": SwapTargets(("LlamaRMSNorm",), ("LlamaDecoderLayer",), ("LlamaAttention",), ("LlamaMLP",)),
+    "qwen2": SwapTargets(("Qwen2RMSNorm",), ("Qwen2DecoderLayer",), ("Qwen2Attention",), ("Qwen2MLP",)),
+    "qwen3": SwapTargets(("Qwen3RMSNorm",), ("Qwen3DecoderLayer",), ("Qwen3Attention",), ("Qwen3MLP",)),
+    "mamba2": SwapTargets(("Mamba2RMSNorm",), float32_inputs=("norm_f",), left=(
         "MambaRMSNormGated: no operator is its float32 x * silu(gate) followed by a per-group RMSNorm "
         "(silu_and_mul rounds the product to the dtype and takes gate and x packed in one tensor)",
         "Mamba2Mixer: its causal conv and scans stay transformers' own",

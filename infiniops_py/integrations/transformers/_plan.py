@@ -10,7 +10,7 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from infiniops_py import Problem, make_problem
-from infiniops_py.integrations.transformers._families import Family
+from infiniops_py.integrations.transformers._families import SwapTargets
 from infiniops_py.integrations.transformers._rope import rope_attention, rope_unsupported
 from infiniops_py.integrations.transformers._source import code_of
 from infiniops_py.integrations.transformers._swaps import (
@@ -33,7 +33,7 @@ class Plan(NamedTuple):
     prepare: list[Callable[[], None]]  # run once the gates pass, before the swaps (the gate|up packing)
 
 
-def make_plan(model: torch.nn.Module, family: Family, device_type: str) -> Plan:
+def make_plan(model: torch.nn.Module, family: SwapTargets, device_type: str) -> Plan:
     """The swaps of `family` that `model` admits on `device_type`, the problems they need, and what is left
     (with the reason): a norm class whose module is not the RMSNorm `rms_norm` computes, a decoder layer whose
     forward is not the residual pattern (`_residual_pattern`), attention the model cannot redirect, RoPE that is
