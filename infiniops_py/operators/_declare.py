@@ -141,6 +141,8 @@ class Operator(OpSpec):
         sample_inputs: a call of the given sizes (`SampleInputs`); None: none declared.
         tolerance_as: the operator whose tolerances (``infiniops_py/testing/tolerances.py``) apply, when not
             its own name.
+        lowered_by: the argument whose FakeTensor-ness decides the lowering outside tracing (the first one
+            when None).
     """
 
     overloads: tuple[Overload, ...] = (Overload(),)
@@ -149,6 +151,7 @@ class Operator(OpSpec):
     sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     sample_inputs: SampleInputs | None = None
     tolerance_as: str | None = None
+    lowered_by: str | None = None
 
     def define(self, body: Callable[..., Any]) -> Callable[..., Any]:
         """Make `body` the public function: define each overload's custom operator from its signature, and
@@ -164,11 +167,13 @@ class Operator(OpSpec):
             raise ValueError(f"{self.name}: the public function is defined already ({self.function!r})")
         signature = inspect.signature(body)
         names = tuple(signature.parameters)
-        known = {*names, *(n for o in self.overloads for n in (*o.when, *o.drop)), *self.mutates, *self.params}
+        known = {*(n for o in self.overloads for n in (*o.when, *o.drop)), *self.mutates, *self.params,
+                 *([self.lowered_by] if self.lowered_by else [])}
         if not known <= set(names):
             raise ValueError(f"{self.name}: {sorted(known - set(names))} are not arguments of {body.__qualname__}")
         forms: list[_Form] = []
-        public = _generated(body, signature, lambda values: _lower(body, names, forms, values))
+        public = _generated(body, signature, lambda values: _lower(body, names, forms, values),
+                            self.lowered_by or names[0])
         object.__setattr__(self, "function", public)
         for overload in self.overloads:
             forms.append(_define(self, overload, signature, public))
@@ -223,7 +228,13 @@ def _kind(spec: Operator, parameter: inspect.Parameter) -> str:
     if param is not None:
         return param.kind
     annotation = parameter.annotation
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    if isinstance(annotation, str):  # under ``from __future__ import annotations``
+        text = annotation
+    elif isinstance(annotation, type):
+        module = annotation.__module__
+        text = annotation.__qualname__ if module == "builtins" else f"{module}.{annotation.__qualname__}"
+    else:
+        text = repr(annotation)  # ``torch.Tensor | None``, ``tuple[int, int]``
     kind = _KINDS.get(text.replace(" ", ""))
     if kind is None:
         raise ValueError(f"{spec.name}: argument {parameter.name!r} annotated {text!r} has no schema type: declare "
@@ -301,8 +312,8 @@ def _as_list(value: Any, call: Mapping[str, Any]) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _generated(body: Callable[..., Any], signature: inspect.Signature,
-               lower: Callable[[tuple[Any, ...]], Any]) -> Callable[..., Any]:
+def _generated(body: Callable[..., Any], signature: inspect.Signature, lower: Callable[[tuple[Any, ...]], Any],
+               first: str) -> Callable[..., Any]:
     """A function of `body`'s signature that lowers (`_torch_library.lowered`'s test, written inline so that
     an eager call costs one call more than `body` alone, no more) or else calls `body`."""
     names = list(signature.parameters)
@@ -326,7 +337,6 @@ def _generated(body: Callable[..., Any], signature: inspect.Signature,
             params.append(f"{p.name}=_default{i}")
         call.append(p.name if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
     values = "(" + "".join(f"{n}, " for n in names) + ")"
-    first = names[0]
     source = (f"def {body.__name__}({', '.join(params)}):\n"
               f"    if _dynamo() or _compiler._is_compiling_flag:\n"
               f"        if not getattr(_on_meta, 'active', False):\n"

@@ -76,6 +76,7 @@ SPEC = Operator(
         "partial rotary)",
     overloads=(Overload(outputs=0, returns=("query", "key")),),
     mutates=("query", "key"),
+    lowered_by="query",
 )
 
 
