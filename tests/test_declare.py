@@ -56,11 +56,15 @@ for label, kwargs in {
     "unknown argument": {"mutates": ("y",)},
     "no fake": {"overloads": (Overload(),)},
     "no schema type": {"overloads": (Overload(fake=lambda x, n: x),)},
+    "second form without a fake": {"overloads": (Overload(when={"n": None}, fake=lambda x: x),
+                                                 Overload("two", when={"n": True}))},
 }.items():
     try:
         Operator(name="bad_" + label.replace(" ", "_"), fields={}, reference=body, **kwargs).define(body)
     except ValueError as err:
         errors[label] = str(err)
+from infiniops_py.operators._torch_library import SCHEMAS
+errors["defined"] = sorted(name for name in SCHEMAS if name.startswith("bad_"))
 print(json.dumps(errors))
 '''
 
@@ -71,3 +75,6 @@ def test_a_declaration_that_does_not_fit_its_function_is_refused_naming_what() -
     assert "['y'] are not arguments of body" in errors["unknown argument"]
     assert "a form with outputs needs a fake kernel" in errors["no fake"]
     assert "argument 'n' annotated 'object' has no schema type" in errors["no schema type"]
+    second = errors["second form without a fake"]
+    assert "bad_second_form_without_a_fake.two: a form with outputs needs a fake" in second
+    assert errors["defined"] == []  # a refused declaration defines no custom operator, not even its first form

@@ -171,6 +171,10 @@ class Operator(OpSpec):
                  *([self.lowered_by] if self.lowered_by else [])}
         if not known <= set(names):
             raise ValueError(f"{self.name}: {sorted(known - set(names))} are not arguments of {body.__qualname__}")
+        for overload in self.overloads:  # every form checked before anything is defined
+            if overload.outputs and overload.fake is None:
+                raise ValueError(f"{self.name}.{overload.name or 'default'}: a form with outputs needs a fake kernel")
+            _schema(self, overload, signature)
         forms: list[_Form] = []
         public = _generated(body, signature, lambda values: _lower(body, names, forms, values),
                             self.lowered_by or names[0])
@@ -262,8 +266,6 @@ def _schema(spec: Operator, overload: Overload, signature: inspect.Signature) ->
 def _define(spec: Operator, overload: Overload, signature: inspect.Signature, public: Callable[..., Any]) -> _Form:
     """Define `overload`'s custom operator: schema, run-time kernel (the public function) and fake kernel;
     return what lowering a call of this form needs."""
-    if overload.outputs and overload.fake is None:
-        raise ValueError(f"{spec.name}.{overload.name or 'default'}: a form with outputs needs a fake kernel")
     names = tuple(signature.parameters)
     carried = _schema_names(spec, overload, names)
     fixed = {n: v for n, v in overload.when.items() if v is not GIVEN}
