@@ -51,7 +51,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from infiniops_py.operators import _torch_library
 from infiniops_py.problem import OpSpec
 
-__all__ = ["GIVEN", "Operator", "Overload", "Param", "SampleInputs"]
+__all__ = ["GIVEN", "Operator", "Overload", "Param", "SampleInputs", "sample_tensor"]
 
 
 @final
@@ -72,6 +72,13 @@ SampleInputs = Callable[[Mapping[str, int], torch.dtype, torch.device, torch.Gen
 problem has the given fields and sizes (`values`: every problem field and every size of `Operator.sizes`, by
 name), random values from `generator`. The conformance suite draws the sizes from `Operator.sizes` (and the bool
 fields); the tuner passes a problem's fields and its bucket's sizes."""
+
+def sample_tensor(generator: torch.Generator, *shape: int, dtype: torch.dtype, device: torch.device,
+                  scale: float = 1.0) -> torch.Tensor:
+    """Standard-normal values times `scale`, drawn in float32 on the CPU from `generator`, then cast and moved:
+    the same values on every device and dtype."""
+    return (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+
 
 _KINDS: Final[dict[str, str]] = {  # the public function's annotation -> the schema type
     "torch.Tensor": "Tensor", "torch.Tensor|None": "Tensor?", "float": "float", "float|None": "float?",

@@ -15,6 +15,8 @@ Size bucket (both): tokens, the `size_class` (power of two at or above) of the n
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -34,7 +36,7 @@ from infiniops_py.operators._base import (
     overlaps,
     same_view,
 )
-from infiniops_py.operators._declare import GIVEN, Operator, Overload
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_tensor
 
 __all__ = ["SPECS", "fused_add_rms_norm", "fused_reference", "reference", "rms_norm"]
 
@@ -65,6 +67,22 @@ def fused_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
     x.copy_(_normalize(residual, weight, eps))
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``tokens`` rows of ``hidden_size`` values, a weight near 1 (the tuner's call)."""
+    t, h = values["tokens"], values["hidden_size"]
+    x = sample_tensor(generator, t, h, dtype=dtype, device=device)
+    return (x, 1 + sample_tensor(generator, h, dtype=dtype, device=device, scale=0.1), 1e-6), {}
+
+
+def fused_sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                        generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``x`` and ``residual`` of ``tokens`` rows of ``hidden_size`` values, a weight near 1 (the tuner's call)."""
+    t, h = values["tokens"], values["hidden_size"]
+    x, residual = (sample_tensor(generator, t, h, dtype=dtype, device=device) for _ in range(2))
+    return (x, residual, 1 + sample_tensor(generator, h, dtype=dtype, device=device, scale=0.1), 1e-6), {}
+
+
 SPEC = Operator(
     name=_OP,
     fields={"hidden_size": 4096},
@@ -74,6 +92,8 @@ SPEC = Operator(
     overloads=(Overload(when={"out": None}, fake=lambda x, weight, eps: x.new_empty(x.shape)),
                Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
     mutates=("out",),
+    sizes={"tokens": (1, 5, 128)},
+    sample_inputs=sample_inputs,
 )
 FUSED_SPEC = Operator(
     name=_FUSED,
@@ -83,6 +103,8 @@ FUSED_SPEC = Operator(
     doc="in place: residual += x, then x = rms_norm(residual)",
     overloads=(Overload(outputs=0, returns=("x", "residual")),),
     mutates=("x", "residual"),
+    sizes={"tokens": (1, 5, 128)},
+    sample_inputs=fused_sample_inputs,
 )
 
 

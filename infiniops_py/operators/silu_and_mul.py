@@ -10,6 +10,9 @@ Size bucket: tokens, the `size_class` (power of two at or above) of the number o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -24,7 +27,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     device_type,
 )
-from infiniops_py.operators._declare import GIVEN, Operator, Overload
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_tensor
 
 __all__ = ["SPECS", "reference", "silu_and_mul"]
 
@@ -39,6 +42,12 @@ def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``tokens`` rows of ``2 * d`` values (the tuner's call)."""
+    return (sample_tensor(generator, values["tokens"], 2 * values["d"], dtype=dtype, device=device),), {}
+
+
 SPEC = Operator(
     name=_OP,
     fields={"d": 4096},
@@ -48,6 +57,8 @@ SPEC = Operator(
     overloads=(Overload(when={"out": None}, fake=lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2))),
                Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
     mutates=("out",),
+    sizes={"tokens": (1, 7, 64, 128)},
+    sample_inputs=sample_inputs,
 )
 
 

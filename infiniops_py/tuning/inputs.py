@@ -7,7 +7,9 @@ strategies lay them out (``infiniops_py/testing/strategies``): those draw random
 they cannot be asked for one size; these builders take the sizes.
 
 `SIZES` names, per operator, the sizes a builder takes and their defaults: the bucket's sizes (``OpSpec.buckets``)
-and the extra ones that fix the shape (the attention's KV heads, the conv's channels, the rotary's heads).
+and the extra ones that fix the shape (the attention's KV heads, the conv's channels, the rotary's heads). An
+operator whose declaration has ``sample_inputs`` (``Operator.sizes``: the default is the largest drawn value)
+is built by it; the others by the builders here.
 Every problem field of every operator with a size bucket has a builder (an fp8 cache comes with its scales,
 ALiBi with its slopes, a packed conv or scan with its sequence boundaries); ``all_reduce`` has no bucket (a
 collective is timed on every rank together or not at all), so `build` refuses it with a `ValueError`.
@@ -30,21 +32,17 @@ from infiniops_py.operators.fused_qk_norm import fused_qk_norm
 from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
 from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
-from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
 from infiniops_py.operators.rotary_embedding import rotary_embedding
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
-from infiniops_py.operators.silu_and_mul import silu_and_mul
 from infiniops_py.problem import dtype_name
 
 __all__ = ["SIZES", "SyntheticCall", "build"]
 
 FP8: Final = torch.float8_e4m3fn
 
-SIZES: Final[dict[str, dict[str, int]]] = {
+_BUILT_HERE: Final[dict[str, dict[str, int]]] = {
     "gemm": {"m": 1, "n": 4096, "k": 4096},
     "add": {"numel": 1 << 20},
-    "rms_norm": {"tokens": 128},
-    "fused_add_rms_norm": {"tokens": 128},
     "fused_qk_norm": {"tokens": 128},
     "reshape_and_cache_flash": {"tokens": 128},
     "flash_attn_varlen": {"q_tokens": 1024, "k_len": 1024, "num_kv_heads": 8},
@@ -53,10 +51,12 @@ SIZES: Final[dict[str, dict[str, int]]] = {
     "causal_conv1d_update": {"batch": 16, "dim": 1792},
     "selective_scan": {"tokens": 2048, "num_heads": 24},
     "selective_state_update": {"batch": 16, "num_heads": 24},
-    "silu_and_mul": {"tokens": 128},
     "rotary_embedding": {"tokens": 128, "num_q_heads": 16, "num_kv_heads": 8},
     "fused_qk_norm_rope": {"tokens": 128},
 }
+SIZES: Final[dict[str, dict[str, int]]] = {
+    name: _BUILT_HERE.get(name) or {size: max(drawn) for size, drawn in spec.sizes.items()}
+    for name, spec in OPERATORS.items() if name in _BUILT_HERE or getattr(spec, "sample_inputs", None) is not None}
 
 
 @dataclass
@@ -105,9 +105,6 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     """
     if op not in OPERATORS:
         raise KeyError(f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
-    declared = getattr(OPERATORS[op], "sample_inputs", None)
-    if op not in SIZES and declared is not None:
-        return _declared(OPERATORS[op], device=device, dtype=dtype, sizes=sizes, fields=fields)
     if op not in SIZES:
         raise ValueError(f"{op} has no size bucket: nothing to tune (a collective is timed on all its ranks "
                          "together, which the tuner does not do)")
@@ -131,26 +128,15 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {device!r} (cpu, cuda, cuda:1, ...)") from None
     try:
-        function, args, kwargs = _BUILDERS[op](_Draw(device, dt), values, full)
+        if op in _BUILDERS:
+            function, args, kwargs = _BUILDERS[op](_Draw(device, dt), values, full)
+        else:  # the declaration's own (a size it draws may be a field: one given by name wins)
+            function = spec.function
+            args, kwargs = spec.sample_inputs({**values, **SIZES[op], **fields, **sizes}, dt, torch.device(device),
+                                              torch.Generator().manual_seed(0))
     except (RuntimeError, MemoryError) as err:  # an allocation the device refuses
         raise ValueError(f"{op}: cannot make the inputs of sizes {full} on {device}: {err}") from None
-    return SyntheticCall(function, args, kwargs, full)
-
-
-def _declared(spec: Any, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str, int],
-              fields: Mapping[str, Any]) -> SyntheticCall:
-    """The call an operator's declaration builds (``Operator.sample_inputs``) from its fields and sizes: those
-    given, else each size the largest of the declaration's ``sizes``, each field its default."""
-    unknown = set(sizes) - set(spec.sizes) | set(fields) - set(spec.fields)
-    if unknown:
-        raise ValueError(f"{spec.name}: unknown size(s) or field(s) {sorted(unknown)}; its sizes: "
-                         f"{', '.join(spec.sizes)}; its fields: {', '.join(spec.fields)}")
-    values = {**spec.fields, **{name: max(drawn) for name, drawn in spec.sizes.items()}, **fields, **sizes}
-    dt = getattr(torch, dtype_name(dtype), None) if isinstance(dtype, str) else dtype
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, ...)")
-    args, kwargs = spec.sample_inputs(values, dt, torch.device(device), torch.Generator().manual_seed(0))
-    return SyntheticCall(spec.function, tuple(args), dict(kwargs), {name: values[name] for name in spec.sizes})
+    return SyntheticCall(function, tuple(args), dict(kwargs), full)
 
 
 def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
@@ -174,16 +160,6 @@ def _add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable
     else:
         x, other = r(numel), r(numel)
     return add, (x, other), {"out": x} if f["inplace"] else {}
-
-
-def _rms_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    h = f["hidden_size"]
-    return rms_norm, (r(s["tokens"], h), 1 + r(h, scale=0.1), 1e-6), {}
-
-
-def _fused_add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    h = f["hidden_size"]
-    return fused_add_rms_norm, (r(s["tokens"], h), r(s["tokens"], h), 1 + r(h, scale=0.1), 1e-6), {}
 
 
 def _qk_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
@@ -366,10 +342,6 @@ def _state_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple
     return selective_state_update, (state, x, dt, a, b, c), kwargs
 
 
-def _silu_and_mul(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    return silu_and_mul, (r(s["tokens"], 2 * f["d"]),), {}
-
-
 def _cos_sin(r: _Draw, rotary_dim: int, positions: int) -> torch.Tensor:
     """vLLM's cache ``[positions, rotary_dim]``: the cos half, then the sin half (float32)."""
     inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
@@ -397,8 +369,6 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
                                     tuple[Callable[..., Any], tuple, dict]]]] = {
     "gemm": _gemm,
     "add": _add,
-    "rms_norm": _rms_norm,
-    "fused_add_rms_norm": _fused_add,
     "fused_qk_norm": _qk_norm,
     "reshape_and_cache_flash": _cache_write,
     "flash_attn_varlen": _varlen,
@@ -407,7 +377,6 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
     "causal_conv1d_update": _conv_update,
     "selective_scan": _scan,
     "selective_state_update": _state_update,
-    "silu_and_mul": _silu_and_mul,
     "rotary_embedding": _rotary,
     "fused_qk_norm_rope": _qk_norm_rope,
 }
