@@ -44,6 +44,7 @@ new column, ``index_put_`` of the shifted window, multiply-sum, bias and ``F.sil
 silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``); rotary_embedding vLLM's ``forward_native``
 (``index_select``, ``chunk``, ``cat``) + ``copy_`` for the Q and the K heads; fused_qk_norm_rope ``F.rms_norm``,
 then that, for each;
+rms_norm_gated transformers' ``MambaRMSNormGated`` (per group);
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
@@ -329,6 +330,22 @@ def _silu_and_mul(e: Env) -> list[Case]:
                  lambda: F.silu(x[:, :d]) * x[:, d:], "F.silu * (vLLM forward_native)", False)]
 
 
+def _native_gated_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' ``MambaRMSNormGated.forward`` per group (mamba_ssm's ``norm_before_gate=False``)."""
+    y = (x.float() * F.silu(z.float())).unflatten(-1, (groups, -1))
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)
+    return w * y.flatten(-2).to(x.dtype)
+
+
+def _rms_norm_gated(e: Env) -> list[Case]:
+    t, h, groups = e.pick(64, 4), e.pick(5120, 64), e.pick(8, 2)  # Mamba-2-2.7b's d_inner in 8 groups
+    x, z, w = e.randn(t, h), e.randn(t, h), e.randn(h)
+    return [Case(f"rms_norm_gated [{t}, {h}] / {groups} groups", "rms_norm_gated",
+                 lambda: ops.rms_norm_gated(x, w, None, z=z, eps=1e-5, group_size=h // groups,
+                                            norm_before_gate=False),
+                 lambda: _native_gated_norm(x, z, w, groups), "MambaRMSNormGated (transformers)", False)]
+
+
 def _native_rope(positions: torch.Tensor, x: torch.Tensor, head_dim: int, cache: torch.Tensor) -> torch.Tensor:
     """vLLM's ``RotaryEmbedding.forward_native`` (NeoX, whole head): a new ``[T, H * D]`` tensor."""
     cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
@@ -401,6 +418,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "fused_add_rms_norm": _fused_add_rms_norm,
     "fused_qk_norm": _fused_qk_norm,
     "silu_and_mul": _silu_and_mul,
+    "rms_norm_gated": _rms_norm_gated,
     "rotary_embedding": _rotary_embedding,
     "fused_qk_norm_rope": _fused_qk_norm_rope,
     "all_reduce": _all_reduce,

@@ -2,8 +2,8 @@
 
     python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton \
         -e providers/cupy
-    python3 benchmarks/gpu_kernelize.py [--json FILE]     # ~3-5 min; prints a markdown table for RESULTS.md
-    python3 benchmarks/gpu_kernelize.py --tiny --device cpu   # a tiny model on the CPU, to try the script
+    python3 benchmarks/gpu_kernelize.py [--json FILE]     # ~5-8 min; prints a markdown table for RESULTS.md
+    python3 benchmarks/gpu_kernelize.py --tiny --device cpu --repeats 1   # a tiny model on the CPU (~1 min)
 
 1. Builds transformers' ``Qwen3ForCausalLM`` from a ``Qwen3Config`` of Qwen/Qwen3-0.6B's shape (hidden 1024,
    28 layers, 16 query / 8 KV heads, head_dim 128, intermediate 3072, vocab 151936) with random weights
@@ -21,6 +21,11 @@
    - decode tokens/s: batch x (new tokens - 1) over (full-length time - 1-token time).
 3. Prefill only: one forward of 1 x 2048 tokens (``use_cache=False``, the last position's logits), median of
    `--repeats` after two warm-ups, both ways in turn; tokens/s.
+3b. transformers' static-cache fast path: ``generate(cache_implementation="static")``, whose decode steps
+   transformers compiles itself on CUDA (its default ``CompileConfig``: inductor, ``reduce-overhead``), batch
+   sizes ``--static-batches`` (default 1), on two model objects (the plain one and a kernelized copy, each
+   keeping its compiled forward), rounds alternating as above after two warm-ups each (the compile and the CUDA
+   graph capture); the graph breaks dynamo counted in all are printed.
 4. Greedy tokens: the new tokens of the first timed full-length call of each way, compared per row; the
    count of leading tokens that agree is reported (bf16 kernels round differently, and with near-tied random
    logits one different argmax changes every token after it): information, unless ``--strict-tokens`` asks that
@@ -85,7 +90,7 @@ class Switch:
         from infiniops_py.integrations.transformers import kernelize
 
         if way == KERNELIZED and self.report is None:
-            self.report = kernelize(self.model)
+            self.report = kernelize(self.model).infiniops_kernelized
         elif way == PLAIN and self.report is not None:
             self.report.restore()
             self.report = None
@@ -95,15 +100,16 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
 
-def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
+def timed_generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, **options: Any
+                   ) -> tuple[float, torch.Tensor]:
     """Seconds of one greedy ``generate`` of exactly `new_tokens` tokens per row of `ids` (no padding), and
-    its new tokens ``[batch, new_tokens]``."""
+    its new tokens ``[batch, new_tokens]``; `options` go to ``generate`` (the static cache and its compile)."""
     sync = _sync(str(ids.device))
     mask = torch.ones_like(ids)
     sync()
     start = time.perf_counter()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, pad_token_id=0)
+                         do_sample=False, pad_token_id=0, **options)
     sync()
     return time.perf_counter() - start, out[:, ids.shape[1]:]
 
@@ -144,8 +150,52 @@ def bench_generate(model: torch.nn.Module, switch: Switch, batch: int, prompt: i
             seconds, out = timed_generate(model, ids, new_tokens)
             full[way].append(seconds)
             tokens.setdefault(way, out)
-    result: dict[str, Any] = {"batch": batch, "agree": agreeing_prefix(tokens[PLAIN], tokens[KERNELIZED]),
-                              "distinct": len(torch.unique(tokens[PLAIN]))}
+    return _rates(batch, new_tokens, full, first, tokens, label=f"batch {batch}")
+
+
+def static_options(device: str) -> dict[str, Any]:
+    """``generate``'s options for transformers' static-cache fast path: ``cache_implementation="static"``, whose
+    decode steps transformers compiles itself on CUDA (its default ``CompileConfig``: inductor, CUDA graphs);
+    elsewhere (the CPU dry run) the same compile is asked for explicitly, without CUDA graphs."""
+    from transformers import CompileConfig
+
+    options: dict[str, Any] = {"cache_implementation": "static"}
+    if not device.startswith("cuda"):
+        config = CompileConfig(mode="default")
+        config._compile_all_devices = True
+        options["compile_config"] = config
+    return options
+
+
+def bench_static(models: dict[str, torch.nn.Module], batch: int, prompt: int, new_tokens: int, repeats: int,
+                 seed: int) -> dict[str, Any]:
+    """`bench_generate` over transformers' static cache and its compiled decode (`static_options`), one model
+    object per way (each keeps its own compiled forward), the rounds alternating which way runs first."""
+    first_model = models[PLAIN]
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, first_model.config.vocab_size, (batch, prompt), generator=gen).to(first_model.device)
+    options = static_options(str(first_model.device))
+    for way in (PLAIN, KERNELIZED):
+        for _ in range(2):  # warm-up: the compile (and CUDA graph capture) of the decode step
+            timed_generate(models[way], ids, new_tokens, **options)
+    full: dict[str, list[float]] = {PLAIN: [], KERNELIZED: []}
+    first: dict[str, list[float]] = {PLAIN: [], KERNELIZED: []}
+    tokens: dict[str, torch.Tensor] = {}
+    for r in range(repeats):
+        for way in (PLAIN, KERNELIZED) if r % 2 == 0 else (KERNELIZED, PLAIN):
+            first[way].append(timed_generate(models[way], ids, 1, **options)[0])
+            seconds, out = timed_generate(models[way], ids, new_tokens, **options)
+            full[way].append(seconds)
+            tokens.setdefault(way, out)
+    return _rates(batch, new_tokens, full, first, tokens, label=f"static cache, compiled, batch {batch}")
+
+
+def _rates(batch: int, new_tokens: int, full: dict[str, list[float]], first: dict[str, list[float]],
+           tokens: dict[str, torch.Tensor], *, label: str) -> dict[str, Any]:
+    """Per way: generate and decode tokens/s from the medians of the full-length and 1-token calls; and the rows'
+    agreeing leading tokens."""
+    result: dict[str, Any] = {"batch": batch, "label": label, "distinct": len(torch.unique(tokens[PLAIN])),
+                              "agree": agreeing_prefix(tokens[PLAIN], tokens[KERNELIZED])}
     for way in (PLAIN, KERNELIZED):
         t_full, t_first = statistics.median(full[way]), statistics.median(first[way])
         result[way] = {"generate": batch * new_tokens / t_full, "generate_ms": t_full * 1e3,
@@ -178,8 +228,8 @@ def table(generates: list[dict[str, Any]], prefill: dict[str, float], prefill_le
         lines.append(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
 
     for g in generates:
-        line(f"generate, batch {g['batch']} (tok/s, prefill included)", g[PLAIN]["generate"], g[KERNELIZED]["generate"])
-        line(f"decode, batch {g['batch']} (tok/s)", g[PLAIN]["decode"], g[KERNELIZED]["decode"])
+        line(f"generate, {g['label']} (tok/s, prefill included)", g[PLAIN]["generate"], g[KERNELIZED]["generate"])
+        line(f"decode, {g['label']} (tok/s)", g[PLAIN]["decode"], g[KERNELIZED]["decode"])
     line(f"prefill 1 x {prefill_len} forward (tok/s)", prefill_len / prefill[PLAIN], prefill_len / prefill[KERNELIZED])
     return "\n".join(lines)
 
@@ -190,7 +240,7 @@ def token_line(generates: list[dict[str, Any]], new_tokens: int, need: int) -> t
     for g in generates:
         agree = g["agree"]
         ok = ok and min(agree) >= min(need, new_tokens)
-        parts.append(f"batch {g['batch']}: first {min(agree)} of {new_tokens} tokens agree in every row (per row: "
+        parts.append(f"{g['label']}: first {min(agree)} of {new_tokens} tokens agree in every row (per row: "
                      f"{', '.join(map(str, agree))}; {g['distinct']} distinct tokens generated)")
     return ok, (f"{'PASS' if ok else 'FAIL'} greedy tokens with and without kernelize (rule: every row's first "
                 f"{need} agree): " + "; ".join(parts))
@@ -198,15 +248,16 @@ def token_line(generates: list[dict[str, Any]], new_tokens: int, need: int) -> t
 
 def records(model_name: str, generates: list[dict[str, Any]], prefill: dict[str, float], prompt: int,
             new_tokens: int, prefill_len: int) -> list[Record]:
-    """The table's numbers as records (eager: neither way captures CUDA graphs)."""
+    """The table's numbers as records (eager rows: neither way captures CUDA graphs; the static-cache rows are
+    transformers' compiled decode)."""
     out = []
     for way in (PLAIN, KERNELIZED):
         role = "ours" if way == KERNELIZED else "peer"
         for g in generates:
-            m, b = g[way], g["batch"]
-            out.append(record("model", SOURCE, model_name, way, f"generate batch {b}, prompt {prompt}, "
+            m, label = g[way], g["label"]
+            out.append(record("model", SOURCE, model_name, way, f"generate {label}, prompt {prompt}, "
                               f"{new_tokens} new", role=role, ms=m["generate_ms"], rate=m["generate"], metric="tok/s"))
-            out.append(record("model", SOURCE, model_name, way, f"decode batch {b}", role=role, ms=m["step_ms"],
+            out.append(record("model", SOURCE, model_name, way, f"decode {label}", role=role, ms=m["step_ms"],
                               rate=m["decode"], metric="tok/s"))
         out.append(record("model", SOURCE, model_name, way, f"prefill 1 x {prefill_len} forward", role=role,
                           ms=prefill[way] * 1e3, rate=prefill_len / prefill[way], metric="tok/s"))
@@ -248,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="where the model runs (default cuda)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same family (and shorter runs)")
     parser.add_argument("--batches", type=_positive, nargs="+", default=None, help="generate batch sizes (1 8)")
+    parser.add_argument("--static-batches", type=int, nargs="*", default=None,
+                        help="batch sizes of the static-cache compiled decode (default 1; none to skip it: each "
+                             "batch size compiles both ways)")
     parser.add_argument("--prompt-len", type=_positive, default=None, help="prompt tokens (128; --tiny 16)")
     parser.add_argument("--new-tokens", type=_positive, default=None, help="tokens generated (128; --tiny 8)")
     parser.add_argument("--prefill-len", type=_positive, default=None, help="prefill forward tokens (2048; --tiny 64)")
@@ -262,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_kernelize: needs a CUDA device (or --device cpu)", file=sys.stderr)
         return 2
     batches = args.batches or ([1, 2] if args.tiny else [1, 8])
+    static_batches = [1] if args.static_batches is None else args.static_batches
+    if any(b < 1 for b in static_batches):
+        parser.error(f"--static-batches: every batch size must be >= 1, got {static_batches}")
     prompt = args.prompt_len or (16 if args.tiny else 128)
     new_tokens = args.new_tokens or (8 if args.tiny else 128)
     prefill_len = args.prefill_len or (64 if args.tiny else 2048)
@@ -270,13 +327,25 @@ def main(argv: list[str] | None = None) -> int:
     model = build(TINY if args.tiny else QWEN3_0_6B, args.device)
     switch = Switch(model)
     attention = getattr(model.config, "_attn_implementation", "?")
+    second = None
+    if static_batches:  # made before inference mode: its parameters stay ordinary tensors
+        import copy
+
+        from infiniops_py.integrations.transformers import kernelize
+
+        second = kernelize(copy.deepcopy(model))
     with torch.inference_mode():
         generates = [bench_generate(model, switch, b, prompt, new_tokens, args.repeats, seed=b) for b in batches]
         prefill = bench_prefill(model, switch, prefill_len, args.repeats, seed=0)
         logits_ok, logits = check_logits(model, switch, (13, 40) if args.tiny else (97, 256, 700), seed=7)
-    switch(KERNELIZED)
-    report = switch.report.render()
-    switch(PLAIN)
+        switch(KERNELIZED)
+        report = switch.report.render()
+        switch(PLAIN)
+        if static_batches:  # a second model object: each way keeps its own compiled decode
+            models = {PLAIN: model, KERNELIZED: second}
+            generates += [bench_static(models, b, prompt, new_tokens, args.repeats, seed=b) for b in static_batches]
+            del models
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     tokens_ok, tokens = token_line(generates, new_tokens, args.match_tokens)
     ok = logits_ok and (tokens_ok or not args.strict_tokens)
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
@@ -286,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
           f"warm-up; transformers' attention without kernelize: {attention}; {time.perf_counter() - start:.0f} s "
           "in all\n")
     print(table(generates, prefill, prefill_len))
-    print(f"\n{logits}\n{tokens}{'' if args.strict_tokens else ' (information only)'}\n\n{report}")
+    print(f"\n{logits}\n{tokens}{'' if args.strict_tokens else ' (information only)'}")
+    if static_batches:
+        print(f"graph breaks in the compiled decode steps (both ways): {breaks}")
+    print(f"\n{report}")
     if args.json:
         write_records(args.json, records(model_name, generates, prefill, prompt, new_tokens, prefill_len),
                       args.device)

@@ -1,4 +1,4 @@
-"""The ``infinilm`` console script: ``generate``, ``check``, ``bench`` and ``demo``.
+"""The ``infinilm`` console script: ``generate``, ``check``, ``bench``, ``demo``, ``serve`` and ``bench-serve``.
 
 Exit status: 0 on success, 1 when the gates reject the configuration (the gate report is printed and no
 weight has been read), 2 for any other user error (a bad option, an unsupported config, a checkpoint that
@@ -29,6 +29,10 @@ from infiniops_py import GateError
 
 __all__ = ["main"]
 
+# the first line of `infinilm --help`: plain text (the module doc's first line is reStructuredText)
+_DESCRIPTION = ("Run Hugging Face checkpoints (Llama, Qwen2, Qwen3, Mistral, GLM-4, Gemma 2, Mamba-2) through the "
+                "InfiniOps-Py operators: generate text, check a checkpoint, benchmark, serve an OpenAI-compatible "
+                "API.")
 _LLM_EXTRA = ("transformers", "safetensors", "tokenizers", "tqdm")  # the `llm` extra of pyproject.toml
 
 
@@ -76,7 +80,10 @@ def _command_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infinilm", description=__doc__.splitlines()[0])
+    from infiniops_py import __version__
+
+    parser = argparse.ArgumentParser(prog="infinilm", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"infinilm (infiniops-py {__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text (or token ids) from a prompt, streaming")
     _engine_args(gen)
@@ -174,7 +181,7 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
     used = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
     print(f"\n[{len(prompt)} prompt tokens, {seq.num_output} generated ({seq.finish_reason.value}) in {elapsed:.2f}s; "
           f"prefill {_rate(engine.prefill_tokens, engine.prefill_seconds)} tok/s, decode "
-          f"{_rate(engine.decode_tokens, engine.decode_seconds)} tok/s; {engine.graph_status}; providers: {used}]")
+          f"{_rate(engine.decode_tokens, engine.decode_seconds)} tok/s; {engine.status}; providers: {used}]")
     return 0
 
 
@@ -193,13 +200,14 @@ def _bench(args: argparse.Namespace) -> int:
     count = count_decode_step(engine, args.batch, args.input_len, seed=args.seed)  # after the timed runs
     print(result.table())
     print(count.line())
-    print(f"{engine.graph_status}; providers: "
+    print(f"{engine.status}; providers: "
           + ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items()))
     print(engine.warmup.summary())
     if args.json:
         import json
 
-        status = {"graph_status": engine.graph_status, "warmup": engine.warmup.summary(),
+        status = {"graph_status": engine.graph_status, "threads_status": engine.threads_status,
+                  "warmup": engine.warmup.summary(),
                   "providers": engine.plan.providers_by_op(), "decode_step_count": count.as_dict()}
         with open(args.json, "w") as f:
             json.dump({**result.as_dict(), **status}, f, indent=1)

@@ -87,7 +87,12 @@ def _positive_int(value: object) -> bool:
 
 
 def _positive_float(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an int of more than 309 digits (10**400): no float holds it (issue #30)
+        return False
 
 
 def field_problems(limits: ConfigLimits, values: Mapping[str, Any]) -> list[str]:

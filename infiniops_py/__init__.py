@@ -30,8 +30,10 @@ from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with
 from infiniops_py.operators.fused_qk_norm import fused_qk_norm
 from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
 from infiniops_py.operators.gemm import gemm
+from infiniops_py.operators.gemm_swiglu import gemm_swiglu
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
+from infiniops_py.operators.rms_norm_gated import rms_norm_gated
 from infiniops_py.operators.rotary_embedding import rotary_embedding
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
 from infiniops_py.operators.silu_and_mul import silu_and_mul
@@ -82,6 +84,7 @@ __all__ = [
     "fused_qk_norm",
     "fused_qk_norm_rope",
     "gemm",
+    "gemm_swiglu",
     "hookimpl",
     "make_problem",
     "providers",
@@ -91,6 +94,7 @@ __all__ = [
     "resolve",
     "resolve_closure",
     "rms_norm",
+    "rms_norm_gated",
     "rotary_embedding",
     "selective_scan",
     "selective_state_update",

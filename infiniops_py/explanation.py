@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from infiniops_py.errors import CandidateReport, likely_fix
@@ -70,11 +71,15 @@ class Explanation:
         where = ", ".join(filter(None, (m.device, f"measured {m.measured}" if m.measured else "")))
         return "chosen: " + "; ".join(parts) + (f" ({where})" if where else "")
 
-    def render(self) -> str:
+    def render(self, cannot_run: Callable[[CandidateReport], str] | None = None) -> str:
         """The ranking as ``infiniops explain`` prints it: the problem, the notes, each candidate (chosen,
         accepts or rejects, with its reasons and its measured time for the bucket), the chosen one's times line
         (`times_line`) and why it won, then the fallback, or, when nothing serves the problem, the most likely
-        fix (`errors.likely_fix`)."""
+        fix (`errors.likely_fix`).
+
+        `cannot_run`: for a candidate, why it cannot run on this machine at all, or ''; a candidate it names is
+        one line, ``N. cupy (cupy.rms_norm, priority 15): cannot run on this machine: <why>``, instead of its
+        every rejection (the CLI's: a provider that needs a GPU on a machine without one)."""
         lines = [f"{self.problem.op} {self.problem.describe()}"]
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -88,6 +93,11 @@ class Explanation:
                 timed = f", measured {format_time(self.measurement.times[c.implementation])}"
             elif self.measurement is not None and c.implementation in self.measurement.failed:
                 timed = f", failed when timed: {self.measurement.failed[c.implementation]}"
+            machine = cannot_run(c) if cannot_run is not None and not c.accepted else ""
+            if machine:
+                lines.append(f"  {rank}. {c.provider} ({c.implementation}, priority {c.priority}{timed}): cannot "
+                             f"run on this machine: {machine}")
+                continue
             lines.append(f"  {rank}. {c.provider} ({c.implementation}, priority {c.priority}{timed}): {mark}")
             if c.note:
                 lines.append(f"       - {c.note}")

@@ -270,16 +270,20 @@ def test_kernelize_benchmark_runs_on_the_cpu_and_writes_its_records(tmp_path: Pa
     assert gk.agreeing_prefix(torch.tensor([[1, 2, 3], [1, 2, 3]]), torch.tensor([[1, 2, 4], [0, 2, 3]])) == [2, 0]
     path = tmp_path / "kernelize.json"
     argv = ["--tiny", "--device", "cpu", "--batches", "1", "2", "--prompt-len", "8", "--new-tokens", "4",
-            "--prefill-len", "16", "--repeats", "1", "--match-tokens", "2", "--json", str(path)]
+            "--prefill-len", "16", "--repeats", "1", "--match-tokens", "2", "--static-batches", "1",
+            "--json", str(path)]
     assert gk.main(argv) == 0
     out = capsys.readouterr().out
     # the logits check decides; greedy-token agreement of random bf16 weights is information (near-tied logits)
     assert "| decode, batch 2 (tok/s) |" in out and "PASS logits" in out and "greedy tokens" in out
     assert "attention: 2 module(s)" in out
+    # transformers' static-cache compiled decode, both ways, with no graph break in the kernelized one
+    assert "| decode, static cache, compiled, batch 1 (tok/s) |" in out
+    assert "graph breaks in the compiled decode steps (both ways): 0" in out
     recs = plots.load_records(path)
     assert {(r["provider"], r["role"]) for r in recs} == {("transformers", "peer"),
                                                           ("transformers + kernelize", "ours")}
-    assert len(recs) == 2 * (2 * 2 + 1)  # per way: generate and decode per batch, the prefill forward
+    assert len(recs) == 2 * (3 * 2 + 1)  # per way: generate and decode per batch (2 eager, 1 static), the prefill
     assert all(r["metric"] == "tok/s" for r in recs)
     # decode = (full-length time - 1-token time): on a loaded CPU that difference of two short timings can be
     # <= 0, which the script records as no rate (NaN -> None), never as a negative one

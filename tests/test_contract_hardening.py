@@ -9,6 +9,7 @@ compared with the float64 reference.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 import infiniops_py as io
 from infiniops_py import ContractError
-from infiniops_py.operators._base import check_writable, overlaps
+from infiniops_py.operators._base import check_writable, overlaps, unchecked_indices
 from infiniops_py.testing.compare import compare
 from infiniops_py.testing.tolerances import tolerance
 
@@ -259,6 +260,16 @@ def _calls() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
              "A": -torch.rand(2), "B": _randn(1, 1, 5, seed=44), "C": _randn(1, 1, 5, seed=45),
              "D": _randn(2, seed=46), "z": _randn(1, 2, 4, seed=47), "dt_bias": _randn(2, seed=48),
              "state_batch_indices": torch.tensor([1], dtype=I32)}),
+        "silu_and_mul": (lambda x, **kw: io.silu_and_mul(x, **kw),
+                         {"x": _randn(3, 8, seed=49), "out": torch.empty(3, 4)}),
+        "rotary_embedding": (lambda positions, query, key, cos_sin_cache: io.rotary_embedding(
+            positions, query, key, d, cos_sin_cache, True),
+            {"positions": torch.tensor([0, 2, 1, 3]), "query": _randn(t, 2 * d, seed=50),
+             "key": _randn(t, d, seed=51), "cos_sin_cache": _randn(5, d, seed=52)}),
+        "fused_qk_norm_rope": (lambda qkv, q_weight, k_weight, cos_sin_cache, positions: io.fused_qk_norm_rope(
+            qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads=2, num_kv_heads=1, head_dim=d),
+            {"qkv": _randn(t, 4 * d, seed=53), "q_weight": _randn(d, seed=54), "k_weight": _randn(d, seed=55),
+             "cos_sin_cache": _randn(5, d, seed=56), "positions": torch.tensor([0, 2, 1, 3])}),
     }
 
 
@@ -272,6 +283,30 @@ def test_every_tensor_argument_rejects_a_non_tensor(op: str, name: str) -> None:
     for bad in (kwargs[name].tolist(), 1.5):
         message = str(_rejects(lambda bad=bad: fn(**{**kwargs, name: bad}), name))
         assert "expected a torch.Tensor" in message and f"got {type(bad).__name__}" in message
+
+
+def _other_layouts(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`t` in each layout other than strided that it converts to: sparse COO, the compressed sparse layouts
+    (2-D only) and MKLDNN (float32 only)."""
+    made = {"sparse_coo": t.to_sparse()}
+    if t.dim() == 2:
+        made.update(sparse_csr=t.to_sparse_csr(), sparse_csc=t.to_sparse_csc(),
+                    sparse_bsr=t.to_sparse_bsr((1, 1)))
+    if t.dtype is torch.float32 and torch.backends.mkldnn.is_available():
+        made["_mkldnn"] = t.to_mkldnn()  # torch names the layout torch._mkldnn
+    return made
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+@pytest.mark.parametrize(("op", "name"), _TENSOR_ARGS, ids=[f"{o}-{n}" for o, n in _TENSOR_ARGS])
+def test_every_tensor_argument_rejects_a_sparse_or_mkldnn_tensor(op: str, name: str) -> None:
+    # Issue #30 (5): add raised torch's RuntimeError, gemm's check raised on a CSR tensor's missing strides,
+    # an MKLDNN x reached rms_norm's kernel (NotImplementedError), and a sparse `other` of add was accepted.
+    fn, kwargs = _calls()[op]
+    written = [t for t in kwargs.values() if t.layout is torch.strided]
+    for layout, bad in _other_layouts(kwargs[name]).items():
+        message = str(_rejects(lambda bad=bad: fn(**{**kwargs, name: bad}), name, *written))
+        assert f"got layout torch.{layout}" in message and "a strided tensor" in message, message
 
 
 _BAD_SCALARS = [
@@ -344,3 +379,34 @@ def test_window_at_least_max_seqlen_k_is_unbounded_even_when_sq_exceeds_sk(windo
     rule = tolerance("flash_attn_with_kvcache", "float32")
     _, message = compare("flash_attn_with_kvcache", cached[0], expected, rule, low=low)
     assert message is None, message
+
+
+# --- 6. scalars given as Python ints beyond int64 ----------------------------------------------------------
+
+def test_int_scalars_beyond_int64_are_used_as_floats() -> None:
+    # The hostile pass of issue #30: alpha/beta/dt_limit given as ints of 30 digits passed the checks (finite
+    # reals) and then reached torch as ints: OverflowError ("int too big to convert") from inside the kernel.
+    big = 10**30
+    kw = _calls()
+    a, b, c = kw["gemm"][1]["a"], kw["gemm"][1]["b"], kw["gemm"][1]["c"]
+    torch.testing.assert_close(io.gemm(a, b, c=c, alpha=big, beta=-big), io.gemm(a, b, c=c, alpha=1e30, beta=-1e30))
+    x, y = kw["add"][1]["input"], kw["add"][1]["other"]
+    torch.testing.assert_close(io.add(x, y, alpha=big), io.add(x, y, alpha=1e30))
+    s = kw["selective_scan"][1]
+    args = (s["x"], s["dt"], s["A"], s["B"], s["C"])
+    for limit, same in (((0, big), (0.0, 1e30)), ((-big, 10**400), (-1e30, math.inf))):
+        torch.testing.assert_close(io.selective_scan(*args, dt_limit=limit), io.selective_scan(*args, dt_limit=same))
+
+
+def test_a_block_table_without_columns_is_refused_in_unchecked_mode_too() -> None:
+    # The hostile pass of issue #30: a [B, 0] block table passed the shape check; unchecked (no value checks,
+    # as on CUDA by default) the torch provider then indexed column -1 of it (RuntimeError from the kernel).
+    kw = _calls()
+    for op in ("flash_attn_varlen", "flash_attn_with_kvcache"):
+        fn, args = kw[op]
+        bad = {**args, "block_table": torch.zeros(1, 0, dtype=I32)}
+        for scope in (io.checked_indices, unchecked_indices):
+            with scope():
+                message = str(_rejects(lambda fn=fn, bad=bad: fn(**bad), "block_table",
+                                       *(t for t in args.values() if isinstance(t, torch.Tensor))))
+            assert "max_blocks >= 1" in message, message

@@ -5,56 +5,50 @@ gates run before anything is swapped, and `restore` undoes the swaps."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "test_infinilm"))
+from lm_helpers import hf_config
+
 from infiniops_py import GateError, runtime
 from infiniops_py.integrations.transformers import ATTENTION, Kernelized, kernelize
 from infiniops_py.testing.tolerances import Allclose, tolerance
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mamba2")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "glm4", "gemma2", "mamba2")
+_DECODER = {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"}
 # the operators each family's kernelized forward must call
-CALLED = {
-    "llama": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"},
-    "qwen2": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"},
-    "qwen3": {"rms_norm", "fused_add_rms_norm", "flash_attn_varlen", "silu_and_mul", "rotary_embedding"},
-    "mamba2": {"rms_norm"},
-}
+CALLED = {**dict.fromkeys(("llama", "qwen2", "qwen3", "mistral", "glm4"), _DECODER),
+          "gemma2": {"rms_norm", "flash_attn_varlen", "rotary_embedding"}, "mamba2": {"rms_norm"}}
 
 
 def _model(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **extra: object) -> torch.nn.Module:
-    """A 2-layer model from transformers' config classes (`extra`: more config fields), random weights (norm
-    weights around 1, so that a norm applied with the wrong weight changes the logits), eval mode. Llama has
-    attention and MLP biases."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Mamba2Config, Qwen2Config, Qwen3Config
+    """A 2-layer model of `hf_config` (the infinilm tests' tiny configs: Llama with attention and MLP biases,
+    Mistral's and Gemma 2's short sliding windows, Gemma 2's small softcaps, GLM-4's partial RoPE; `extra`: more
+    config fields), random weights (norm weights around 1, so that a norm applied with the wrong weight changes
+    the logits; Gemma's around 0, its norms multiplying by 1 + weight), eval mode; Gemma 2 with transformers' eager
+    attention, which keeps its softcap."""
+    from transformers import AutoModelForCausalLM
 
-    common = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-              "eos_token_id": 255, "bos_token_id": 0, "pad_token_id": 0, **extra}
-    config = {
-        "llama": lambda: LlamaConfig(**common, attention_bias=True, mlp_bias=True),
-        "qwen2": lambda: Qwen2Config(**common),
-        "qwen3": lambda: Qwen3Config(**common, head_dim=32),
-        "mamba2": lambda: Mamba2Config(vocab_size=160, hidden_size=32, num_hidden_layers=2, state_size=16, expand=2,
-                                       head_dim=16, num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8,
-                                       eos_token_id=159, pad_token_id=0, bos_token_id=0),
-    }[family]()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    eager = {"attn_implementation": "eager"} if family == "gemma2" else {}
+    model = AutoModelForCausalLM.from_config(hf_config(family, tied=False, **extra), **eager).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                p.copy_((0.0 if family == "gemma2" else 1.0) + 0.1 * torch.randn_like(p))
     return model.to(dtype)
 
 
 def _pair(family: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.Module, Kernelized]:
     model = _model(family, dtype)
     patched = copy.deepcopy(model)
-    return model, patched, kernelize(patched)
+    assert kernelize(patched) is patched
+    return model, patched, patched.infiniops_kernelized
 
 
 def _ids() -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,14 +91,20 @@ def test_kernelize_logits_equal_the_unpatched_models(family: str, dtype: torch.d
     assert report.swapped["rms_norm"], report.render()
     if family == "qwen3":
         assert len(report.swapped["qk_norm"]) == 4  # q_norm and k_norm of both layers
-    if family != "mamba2":
-        assert patched.config._attn_implementation == ATTENTION
-        assert len(report.swapped["fused_add_rms_norm"]) == 2
-        assert len(report.swapped["gated_mlp"]) == len(report.swapped["rope"]) == 2
-        assert "silu_and_mul by" in report.render() and "rotary_embedding by" in report.render()
-        assert not report.left, report.render()  # the MLP and RoPE run through the operators too
-    else:
+    if family == "mamba2":
         assert any("MambaRMSNormGated" in why for why in report.left)
+        return
+    assert patched.config._attn_implementation == ATTENTION
+    assert len(report.swapped["rope"]) == len(report.swapped["attention"]) == 2
+    assert "rotary_embedding by" in report.render()
+    if family == "gemma2":  # GELU MLPs and (1 + weight) norms: no silu_and_mul, no fused residual norm
+        assert sorted(why.partition(":")[0] for why in report.left) == [
+            "Gemma2DecoderLayer", "model.layers.0.mlp (Gemma2MLP)", "model.layers.1.mlp (Gemma2MLP)"]
+        assert len(report.swapped["rms_norm"]) == 9  # 4 per layer and the final one
+        return
+    assert len(report.swapped["fused_add_rms_norm"]) == len(report.swapped["gated_mlp"]) == 2
+    assert "silu_and_mul by" in report.render()
+    assert not report.left, report.render()  # the MLP and RoPE run through the operators too
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -159,10 +159,10 @@ def test_kernelize_restore_puts_back_transformers_forwards_and_parameters(tmp_pa
     before = model.config._attn_implementation
     params = {name: id(p) for name, p in model.named_parameters()}
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    first = kernelize(model)
+    first = kernelize(model).infiniops_kernelized
     mlp = model.model.layers[0].mlp
     packed = mlp.up_proj.weight.data_ptr()
-    second = kernelize(model)  # again: the first swaps are undone first, nothing wraps (or packs) twice
+    second = kernelize(model).infiniops_kernelized  # again: the first swaps are undone first, nothing wraps twice
     assert not first.swapped and second.swapped
     assert sum("forward" in m.__dict__ for m in model.modules()) == 5 + 2 + 2 + 2  # norms, layers, MLPs, RoPE
     assert mlp.up_proj.weight.data_ptr() == packed
@@ -190,7 +190,7 @@ def test_kernelize_leaves_a_gated_mlp_whose_activation_is_not_silu() -> None:
     model = _model("qwen3", hidden_act="gelu_pytorch_tanh")
     patched = copy.deepcopy(model)
     pointers = [p.data_ptr() for p in patched.parameters()]
-    report = kernelize(patched)
+    report = kernelize(patched).infiniops_kernelized
     assert "gated_mlp" not in report.swapped
     assert not any("forward" in m.__dict__ for m in patched.modules() if type(m).__name__ == "Qwen3MLP")
     assert sum("hidden_act='gelu_pytorch_tanh'" in why for why in report.left) == 2, report.render()
@@ -225,7 +225,7 @@ def test_kernelize_rope_rotates_by_transformers_values_of_scaled_rope_types(rope
     # length (dynamic NTK) or are rescaled (llama3) rotates as transformers does
     model = _model("llama", max_position_embeddings=16, rope_parameters=rope)
     patched = copy.deepcopy(model)
-    report = kernelize(patched)
+    report = kernelize(patched).infiniops_kernelized
     assert len(report.swapped["rope"]) == 2
     torch.manual_seed(5)
     ids = torch.randint(1, 150, (2, 24))
@@ -250,7 +250,7 @@ def test_kernelize_leaves_rope_in_an_attention_forward_it_does_not_know() -> Non
     model = _model("llama")
     model.model.layers[0].self_attn.__class__ = doubled
     patched = copy.deepcopy(model)
-    report = kernelize(patched)
+    report = kernelize(patched).infiniops_kernelized
     assert report.swapped["rope"] == ["model.layers.1.self_attn"]
     assert len(report.swapped["attention"]) == 2
     assert [why.partition(":")[0] for why in report.left] == ["model.layers.0.self_attn (LlamaAttention)"]
@@ -264,7 +264,8 @@ def test_kernelize_refuses_training_mode_and_unknown_families() -> None:
     with pytest.raises(ValueError, match="mode='inference'"):
         kernelize(_model("llama"), mode="training")
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
-    with pytest.raises(ValueError, match=r"model_type 'gpt2'.*supported: llama, qwen2, qwen3, mamba2"):
+    supported = "llama, qwen2, qwen3, mistral, glm4, gemma2, mamba2"
+    with pytest.raises(ValueError, match=rf"model_type 'gpt2'.*supported: {supported}"):
         kernelize(gpt2)
     with pytest.raises(TypeError, match="device"):
         kernelize(_model("llama"), device=3)  # type: ignore[arg-type]
@@ -321,10 +322,173 @@ def test_kernelize_leaves_a_norm_of_the_family_class_name_whose_forward_differs(
     model = _model("llama")
     model.model.layers[1].input_layernorm.__class__ = gemma_like
     patched = copy.deepcopy(model)
-    report = kernelize(patched)
+    report = kernelize(patched).infiniops_kernelized
     assert "model.layers.1.input_layernorm" not in report.swapped["rms_norm"]
     assert len(report.swapped["rms_norm"]) == 4  # the other norms: 2 per layer and the final one
-    assert report.swapped["fused_add_rms_norm"] == ["model.layers.0"]  # layer 1's input norm is not fusable
-    assert any(why.startswith("model.layers.1.input_layernorm (LlamaRMSNorm): ") for why in report.left), report.left
-    assert any(why.startswith("model.layers.1 (LlamaDecoderLayer): ") for why in report.left), report.left
+    # the fused layer calls the input norm as it is (only the post-attention norm fuses): both layers fuse
+    assert report.swapped["fused_add_rms_norm"] == ["model.layers.0", "model.layers.1"]
+    assert [why.partition(":")[0] for why in report.left] == ["model.layers.1.input_layernorm (LlamaRMSNorm)"]
     _assert_same_logits(patched, model, _ids()[0])
+
+
+def test_kernelize_returns_the_model_with_the_report_in_repr_and_switches_off_what_it_is_told() -> None:
+    # HF kernels.kernelize returns the model; Liger's apply_liger_kernel_to_<family>(rope=, rms_norm=, swiglu=)
+    # switches each swap
+    model = _model("qwen3")
+    patched = copy.deepcopy(model)
+    assert kernelize(patched, rope=False, swiglu=False, fused_add_rms_norm=False) is patched
+    report = patched.infiniops_kernelized
+    assert set(report.swapped) == {"rms_norm", "qk_norm", "attention"}
+    assert report.off == ["fused_add_rms_norm", "rope", "swiglu"]
+    assert "kernelized qwen3 for cpu:" in repr(patched) and "off: fused_add_rms_norm, rope, swiglu" in repr(patched)
+    assert not any("forward" in m.__dict__ for m in patched.modules() if type(m).__name__ in (
+        "Qwen3MLP", "Qwen3Attention", "Qwen3DecoderLayer"))
+    _assert_same_logits(patched, model, _ids()[0])
+    assert kernelize(patched, attention=False, rms_norm=False) is patched  # again, other switches
+    assert patched.config._attn_implementation != ATTENTION
+    assert set(patched.infiniops_kernelized.swapped) == {"fused_add_rms_norm", "rope", "gated_mlp"}
+    _assert_same_logits(patched, model, _ids()[0])
+    patched.infiniops_kernelized.restore()
+    assert "kernelized" not in repr(patched) and not hasattr(patched, "infiniops_kernelized")
+    with pytest.raises(TypeError, match="rope=1"):
+        kernelize(patched, rope=1)  # type: ignore[arg-type]
+
+
+_FRESH = """
+import json, sys
+import torch
+import infiniops_py.integrations.transformers  # registers attn_implementation="infiniops"
+from infiniops_py import runtime
+from transformers import AutoModelForCausalLM
+
+path, ids = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
+ours = AutoModelForCausalLM.from_pretrained(path, attn_implementation="infiniops").eval()
+stock = AutoModelForCausalLM.from_pretrained(path).eval()
+with torch.no_grad():
+    got, expected = ours(ids).logits, stock(ids).logits
+    tokens = [m.generate(ids, max_new_tokens=5, do_sample=False).tolist() for m in (ours, stock)]
+print(json.dumps({"implementation": ours.config._attn_implementation, "got": got.tolist(),
+                  "expected": expected.tolist(), "same_tokens": tokens[0] == tokens[1],
+                  "called": sorted({key[0] for key in runtime.get_resolver().cache})}))
+"""
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_attn_implementation_infiniops_works_first_in_a_fresh_process(family: str, tmp_path: Path) -> None:
+    # from_pretrained(attn_implementation="infiniops") raised until kernelize had run once in the process
+    import json
+    import os
+    import subprocess
+    import sys
+
+    _model(family).save_pretrained(tmp_path)
+    ids = torch.randint(1, 150, (2, 6), generator=torch.Generator().manual_seed(6)).tolist()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path), json.dumps(ids)], capture_output=True,
+                          text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["implementation"] == ATTENTION
+    assert {"flash_attn_varlen", "flash_attn_with_kvcache"} <= set(found["called"])
+    assert found["same_tokens"]
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    torch.testing.assert_close(torch.tensor(found["got"]), torch.tensor(found["expected"]), rtol=tol.rtol,
+                               atol=tol.atol)
+
+
+def test_kernelize_matches_layers_by_class_not_by_the_text_of_their_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kernelize compared the normalised source of a forward with transformers': a transformers release that
+    # wrote Qwen3Attention.forward differently (5.17.0 on the H200) left RoPE unswapped in every layer
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    original = Qwen3Attention.forward
+
+    def reformatted(self: Qwen3Attention, *args: Any, **kwargs: Any) -> Any:  # the same computation, other text
+        result = original(self, *args, **kwargs)
+        return result
+
+    monkeypatch.setattr(Qwen3Attention, "forward", reformatted)
+    model, patched, report = _pair("qwen3")
+    assert report.swapped["rope"] == ["model.layers.0.self_attn", "model.layers.1.self_attn"], report.render()
+    assert not report.left, report.render()
+    _assert_same_logits(patched, model, _ids()[0])
+
+
+def test_kernelize_matches_transformers_hub_kernel_layer_names() -> None:
+    # with the kernels package installed, transformers' @use_kernel_forward_from_hub("RMSNorm") sets
+    # kernel_layer_name on a class: HF kernels.kernelize swaps by that name, and so does kernelize, for a
+    # class of any name or module (here one that is in no family)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return LlamaRMSNorm.forward(self, x)  # type: ignore[arg-type]
+
+    hub_norm = type("SomeRMSNorm", (torch.nn.Module,), {"forward": forward, "kernel_layer_name": "RMSNorm",
+                                                        "__module__": __name__})
+    model = _model("llama")
+    model.model.norm.__class__ = hub_norm
+    patched = copy.deepcopy(model)
+    report = kernelize(patched).infiniops_kernelized
+    assert "model.norm" in report.swapped["rms_norm"] and len(report.swapped["rms_norm"]) == 5
+    assert "forward" in patched.model.norm.__dict__
+    _assert_same_logits(patched, model, _ids()[0])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_kernelized_model_compiles_fullgraph_without_graph_breaks(family: str) -> None:
+    # the attention read the mask and position_ids on the host (Tensor.item(), .cpu()): 14 graphs, 13 breaks, and
+    # fullgraph=True raised a data-dependent guard (issue #25)
+    model, patched, _ = _pair(family)
+    torch.manual_seed(7)
+    ids = torch.randint(1, 150, (1, 7))
+    packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])  # two sequences in one row: the traced packing
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(patched)(ids)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+        torch._dynamo.reset()
+        compiled = torch.compile(patched, fullgraph=True)
+        tol = tolerance("rms_norm", "float32")
+        assert isinstance(tol, Allclose)
+        torch.testing.assert_close(compiled(ids).logits, patched(ids).logits, rtol=tol.rtol, atol=tol.atol)
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits, rtol=tol.rtol, atol=tol.atol)
+        torch.testing.assert_close(compiled(ids, position_ids=packed).logits, patched(ids, position_ids=packed).logits,
+                                   rtol=tol.rtol, atol=tol.atol)
+        padded, mask = _ids()  # a left-padded batch: the traced mask keeps its key spans, read by no host
+        real = mask.bool()
+        torch.testing.assert_close(compiled(padded, attention_mask=mask).logits[real],
+                                   model(padded, attention_mask=mask).logits[real], rtol=tol.rtol, atol=tol.atol)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_kernelize_twice_in_inference_mode_on_a_model_copied_there(family: str) -> None:
+    # a model copied under inference_mode has inference tensors for parameters: packing their gate|up views
+    # outside inference mode raised "Inference tensors do not track version counter" on the second kernelize
+    # (and in the forward); Gemma's norms hold 1 + weight by the weight's version, which such a weight has not
+    model = _model(family)
+    with torch.inference_mode():
+        patched = copy.deepcopy(model)
+        kernelize(patched)
+        kernelize(patched)  # the pairs are packed now: only their views are taken
+        assert len(patched.infiniops_kernelized.swapped["rms_norm"]) in (5, 9)
+    _assert_same_logits(patched, model, _ids()[0])
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_kernelize_sliding_window_layers_generate_the_stock_tokens(family: str) -> None:
+    # a window of 4 keys, prompts of 9: the window (and Gemma 2's alternating window and softcap) bites, over
+    # dynamic and static caches, with and without left padding
+    model = _model(family, sliding_window=4)
+    patched = kernelize(copy.deepcopy(model))
+    torch.manual_seed(8)
+    ids = torch.randint(1, 150, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    _assert_same_logits(patched, model, ids)
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}, {"cache_implementation": "static"},
+                       {"attention_mask": mask, "cache_implementation": "static"}):
+            expected = model.generate(ids, max_new_tokens=6, do_sample=False, **kwargs)
+            assert torch.equal(patched.generate(ids, max_new_tokens=6, do_sample=False, **kwargs), expected), kwargs

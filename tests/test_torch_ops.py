@@ -78,8 +78,9 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 
 def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, hq: int, hkv: int,
                    d: int) -> list[torch.Tensor]:
-    """silu_and_mul (and its out= form), rotary_embedding (NeoX on q and k, GPT-J partial on q alone) and
-    fused_qk_norm_rope on `i`'s ``gu``, ``pos``, ``rope`` and ``qkv`` (`q`, `k`: ``[T, H, D]`` heads); returns every
+    """silu_and_mul (and its out= form), rotary_embedding (NeoX on q and k, GPT-J partial on q alone),
+    fused_qk_norm_rope and gemm_swiglu (and its out= form) on `i`'s ``gu``, ``pos``, ``rope``, ``qkv``, ``a``,
+    ``w`` (`q`, `k`: ``[T, H, D]`` heads); returns every
     output and mutated tensor."""
     t = q.shape[0]
     g = ops.silu_and_mul(i["gu"])
@@ -90,7 +91,10 @@ def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
     rq2, _ = ops.rotary_embedding(i["pos"], q.clone(), None, d, i["rope"][:, : d // 2].contiguous(), False)
     qkr = ops.fused_qk_norm_rope(i["qkv"].clone(), i["qw"], i["kw"], i["rope"], i["pos"], num_q_heads=hq,
                                  num_kv_heads=hkv, head_dim=d)
-    return [g, g2, rq, rk, rq2, qkr]
+    sw = ops.gemm_swiglu(i["a"], i["w"], i["bias"])
+    sw2 = torch.empty_like(sw)
+    ops.gemm_swiglu(i["a"], i["w"], out=sw2)
+    return [g, g2, rq, rk, rq2, qkr, sw, sw2]
 
 
 def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import triton
 from infiniops_triton import (
+    _gemv,
     add,
     causal_conv1d,
     fused_qk_norm,
@@ -29,6 +30,7 @@ from infiniops_triton import (
     gemm,
     paged_cache,
     rms_norm,
+    rms_norm_gated,
     rotary_embedding,
     silu_and_mul,
 )
@@ -95,7 +97,7 @@ def _fast_memory(compiled: Any) -> None:
 
 def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
     t, h = 32768, 4096
-    norm = {"T": t, "H": h, "eps": 1e-6, "ROWS": 1, "BLOCK": h}
+    norm = {"T": t, "H": h, "eps": 1e-6, "ROWS": 1, "BLOCK": h, "PDL": False}
     cache = {f"stride_{n}": s for n, s in (("kt", 1024), ("kh", 128), ("kd", 1), ("vt", 1024), ("vh", 128),
                                           ("vd", 1), ("kcb", 16384), ("kcs", 1024), ("kch", 128), ("kcd", 1),
                                           ("vcb", 16384), ("vcs", 1024), ("vch", 128), ("vcd", 1))}
@@ -104,6 +106,10 @@ def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
     return [
         ("rms_norm", rms_norm._rms_norm_kernel,
          {"X": _Ptr(BF16), "W": _Ptr(BF16), "Y": _Ptr(BF16), "stride_x": h, "stride_y": h, **norm}, 8),
+        ("rms_norm_gated", rms_norm_gated._rms_norm_gated_kernel,  # Mamba-2-130m's: z a slice of in_proj's rows
+         {"X": _Ptr(BF16), "Z": _Ptr(BF16), "W": _Ptr(BF16), "B": _Ptr(BF16), "Y": _Ptr(BF16), "GROUP": 1536,
+          "stride_x": 1536, "stride_z": 3352, "stride_y": 1536, "eps": 1e-5, "BLOCK": 2048, "HAS_Z": True,
+          "HAS_BIAS": False, "NORM_BEFORE_GATE": False, "PDL": False}, 8),
         ("fused_add_rms_norm", rms_norm._fused_add_rms_norm_kernel,
          {"X": _Ptr(BF16), "R": _Ptr(BF16), "W": _Ptr(BF16), "stride_x": h, "stride_r": h, **norm}, 8),
         ("add", add._add_kernel, {"A": _Ptr(BF16), "B": _Ptr(BF16), "OUT": _Ptr(BF16), "numel": t * h,
@@ -120,7 +126,8 @@ def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
           "stride_s": 1, "num_slots": 65536, "block_size": 16, "num_heads": 8, "D": 128, **cache,
           "BLOCK_H": 8, "BLOCK_D": 128}, 4),
         ("silu_and_mul", silu_and_mul._silu_and_mul_kernel,
-         {"X": _Ptr(BF16), "OUT": _Ptr(BF16), "D": 3072, "stride_x": 6144, "stride_o": 3072, "BLOCK": 1024}, 4),
+         {"X": _Ptr(BF16), "OUT": _Ptr(BF16), "D": 3072, "stride_x": 6144, "stride_o": 3072, "BLOCK": 1024,
+          "PDL": False}, 4),
         *[(f"rotary_embedding_{style}", rotary_embedding._rotary_kernel,
            {"POS": _Ptr("*i64"), "Q": _Ptr(BF16), "K": _Ptr(BF16), "CACHE": _Ptr(BF16), "stride_p": 1,
             "stride_qt": 4096, "stride_qh": 128, "stride_kt": 4096, "stride_kh": 128, "num_q_heads": 16,
@@ -130,7 +137,7 @@ def _row_kernels() -> list[tuple[str, Any, dict[str, Any], int]]:
            {"QKV": _Ptr(BF16), "QW": _Ptr(BF16), "KW": _Ptr(BF16), "CACHE": _Ptr(BF16), "POS": _Ptr("*i64"),
             "stride_t": 4096, "stride_p": 1, "num_q_heads": 16, "num_qk_heads": 24, "D": 128, "eps": 1e-6,
             "max_position": 40960, "HALF": 64, "IS_NEOX": style == "neox", "BLOCK_H": 16, "BLOCK_R": 64,
-            "BLOCK_P": 0}, 4) for style in ("neox", "gptj")],
+            "BLOCK_P": 0, "PDL": False}, 4) for style in ("neox", "gptj")],
     ]
 
 
@@ -156,6 +163,46 @@ def test_gemm_large_configs_pipeline_on_tensor_cores(config: Any, trans_b: bool)
     assert _count(compiled, r"cp\.async\.cg") > 0  # operands stream through shared memory asynchronously
     assert _count(compiled, r"(ld|st)\.local") == 0
     assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+@pytest.mark.parametrize("config", [*_gemv._ONE_ROW, *_gemv._FEW_ROWS],
+                         ids=lambda c: f"{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']}_{c.num_warps}w{c.num_stages}s")
+def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
+    """The decode Gemm at the Qwen3-0.6B down projection (K 3072 -> N 1024): 16-byte loads of the weight, no
+    spills; the 16-row configurations multiply on tensor cores; the split-K ones count the splits done."""
+    one_row = config in _gemv._ONE_ROW
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1,
+            "N": 1024, "K": 3072, "stride_xm": 3072, "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1,
+            "stride_om": 1024, "stride_on": 1, "alpha": 1.0, "beta": 1.0, "HAS_C": True, "HAS_BIAS": False,
+            "PRECISION": "tf32", "BLOCK_M": 1 if one_row else 16, "EVEN_K": True, "PDL": False, **config.kwargs}
+    compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
+    if one_row:  # straight to registers
+        assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
+    else:  # the tl.dot operands stream into shared memory, 16 bytes a copy
+        assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
+        assert _count(compiled, r"mma") > 0
+    assert _count(compiled, r"(ld|st)\.local") == 0
+    if config.kwargs["SPLIT_K"] > 1:
+        assert _count(compiled, r"atom\.[.\w]*add") > 0  # the last split of a tile sums them
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+def test_decode_kernels_wait_for_the_previous_kernel_under_programmatic_dependent_launch() -> None:
+    """With PDL each decode-step kernel first lets the next one launch, then waits for the previous one's
+    results (griddepcontrol), before any other instruction touches memory."""
+    config = _gemv._ONE_ROW[0]
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1, "N": 1024, "K": 3072, "stride_xm": 3072,
+            "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1, "stride_om": 1024, "stride_on": 1, "alpha": 1.0,
+            "beta": 0.0, "HAS_C": False, "HAS_BIAS": False, "PRECISION": "tf32", "BLOCK_M": 1, "EVEN_K": True,
+            "PDL": True, **config.kwargs}
+    ptx = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages).asm["ptx"]
+    launch, wait = ptx.find("griddepcontrol.launch_dependents"), ptx.find("griddepcontrol.wait")
+    assert 0 <= launch < wait < ptx.find("ld.global")
+    norm = {"X": _Ptr(BF16), "W": _Ptr(BF16), "Y": _Ptr(BF16), "T": 1, "H": 1024, "stride_x": 1024, "stride_y": 1024,
+            "eps": 1e-6, "ROWS": 1, "BLOCK": 1024, "PDL": True}
+    assert "griddepcontrol.wait" in _compile(rms_norm._rms_norm_kernel, norm, 4).asm["ptx"]
 
 
 def _conv_args(channel_last: bool, **overrides: Any) -> dict[str, Any]:
@@ -249,8 +296,11 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "stride_vb": 4096 * 8 * d, "stride_vt": 8 * d, "stride_ob": 32 * d, "stride_ot": 32 * d,
             "num_heads_kv": 8, "q_len": 1, "new_len": 0, "capacity": 4096, "num_m_tiles": 1, "num_splits": 16,
             "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
-            "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False,
-            **_attention_sizes(d, precision), **config.kwargs, **overrides}
+            "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False, "Counter": _Ptr("*i32"),
+            "min_split_blocks": 1, "tune_size": 1024 + 16, "FUSED": True, "PDL": False, "APPEND": False,
+            "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
+            "stride_nb": 8 * d, "stride_nt": 8 * d, "stride_nh": d, "stride_vnb": 8 * d, "stride_vnt": 8 * d,
+            "stride_vnh": d, **_attention_sizes(d, precision), **config.kwargs, **overrides}
 
 
 def _fp64_scores_fit(compiled: Any) -> None:
@@ -271,14 +321,15 @@ def test_bf16_prefill_configurations_run_on_tensor_cores(config: int) -> None:
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
-@pytest.mark.parametrize("config", range(4))
+@pytest.mark.parametrize("config", range(7))
 def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> None:
     from infiniops_triton import _decode_kernels as dk
 
-    cfg = dk._decode_configs()[config]  # the four the autotuner times for 16-bit inputs
-    args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16)
+    cfg = dk._decode_configs()[config]  # every one the autotuner may time for 16-bit inputs at D 128
+    args = _decode_args(128, BF16, "tf32", cfg, BLOCK_M=16, PAGED=True, PAGE_SIZE=16, APPEND=True, new_len=1)
     compiled = _compile(dk.decode_split_kernel, args, cfg.num_warps, cfg.num_stages)
     assert _count(compiled, r"mma") > 0
+    assert _count(compiled, r"atom\.[.\w]*add") > 0  # the fused combine counts the splits done
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 

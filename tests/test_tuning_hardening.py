@@ -55,7 +55,8 @@ def _provider(name: str, *impls: Implementation) -> Provider:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "ignoring tuning file" in r.getMessage()]
+    """The tuning file warnings: a file ignored, or entries of it skipped."""
+    return [r.getMessage() for r in caplog.records if "tuning file" in r.getMessage()]
 
 
 # -- the resolver -----------------------------------------------------------------------------------------
@@ -165,6 +166,54 @@ def test_a_tuning_file_that_is_not_a_regular_file_is_ignored_without_hanging(tmp
     assert len(warned) == 1 and name in warned[0] and why in warned[0], run.stderr
 
 
+def _two_fakes() -> Any:
+    """``slow`` (priority 40, sleeps 2 ms) and ``fast`` (priority 30) serve float32 Gemm on CPU."""
+    return registered(("slow", [("gemm", cpu_capability(), 40, _gemm(0.002))]),
+                      ("fast", [("gemm", cpu_capability(), 30, _gemm())]))
+
+
+def _edit_entries(path: Path, edit: Any) -> None:
+    data = json.loads(path.read_text())
+    edit(data["entries"])
+    path.write_text(json.dumps(data))
+
+
+def test_a_time_beyond_the_float_range_is_one_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue #30 (1): an int of 401 digits is valid JSON, and float() of it raised OverflowError out of the
+    # reader, so every bucketed call (io.gemm here, rms_norm in the issue) failed until the file was deleted.
+    with _two_fakes():
+        tune_problem("gemm", sizes=SIZES)
+        path = runtime.get_resolver().tuning.cache_file("cpu")
+        _edit_entries(path, lambda entries: entries[0]["times_us"].update({"fast.gemm.0": 10**400}))
+        with caplog.at_level(logging.WARNING, logger="infiniops"):
+            for _ in range(2):
+                io.reload()
+                a, b = torch.randn(SIZES["m"], SIZES["k"]), torch.randn(SIZES["k"], SIZES["n"])
+                torch.testing.assert_close(io.gemm(a, b), a @ b)
+                assert io.explain("gemm", **BUCKET).chosen.provider == "slow"  # priority order
+        warned = _warnings(caplog)
+        assert len(warned) == 1 and str(path) in warned[0] and "401 digits" in warned[0], warned
+
+
+def test_one_bad_entry_is_skipped_and_the_good_ones_are_kept_and_merged(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue #30 (6): one malformed entry made the whole cache file unreadable, and the next tune rewrote it
+    # with only the new bucket: the two good buckets measured before were lost.
+    with _two_fakes():
+        for m in (1, 2):
+            tune_problem("gemm", sizes={**SIZES, "m": m})
+        path = runtime.get_resolver().tuning.cache_file("cpu")
+        _edit_entries(path, lambda entries: entries.append({**entries[0], "times_us": {"fast.gemm.0": "quick"}}))
+        with caplog.at_level(logging.WARNING, logger="infiniops"):
+            io.reload()
+            report = tune_problem("gemm", sizes={**SIZES, "m": 1})
+            assert report.count("reused") == 1  # the good entry is still read
+            assert io.explain("gemm", **{**BUCKET, "m": 2}).chosen.provider == "fast"
+            tune_problem("gemm", sizes={**SIZES, "m": 4})  # a third bucket is merged into the file
+        assert sorted(m.problem.bucket["m"] for m in read_file(path, None)) == [1, 2, 4]
+        warned = _warnings(caplog)
+        assert len(warned) == 1 and "skipped 1 of 3 entries" in warned[0] and "'quick'" in warned[0], warned
+
+
 # -- writing tuning files -----------------------------------------------------------------------------------
 
 def _measurement(tag: str) -> Measurement:
@@ -246,7 +295,8 @@ def test_an_implementation_that_exits_when_timed_is_recorded_as_failed(raised: B
         assert m.failed["exits.gemm.0"] == said
 
 
-@pytest.mark.parametrize("bad", [float("nan"), -1e-3, float("inf"), "fast"])
+@pytest.mark.parametrize("bad", [float("nan"), -1e-3, float("inf"), "fast", 10**400],
+                         ids=["nan", "negative", "inf", "a string", "an int of 401 digits"])
 def test_a_timer_that_returns_no_time_marks_the_implementation_failed(bad: Any) -> None:
     with registered(("one", [("gemm", cpu_capability(), 40, _gemm())]),
                     ("two", [("gemm", cpu_capability(), 30, _gemm())])):

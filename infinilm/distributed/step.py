@@ -2,11 +2,14 @@
 
 Rank 0 owns the scheduler; every step it broadcasts what the runners read of the batch (vLLM's driver
 broadcasting its step inputs), and each follower rebuilds the same `Batch` of `StepSeq` stand-ins and runs
-the same runner on it, so the ranks' collectives line up. A decode sequence travels as its last token, its
-length and its block table (or state row); a prefill as its tokens and its block table. Two broadcasts per
-step over the control group (gloo, on the CPU): a header ``[kind, decodes, prefills, payload length]``, then
-the payload ``[token, length, table length, *table]`` per decode and ``[length, *tokens, table length,
-*table]`` per prefill.
+the same runner on it, so the ranks' collectives line up. Each follower keeps a copy of rank 0's persistent
+rows (`infinilm.engine.input_batch.SeqRows`): a prefill travels as its tokens, its row and its whole block
+table (or state row), which the follower loads into that row; a decode sequence as its last token, its length,
+its row, its table's length and its table's last block only: a decode step adds at most one block to a table,
+always its last entry, so the broadcast of a step does not grow with the context. Two broadcasts per step over
+the control group (gloo, on the CPU): a header ``[kind, decodes, prefills, payload length]``, then the payload
+``[token, length, row, table length, last block]`` per decode and ``[length, *tokens, row, table length,
+*table]`` per prefill (row -1: none, as `infinilm.engine.Engine.prefill_logits`'s sequences hold none).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ class StepKind(enum.IntEnum):
 
 class StepSeq:
     """What a runner reads of a sequence, on a follower: its tokens (a decode sequence's last one only), its
-    length and its block table (a recurrent model's: its state row)."""
+    length, its block table (a recurrent model's: its state row; a decode sequence's: its last block only, of
+    `num_blocks`) and its row on rank 0 (None: none)."""
 
-    __slots__ = ("block_table", "length", "tokens")
+    __slots__ = ("block_table", "length", "num_blocks", "row", "tokens")
 
-    def __init__(self, tokens: list[int], length: int, block_table: list[int]) -> None:
-        self.tokens, self.length, self.block_table = tokens, length, block_table
+    def __init__(self, tokens: list[int], length: int, block_table: list[int], row: int | None = None,
+                 num_blocks: int | None = None) -> None:
+        self.tokens, self.length, self.block_table, self.row = tokens, length, block_table, row
+        self.num_blocks = len(block_table) if num_blocks is None else num_blocks
 
     def __len__(self) -> int:
         return self.length
@@ -49,25 +55,25 @@ def _pack(kind: StepKind, batch: Batch | None) -> tuple[list[int], list[int]]:
     decodes = batch.decodes if batch is not None else []
     prefills = batch.prefills if batch is not None else []
     for s in decodes:
-        payload += (s.tokens[-1], len(s), len(s.block_table), *s.block_table)
+        payload += (s.tokens[-1], len(s), s.row, len(s.block_table), s.block_table[-1])
     for s in prefills:
-        payload += (len(s), *s.tokens, len(s.block_table), *s.block_table)
+        payload += (len(s), *s.tokens, -1 if s.row is None else s.row, len(s.block_table), *s.block_table)
     return [int(kind), len(decodes), len(prefills), len(payload)], payload
 
 
 def _unpack(header: list[int], payload: list[int]) -> Batch:
     batch, at = Batch(), 0
     for _ in range(header[1]):
-        token, length, width = payload[at:at + 3]
-        batch.decodes.append(StepSeq([token], length, payload[at + 3:at + 3 + width]))  # type: ignore[arg-type]
-        at += 3 + width
+        token, length, row, width, last = payload[at:at + 5]
+        batch.decodes.append(StepSeq([token], length, [last], row, width))  # type: ignore[arg-type]
+        at += 5
     for _ in range(header[2]):
         length = payload[at]
         tokens = payload[at + 1:at + 1 + length]
-        width = payload[at + 1 + length]
-        table = payload[at + 2 + length:at + 2 + length + width]
-        batch.prefills.append(StepSeq(tokens, length, table))  # type: ignore[arg-type]
-        at += 2 + length + width
+        row, width = payload[at + 1 + length:at + 3 + length]
+        table = payload[at + 3 + length:at + 3 + length + width]
+        batch.prefills.append(StepSeq(tokens, length, table, None if row < 0 else row))  # type: ignore[arg-type]
+        at += 3 + length + width
     return batch
 
 

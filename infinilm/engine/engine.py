@@ -8,6 +8,11 @@ then sizes the cache of the family's kind: a paged KV cache and the attention ru
 model, the state pool of `infinilm.engine.state_pool` (one row per running request) and the recurrent runner
 (`infinilm.engine.runner`). Each `step` is: schedule -> prepare inputs -> run model -> sample -> postprocess.
 Requests can be added and cancelled between steps; new prefills join the running decodes in the next step.
+Each running sequence holds a row of persistent step inputs (`infinilm.engine.input_batch.SeqRows`: its block
+table, length and last token), which the scheduler keeps up to date, so a decode step's host work depends on the
+batch size alone. The step synchronizes with the device once: where sampling reads the sampled ids. On the CPU
+the engine picks its thread count by timing its decode step (`infinilm.engine.threads`); `threads_status` says
+what it chose.
 
 With ``tensor_parallel_size > 1`` the gates (which also check that the model splits) and the header check (against
 rank 0's shard) run first, then the ranks start (`infinilm.distributed.launch`); each loads its shard of every
@@ -25,8 +30,8 @@ import itertools
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -36,14 +41,16 @@ from infinilm.distributed.parallel import TensorParallel
 from infinilm.distributed.step import StepKind
 from infinilm.engine.checks import cache_class, check_options, check_prompt, max_positions
 from infinilm.engine.gates import overrides, plan
+from infinilm.engine.input_batch import SeqRows
 from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
-from infinilm.engine.sampling import sample
+from infinilm.engine.sampling import logprobs, sample
 from infinilm.engine.scheduler import Batch, Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infinilm.engine.state_pool import StatePool
-from infinilm.engine.warmup import WarmupReport, warm_up
+from infinilm.engine.threads import calibrate_threads, using_threads
+from infinilm.engine.warmup import WarmupReport, decode_padding, warm_up
 from infinilm.models.family import CausalLM, GatePlan
 from infinilm.models.registry import family_of, read_config
 from infiniops_py import unchecked_indices
@@ -51,13 +58,19 @@ from infiniops_py import unchecked_indices
 __all__ = ["Engine", "StepOutput", "check_options", "check_prompt", "max_positions"]
 
 
-@dataclass(frozen=True)
-class StepOutput:
-    """One step's result for one sequence: the token it produced, and whether it just finished."""
+class StepOutput(NamedTuple):
+    """One step's result for one sequence: the token it produced, and whether it just finished (a named tuple:
+    a step builds one per sequence, and a frozen dataclass costs several times as much to build).
+
+    `logprob` (the token's log-probability) and `top_logprobs` (``(token, logprob)`` pairs, most likely first)
+    are set when the request asks for logprobs (`SamplingParams.logprobs`), from the model's raw logits.
+    """
 
     seq: Sequence
     token: int
     finished: bool
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class Engine:
@@ -72,6 +85,10 @@ class Engine:
             prefills) run as CUDA graphs, and why not when they do not (naming an implementation that
             synchronizes with the host).
         warmup: what the build's tuning and warm-up of the buckets it runs did (`infinilm.engine.warmup`).
+        rows: the running sequences' persistent step inputs (`infinilm.engine.input_batch.SeqRows`).
+        cpu_threads / threads_status: on the CPU, the intra-op thread count the engine's calls run at (None:
+            the caller's) and a line saying why (calibrated on its decode step, or the user's:
+            `infinilm.engine.threads`); on CUDA, None and empty.
         prefill_tokens / decode_tokens / prefill_seconds / decode_seconds: counters for throughput reports.
     """
 
@@ -96,16 +113,29 @@ class Engine:
             if agreed < self.cache.allocator.num_blocks:
                 self.cache.allocator = BlockAllocator(agreed, self.cache.allocator.block_size)
         self.runner: Runner
+        recurrent = isinstance(self.cache, StatePool)
+        self.rows = SeqRows(options.max_num_seqs, 1 if recurrent else options.blocks_per_seq(config),
+                            self.cache.allocator.block_size, self.device)
         if isinstance(self.cache, StatePool):
-            self.runner = RecurrentRunner(model, self.cache, self.device)
+            self.runner = RecurrentRunner(model, self.cache, self.device, self.rows)
         else:
-            self.runner = AttentionRunner(model, self.cache, self.device, options.blocks_per_seq(config))
+            self.runner = AttentionRunner(model, self.cache, self.device, self.rows)
         self.scheduler = Scheduler(self.cache.allocator, max_num_seqs=options.max_num_seqs,
                                    max_num_batched_tokens=options.max_num_batched_tokens,
-                                   max_model_len=options.model_len(config), eos_token_ids=config.eos_token_ids)
+                                   max_model_len=options.model_len(config), eos_token_ids=config.eos_token_ids,
+                                   rows=self.rows)
+        self.cpu_threads: int | None = None  # the caller's, until the calibration below
         self.graph_status = "cuda graphs: off (not on CUDA)" if self.device.type != "cuda" else "cuda graphs: off"
         with self._scope():  # tune and warm the buckets it will run, before the graphs capture the winners
             self.warmup: WarmupReport = warm_up(self, progress=options.progress)
+        self.threads_status = ""
+        if self.device.type == "cpu" and ranks is None:
+            most = min(options.max_num_seqs, self.cache.allocator.num_blocks, 64)
+            small, large = decode_padding(self, 1), decode_padding(self, most)
+            with self._scope():
+                self.cpu_threads, self.threads_status = calibrate_threads(lambda: (small(), large()))
+        elif self.device.type == "cpu":  # each rank timing on its own could run different collectives
+            self.threads_status = f"cpu threads: {torch.get_num_threads()} (not calibrated under tensor parallelism)"
         used = [*gate_plan.chosen.values(), *self.warmup.chosen.values()]
         if self.device.type == "cuda" and options.cuda_graphs:
             with self._scope():
@@ -116,6 +146,11 @@ class Engine:
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
         self._request_ids = itertools.count()
+
+    @property
+    def status(self) -> str:
+        """One line: `graph_status`, and `threads_status` on the CPU."""
+        return "; ".join(filter(None, (self.graph_status, self.threads_status)))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
@@ -187,8 +222,10 @@ class Engine:
 
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
-        """The provider overrides, and unchecked index mode when the options ask for it."""
-        with overrides(self.options), contextlib.ExitStack() as stack:
+        """The provider overrides, unchecked index mode when the options ask for it, and the CPU thread count the
+        engine chose (`infinilm.engine.threads`)."""
+        with overrides(self.options), using_threads(self.cpu_threads), \
+                contextlib.ExitStack() as stack:
             if not self.options.checks_indices(self.device):
                 stack.enter_context(unchecked_indices())
             yield
@@ -222,18 +259,22 @@ class Engine:
             FollowerError: a tensor-parallel follower failed or died in the step (or did before: the run has
                 ended, and every later step raises it again).
         """
+        self.rows.writable()  # the last step's copies are done (its sampled ids were read): no wait
         batch = self.scheduler.schedule()
         if not batch:
             return []
         start = time.perf_counter()
+        batch.rows = SeqRows.rows_of(batch.seqs)
         with self._scope(), self._ranks_guard():
             if self.ranks is not None:
                 self.ranks.send(StepKind.RUN, batch)
             logits = self.runner.run(batch)
         tokens = sample(logits, batch.seqs)
+        lps = logprobs(logits, batch.seqs, tokens)
+        self.rows.advance(batch.rows, tokens)
         self._count(batch, time.perf_counter() - start)
         finished = {s.id for s in self.scheduler.postprocess(batch, tokens)}
-        return [StepOutput(s, t, s.id in finished) for s, t in zip(batch.seqs, tokens)]
+        return [StepOutput(s, t, s.id in finished, *(lp or (None, ()))) for s, t, lp in zip(batch.seqs, tokens, lps)]
 
     def _count(self, batch: Batch, seconds: float) -> None:
         if batch.prefills:
@@ -307,6 +348,8 @@ class Engine:
                     break
                 with self._scope():
                     if kind is StepKind.RUN:
+                        self.rows.writable()
+                        self.rows.mirror(batch)
                         self.runner.run(batch)
                     else:
                         self.runner.prefill_logits(batch)

@@ -12,6 +12,8 @@ takes every ``(operator, problem)`` the config's family declares its model calls
   calls, each followed by `rotary_embedding`.
 - Linear bias: Gemm with the bias fused (``has_bias=True``) when a non-reference provider serves it, else
   Gemm then an in-place broadcast `add`.
+- A SwiGLU MLP's gate/up projection and activation: one `gemm_swiglu` when a non-reference provider serves it,
+  else Gemm then `silu_and_mul`.
 
 Provider overrides (``--provider OP=NAME``) apply as `infiniops_py.use` scopes, both here and while the
 engine runs (`overrides`), so the gates check exactly what will run. An override naming an operator or a
@@ -127,7 +129,8 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
         else:
             fused_qk = config.qk_norm and options.qk_norm == "fused"
         choices = GatePlan(fused_qk_norm=fused_qk, fused_qk_norm_rope=fused_rope,
-                           fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True))
+                           fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True),
+                           fused_swiglu=_served("gemm_swiglu", **base, has_bias=config.mlp_bias))
         requests = family.gate_problems(config, options, base, choices) + parallel_problems(full, options, base)
         problems = list(dict.fromkeys(make_problem(op, **fields) for op, fields in requests))
         chosen = resolve_closure(problems)

@@ -4,8 +4,10 @@
 (`infinilm.engine.graphs.decode`) when one serves its batch size, which removes the per-operator Python cost
 from the decode loop; any other step is prepared, run eagerly, and the rows of each sequence's last token
 go through the LM head. Token layout of a step: the decode tokens (one per decode sequence) first, then
-every prefill sequence's tokens, packed. Metadata is built with plain Python lists and moved to the device
-in one copy per tensor. The two kinds:
+every prefill sequence's tokens, packed. A decode sequence's inputs come from its persistent row
+(`infinilm.engine.input_batch.SeqRows`: array gathers, two copies to the device, nothing that grows with
+max_model_len or the context); a prefill's are built from its tokens and blocks (work in its length) and moved
+to the device in one copy per tensor. The two kinds:
 
 - `AttentionRunner`: a paged KV cache (`infinilm.engine.kv_cache`); the context is an `AttnContext`.
 - `RecurrentRunner`: a state pool (`infinilm.engine.state_pool`), one row per request; the context is an
@@ -16,17 +18,19 @@ in one copy per tensor. The two kinds:
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from infinilm.config import ConfigError
 from infinilm.engine.graphs.decode import DecodeGraphs
 from infinilm.engine.graphs.prefill import PrefillGraphs
+from infinilm.engine.input_batch import LENGTH, POSITION, ROW, SLOT, TOKEN, SeqRows
 from infinilm.engine.kv_cache import KVCache, slots_for
 from infinilm.engine.scheduler import Batch
-from infinilm.engine.sequence import Sequence
 from infinilm.engine.state_pool import StatePool
 from infinilm.layers.attention import AttnContext
 from infinilm.layers.ssm import SsmContext, prefill_starts
@@ -39,6 +43,7 @@ class Runner(abc.ABC):
     """Runs `model` over `cache` on `device`; a subclass prepares its kind's inputs and decode-graph step.
 
     Attributes:
+        rows: the running sequences' persistent rows (`SeqRows`), which decode steps read.
         graphs: the captured decode graphs, or None (eager decode).
         padding / table_width: the `infinilm.engine.graphs.decode.DecodeStep` of this kind.
     """
@@ -46,20 +51,34 @@ class Runner(abc.ABC):
     padding: ClassVar[tuple[int, ...]]
     table_width: int = 0
 
-    def __init__(self, model: Any, cache: KVCache | StatePool, device: torch.device) -> None:
-        self.model, self.cache, self.device = model, cache, device
+    def __init__(self, model: Any, cache: KVCache | StatePool, device: torch.device, rows: SeqRows) -> None:
+        self.model, self.cache, self.device, self.rows = model, cache, device, rows
         self.graphs: DecodeGraphs | None = None
 
-    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+    def _tensor(self, values: Any, dtype: torch.dtype) -> torch.Tensor:
+        """`values` (a list or an array) on the device: through pinned memory on CUDA, so the copy is
+        asynchronous (torch's caching host allocator reuses the buffer only once the copy is done)."""
+        host = torch.as_tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    @staticmethod
+    def decode_rows_of(batch: Batch) -> np.ndarray[Any, Any]:
+        """The rows of `batch`'s decode sequences (`Batch.rows` when the engine filled it)."""
+        if batch.rows is not None:
+            return batch.rows[:len(batch.decodes)]
+        return SeqRows.rows_of(batch.decodes)
 
     @abc.abstractmethod
-    def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], list[int]]:
-        """The model's forward arguments for `batch`, and the index of each sequence's last token."""
+    def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], np.ndarray[Any, Any] | None]:
+        """The model's forward arguments for `batch`, and the index of each sequence's last token (None: every
+        token is one, a decode-only step)."""
 
     @abc.abstractmethod
-    def decode_rows(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[int]] | None]:
-        """The decode graph's per-sequence value rows and block tables (None: none) of decode sequences `seqs`."""
+    def graph_inputs(self, rows: np.ndarray[Any, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decode graph's value rows ``[len(padding), n]`` and block tables ``[n, width]`` (None: none) of a
+        decode step over `rows`, on the device (see `DecodeGraphs.replay`)."""
 
     @abc.abstractmethod
     def graph_step(self, rows: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
@@ -68,7 +87,7 @@ class Runner(abc.ABC):
     def _replay(self, batch: Batch) -> torch.Tensor | None:
         """The logits of `batch` from a captured graph, or None when no graph serves it."""
         if not batch.prefills and self.graphs is not None and self.graphs.serves(len(batch.decodes)):
-            return self.graphs.replay(*self.decode_rows(batch.decodes))
+            return self.graphs.replay(*self.graph_inputs(self.decode_rows_of(batch)))
         return None
 
     @torch.inference_mode()
@@ -79,7 +98,7 @@ class Runner(abc.ABC):
             return logits
         inputs, last = self.prepare(batch)
         hidden = self.model.forward(*inputs)
-        if len(last) != hidden.shape[0]:
+        if last is not None and len(last) != hidden.shape[0]:
             hidden = hidden[self._tensor(last, torch.int64)]
         return self.model.logits(hidden)
 
@@ -88,6 +107,13 @@ class Runner(abc.ABC):
         """Logits ``[T, V]`` at every token of a prefill-only batch (for checking against a reference)."""
         inputs, _ = self.prepare(batch)
         return self.model.logits(self.model.forward(*inputs))
+
+    def _prefill_tokens(self, batch: Batch) -> tuple[list[int], np.ndarray[Any, Any]]:
+        """The prefill sequences' tokens, packed, and the index of each sequence's last token in the step."""
+        ids = list(itertools.chain.from_iterable(s.tokens for s in batch.prefills))
+        ends = np.cumsum([len(s) for s in batch.prefills], dtype=np.int64) - 1
+        nd = len(batch.decodes)
+        return ids, np.concatenate([np.arange(nd, dtype=np.int64), nd + ends])
 
     def capture_graphs(self, max_batch: int, implementations: Iterable[Implementation] = ()) -> str:
         """Capture decode CUDA graphs for batch sizes up to `max_batch`, at most the cache's blocks (rows: each
@@ -112,58 +138,51 @@ class Runner(abc.ABC):
 class AttentionRunner(Runner):
     """Runs an attention model over the paged KV cache `cache`."""
 
-    padding = (0, 0, -1, 1)  # token 0 at position 0, slot -1 (nothing written), one key of block 0
+    padding = (0, 0, -1, 0)  # token 0 at position 0, slot -1, context 0 (cache_seqlens -1): nothing written or read
 
-    def __init__(self, model: Any, cache: KVCache, device: torch.device, max_blocks_per_seq: int) -> None:
-        super().__init__(model, cache, device)
+    def __init__(self, model: Any, cache: KVCache, device: torch.device, rows: SeqRows) -> None:
+        """`rows`: the engine's rows, whose tables hold ``max_model_len / block_size`` blocks."""
+        super().__init__(model, cache, device, rows)
         self.block_size = cache.allocator.block_size
-        self.max_blocks = self.table_width = max_blocks_per_seq
+        self.max_blocks = self.table_width = rows.max_blocks
 
-    def decode_inputs(
-        self, seqs: list[Sequence], width: int | None = None
-    ) -> tuple[list[int], list[int], list[int], list[int], list[list[int]]]:
-        """Per decode sequence: its last token, position, slot, context length and block table padded with
-        block 0 to `width` entries (default: the longest table of the batch)."""
-        bs = self.block_size
-        width = width or max((len(s.block_table) for s in seqs), default=0)
-        ids = [s.tokens[-1] for s in seqs]
-        positions = [len(s) - 1 for s in seqs]
-        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
-        lens = [len(s) for s in seqs]
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        return ids, positions, slots, lens, tables
-
-    def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], list[int]]:
+    def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], np.ndarray[Any, Any] | None]:
         """``(input_ids, positions, AttnContext, cache)`` and the index of each sequence's last token."""
-        ids, positions, slots, lens, tables = self.decode_inputs(batch.decodes)
-        last = list(range(len(ids)))
-        cu = [0]
-        for s in batch.prefills:
-            n = len(s)
-            ids += s.tokens
-            positions += range(n)
-            slots += slots_for(s.block_table, 0, n, self.block_size)
-            cu.append(cu[-1] + n)
-            last.append(len(ids) - 1)
         i64, i32 = torch.int64, torch.int32
-        ctx = AttnContext(slot_mapping=self._tensor(slots, i64), num_decode=len(batch.decodes))
+        ctx = AttnContext(slot_mapping=torch.empty(0, dtype=i64), num_decode=len(batch.decodes))
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         if batch.decodes:
-            ctx.context_lens = self._tensor(lens, i32)
-            ctx.block_tables = self._tensor(tables, i32) if tables else None
+            step, tables = self.rows.decode_step(self.decode_rows_of(batch))
+            parts.append((step[TOKEN], step[POSITION], step[SLOT]))
+            ctx.context_lens = step[LENGTH].to(i32)
+            ctx.cache_seqlens = (step[LENGTH] - 1).to(i32)
+            ctx.block_tables = tables.contiguous()
+        last = None
         if batch.prefills:
-            ctx.cu_seqlens = self._tensor(cu, i32)
-            ctx.max_seqlen = max(len(s) for s in batch.prefills)
-        return (self._tensor(ids, i64), self._tensor(positions, i64), ctx, self.cache), last
+            ids, last = self._prefill_tokens(batch)
+            lens = [len(s) for s in batch.prefills]
+            positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lens])
+            slots = list(itertools.chain.from_iterable(slots_for(s.block_table, 0, n, self.block_size)
+                                                       for s, n in zip(batch.prefills, lens)))
+            host = torch.stack([torch.tensor(ids, dtype=i64), torch.from_numpy(positions),
+                                torch.tensor(slots, dtype=i64)])
+            fresh = self._tensor(host, i64)
+            parts.append((fresh[0], fresh[1], fresh[2]))
+            ctx.cu_seqlens = self._tensor(np.concatenate([[0], np.cumsum(lens)]), i32)
+            ctx.max_seqlen = max(lens)
+        ids_t, positions_t, slots_t = (torch.cat(p) if len(parts) > 1 else p[0] for p in zip(*parts))
+        ctx.slot_mapping = slots_t
+        return (ids_t, positions_t, ctx, self.cache), last
 
-    def decode_rows(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[int]] | None]:
-        """Rows token, position, slot, context length; block tables padded to the longest a sequence has."""
-        ids, positions, slots, lens, tables = self.decode_inputs(seqs, self.max_blocks)
-        return [ids, positions, slots, lens], tables
+    def graph_inputs(self, rows: np.ndarray[Any, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows token, position, slot, context length; block tables as wide as the longest in the step."""
+        step, tables = self.rows.decode_step(rows)
+        return step[:ROW], tables
 
     def graph_step(self, rows: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
         """Logits of a decode step whose rows are token, position, slot and context length."""
         ids, positions, slots, lens = rows
-        ctx = AttnContext(slot_mapping=slots, num_decode=rows.shape[1], context_lens=lens.to(torch.int32),
+        ctx = AttnContext(slot_mapping=slots, num_decode=rows.shape[1], cache_seqlens=(lens - 1).to(torch.int32),
                           block_tables=tables)
         return self.model.logits(self.model.forward(ids, positions, ctx, self.cache))
 
@@ -177,31 +196,33 @@ class RecurrentRunner(Runner):
 
     padding = (0, -1)  # token 0, row -1 (no state read or written)
 
-    def __init__(self, model: Any, pool: StatePool, device: torch.device) -> None:
-        super().__init__(model, pool, device)
+    def __init__(self, model: Any, pool: StatePool, device: torch.device, rows: SeqRows) -> None:
+        """`rows`: the engine's rows, whose one-entry tables hold each sequence's state row."""
+        super().__init__(model, pool, device, rows)
         self.pool = pool
         self.prefill_graphs: PrefillGraphs | None = None
 
-    def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], list[int]]:
+    def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], np.ndarray[Any, Any] | None]:
         """``(input_ids, SsmContext, pool)`` and the index of each sequence's last token."""
         i64 = torch.int64
-        ids = [s.tokens[-1] for s in batch.decodes]
-        ctx = SsmContext(num_decode=len(ids))
+        ctx = SsmContext(num_decode=len(batch.decodes))
+        parts = []
         if batch.decodes:
-            ctx.decode_rows = self._tensor([self.pool.row(s) for s in batch.decodes], i64)
-        last = list(range(len(ids)))
+            step = self.rows.recurrent_step(self.decode_rows_of(batch))
+            parts.append(step[0])
+            ctx.decode_rows = step[1]
+        last = None
         if batch.prefills:
-            for s in batch.prefills:
-                ids += s.tokens
-                last.append(len(ids) - 1)
+            ids, last = self._prefill_tokens(batch)
+            parts.append(self._tensor(ids, i64))
             ctx.prefill_rows = self._tensor([self.pool.row(s) for s in batch.prefills], i64)
             if len(batch.prefills) > 1:  # one packed row: the packed conv and scan
                 ctx.cu_seqlens = self._tensor(prefill_starts([len(s) for s in batch.prefills]), torch.int32)
-        return (self._tensor(ids, i64), ctx, self.pool), last
+        return (torch.cat(parts) if len(parts) > 1 else parts[0], ctx, self.pool), last
 
-    def decode_rows(self, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[int]] | None]:
+    def graph_inputs(self, rows: np.ndarray[Any, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows token and state row; no block tables."""
-        return [[s.tokens[-1] for s in seqs], [self.pool.row(s) for s in seqs]], None
+        return self.rows.recurrent_step(rows), None
 
     def graph_step(self, rows: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
         """Logits of a decode step whose rows are token and state row."""

@@ -1,4 +1,4 @@
-"""Sampling: greedy, and seeded temperature / top-k / top-p (Hugging Face `generate` semantics).
+"""Sampling: greedy, and seeded temperature / min-p / top-k / top-p, with vLLM's penalties and logprobs.
 
 Greedy is ``argmax`` (the first index wins a tie, as in `torch.argmax`). Random sampling scales the logits
 by ``1 / temperature``, keeps the top-k, then the smallest most-likely set whose probability reaches
@@ -15,13 +15,14 @@ into greedy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence as Seq
 
 import torch
 
 from infinilm.engine.sequence import SamplingParams, Sequence
 
-__all__ = ["filter_logits", "sample", "scale_logits"]
+__all__ = ["apply_penalties", "filter_logits", "logprobs", "sample", "scale_logits"]
 
 
 def scale_logits(row: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -50,6 +51,30 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def apply_penalties(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """`row` ``[V]`` with `seq`'s repetition (prompt and output tokens), frequency and presence (output tokens)
+    penalties applied, in float64 (vLLM's ``apply_penalties``: repetition first, then the additive ones)."""
+    params = seq.params
+    row = row.double()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.tokens)), dtype=torch.int64, device=row.device)
+        picked = row[seen]
+        row = row.index_put((seen,), torch.where(picked > 0, picked / params.repetition_penalty,
+                                                  picked * params.repetition_penalty))
+    if seq.num_output and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(seq.output, dtype=torch.int64, device=row.device),
+                                minlength=row.numel())[: row.numel()].double()
+        row = row - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).double()
+    return row
+
+
+def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop the entries whose probability is below `min_p` times the largest (scaled logits, max 0)."""
+    if min_p <= 0.0:
+        return logits
+    return logits.masked_fill(logits < logits.max() + math.log(min_p), float("-inf"))
+
+
 def _generator(seq: Sequence, device: torch.device) -> torch.Generator:
     if seq.generator is None:
         gen = torch.Generator(device=device)
@@ -62,7 +87,8 @@ def _generator(seq: Sequence, device: torch.device) -> torch.Generator:
 
 
 def _sample_one(row: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-    logits = filter_logits(scale_logits(row, params.temperature), params.top_k, params.top_p)
+    logits = _min_p(scale_logits(row, params.temperature), params.min_p)
+    logits = filter_logits(logits, params.top_k, params.top_p)
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)
 
 
@@ -75,9 +101,36 @@ def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
     if logits.shape[0] != len(seqs):
         raise ValueError(f"logits: {logits.shape[0]} rows for {len(seqs)} sequences")
     greedy = logits.argmax(dim=-1)
-    random_rows = [b for b, s in enumerate(seqs) if s.params.temperature > 0]
-    if random_rows:
+    rows = [b for b, s in enumerate(seqs) if s.params.temperature > 0 or s.params.penalized]
+    if rows:
         greedy = greedy.clone()
-        for b in random_rows:
-            greedy[b] = _sample_one(logits[b], seqs[b].params, _generator(seqs[b], logits.device))[0]
+        for b in rows:
+            seq = seqs[b]
+            row = apply_penalties(logits[b], seq) if seq.params.penalized else logits[b]
+            if seq.params.temperature > 0:
+                greedy[b] = _sample_one(row, seq.params, _generator(seq, logits.device))[0]
+            else:
+                greedy[b] = row.argmax()
     return greedy.tolist()
+
+
+def logprobs(logits: torch.Tensor, seqs: Seq[Sequence], tokens: Seq[int]
+             ) -> list[tuple[float, tuple[tuple[int, float], ...]] | None]:
+    """Per row: the log-probability of ``tokens[b]`` and the ``seqs[b].params.logprobs`` most likely
+    ``(token, logprob)`` pairs (most likely first), from ``log_softmax`` of the raw logits in float32 (vLLM's
+    ``raw_logprobs``); None for a row whose request asks for none."""
+    wanted = [b for b, s in enumerate(seqs) if s.params.logprobs is not None]
+    out: list[tuple[float, tuple[tuple[int, float], ...]] | None] = [None] * len(seqs)
+    if not wanted:
+        return out
+    index = torch.tensor(wanted, dtype=torch.int64, device=logits.device)
+    lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    k = max(seqs[b].params.logprobs or 0 for b in wanted)
+    chosen = lp.gather(1, torch.tensor([[tokens[b]] for b in wanted], dtype=torch.int64,
+                                       device=logits.device)).squeeze(1).tolist()
+    top_values, top_ids = (lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long()))
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    for i, b in enumerate(wanted):
+        n = seqs[b].params.logprobs or 0
+        out[b] = (chosen[i], tuple(zip(top_ids[i][:n], top_values[i][:n])))
+    return out

@@ -6,13 +6,19 @@ the token budget, the sequence limit and the free KV blocks allow. A waiting req
 stays queued (admission control: never an error, never a partial allocation). When a running sequence
 needs a block and none is free, the newest running sequence is preempted: its blocks are freed and it
 returns to the front of the queue, to be recomputed from its tokens later (vLLM's recompute preemption).
+
+The scheduler tells the engine's `infinilm.engine.input_batch.SeqRows` (when it has one) what changes a running
+sequence's row: a row is given at admission, a block table grows, a row is taken back at finish, preemption
+and cancellation.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+from infinilm.engine.input_batch import SeqRows
 from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.sequence import FinishReason, SeqStatus, Sequence
 
@@ -21,10 +27,15 @@ __all__ = ["Batch", "Scheduler"]
 
 @dataclass
 class Batch:
-    """One step's work: decode sequences (one token each) first, then prefill sequences (all their tokens)."""
+    """One step's work: decode sequences (one token each) first, then prefill sequences (all their tokens).
+
+    Attributes:
+        rows: the `SeqRows` rows of `seqs` (int64), when the engine has filled them in; else None.
+    """
 
     decodes: list[Sequence] = field(default_factory=list)
     prefills: list[Sequence] = field(default_factory=list)
+    rows: Any = field(default=None, repr=False)
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -39,8 +50,10 @@ class Scheduler:
     """Holds the waiting queue and the running set over one block allocator."""
 
     def __init__(self, allocator: BlockAllocator, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+                 max_model_len: int, eos_token_ids: tuple[int, ...] = (), rows: SeqRows | None = None) -> None:
+        """`rows`: the persistent rows to keep up to date (at least `max_num_seqs` of them), or None."""
         self.allocator = allocator
+        self.rows = rows
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
         self.max_model_len = max_model_len
@@ -70,17 +83,22 @@ class Scheduler:
     def schedule(self) -> Batch:
         """Pick the next step's batch and reserve the KV blocks it writes."""
         batch = Batch()
+        decodes, running, alloc = batch.decodes, self.running, self.allocator
+        bs = alloc.block_size
         i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            need = self.allocator.blocks_needed(len(seq), len(seq.block_table))
-            while not self.allocator.can_allocate(need) and len(self.running) - 1 > i:
-                self._preempt(self.running[-1])
-            if not self.allocator.can_allocate(need):
-                self._preempt(seq)
-                break
-            self.allocator.append(seq.block_table, len(seq))
-            batch.decodes.append(seq)
+        while i < len(running):
+            seq = running[i]
+            if len(seq.tokens) > len(seq.block_table) * bs:  # its next token starts a block
+                need = alloc.blocks_needed(len(seq), len(seq.block_table))
+                while not alloc.can_allocate(need) and len(running) - 1 > i:
+                    self._preempt(running[-1])
+                if not alloc.can_allocate(need):
+                    self._preempt(seq)
+                    break
+                alloc.append(seq.block_table, len(seq))
+                if self.rows is not None:
+                    self.rows.grow(seq)
+            decodes.append(seq)
             i += 1
         tokens = len(batch.decodes)
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -92,6 +110,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.allocator.append(seq.block_table, len(seq))
+            if self.rows is not None:
+                self.rows.add(seq)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             batch.prefills.append(seq)
@@ -107,13 +127,16 @@ class Scheduler:
         ``ignore_eos`` is set. This is vLLM's order (``vllm/v1/core/sched/utils.py``, ``check_stop``).
         """
         finished = []
+        max_len, eos = self.max_model_len, self.eos_token_ids
         for seq, token in zip(batch.seqs, tokens, strict=True):
-            seq.num_cached = len(seq)
-            seq.tokens.append(token)
+            seq_tokens = seq.tokens
+            seq.num_cached = len(seq_tokens)
+            seq_tokens.append(token)
             p = seq.params
-            if seq.num_output >= p.max_new_tokens or len(seq) >= self.max_model_len:
+            n = len(seq_tokens)
+            if n - seq.num_prompt >= p.max_new_tokens or n >= max_len:
                 self._finish(seq, FinishReason.LENGTH)
-            elif token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            elif token in p.stop_token_ids or (not p.ignore_eos and token in eos):
                 self._finish(seq, FinishReason.EOS)
             else:
                 continue
@@ -133,13 +156,18 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.running.remove(seq)
-        self.allocator.free(seq.block_table)
+        self._release(seq)
         seq.block_table = []
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
+    def _release(self, seq: Sequence) -> None:
+        self.allocator.free(seq.block_table)
+        if self.rows is not None:
+            self.rows.remove(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.allocator.free(seq.block_table)
+        self._release(seq)
         seq.block_table, seq.num_cached, seq.status = [], 0, SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FinishReason", "SamplingParams", "SeqStatus", "Sequence"]
+__all__ = ["MAX_LOGPROBS", "FinishReason", "SamplingParams", "SeqStatus", "Sequence"]
+
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound (vLLM's default max_logprobs is 20 too)
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,15 @@ class SamplingParams:
             ``stop_token_ids`` and ``max_new_tokens`` still end the request (vLLM's semantics).
         stop_token_ids: extra tokens that end the request (besides the model's EOS ids), with or without
             ``ignore_eos``; an EOS id listed here stops the request even when ``ignore_eos`` is set.
+        min_p: drop the tokens whose probability (after temperature) is below ``min_p`` times the most likely
+            token's (0.0: off; vLLM's ``min_p``), in ``[0, 1]``.
+        presence_penalty / frequency_penalty: subtracted from the logit of every token already generated, once /
+            once per occurrence (OpenAI's and vLLM's semantics), in ``[-2, 2]``; 0.0 is off.
+        repetition_penalty: divides the positive logits and multiplies the negative ones of every token of the
+            prompt and the output so far (vLLM's, after the CTRL paper), > 0; 1.0 is off.
+        logprobs: return the log-probability of each generated token and of this many most likely tokens
+            (None: none; 0: the generated token's only), from the model's raw logits (vLLM's default
+            ``raw_logprobs``: before penalties, temperature and filters); at most `MAX_LOGPROBS`.
     """
 
     max_new_tokens: int = 16
@@ -36,6 +47,11 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         """Check every field.
@@ -45,11 +61,11 @@ class SamplingParams:
                 number field that is not an int or a float; ``ignore_eos`` that is not a bool;
                 ``stop_token_ids`` that is not a tuple or a list (a str is refused) of ints >= 0.
         """
-        for name in ("max_new_tokens", "top_k", "seed"):
+        for name in ("max_new_tokens", "top_k", "seed", "logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f"{name}={value!r} must be an int")
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"{name}={value!r} must be a number (an int or a float)")
@@ -70,6 +86,20 @@ class SamplingParams:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise ValueError(f"seed={self.seed} must be in [0, 2**64) (or None: a random seed)")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p={self.min_p} must be in [0, 1] (0: off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [-2, 2] (0: off)")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty={self.repetition_penalty} must be a finite number > 0 (1: off)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs={self.logprobs} must be in [0, {MAX_LOGPROBS}] (or None: no logprobs)")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a presence, frequency or repetition penalty is on."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 class SeqStatus(enum.Enum):
@@ -97,10 +127,12 @@ class Sequence:
         num_prompt: how many of `tokens` are the prompt.
         num_cached: how many leading tokens have their K/V in the cache (0 after a preemption).
         block_table: the cache block ids this sequence owns.
+        row: its row of the engine's persistent step inputs while it runs (`infinilm.engine.input_batch`), else
+            None.
     """
 
     __slots__ = ("block_table", "finish_reason", "generator", "id", "num_cached", "num_prompt", "params",
-                 "status", "tokens")
+                 "row", "status", "tokens")
 
     def __init__(self, prompt: list[int], params: SamplingParams, request_id: int = 0) -> None:
         """A waiting request of `prompt` (token ids).
@@ -115,6 +147,7 @@ class Sequence:
         self.num_prompt = len(prompt)
         self.num_cached = 0
         self.block_table: list[int] = []
+        self.row: int | None = None
         self.params = params
         self.status = SeqStatus.WAITING
         self.finish_reason: FinishReason | None = None

@@ -30,11 +30,11 @@ import torch
 from infinilm.engine.graphs.decode import capture_sizes
 from infinilm.engine.scheduler import Batch
 from infinilm.engine.sequence import SamplingParams, Sequence
-from infiniops_py import Implementation, Problem
+from infiniops_py import Implementation, Problem, unchecked_indices
 from infiniops_py._env import parse_flag
 from infiniops_py.tuning import TuneReport, recording, tune_calls
 
-__all__ = ["WarmupReport", "buckets", "tuning_wanted", "warm_up"]
+__all__ = ["WarmupReport", "buckets", "decode_padding", "tuning_wanted", "warm_up"]
 
 DEFAULT_BUDGET_S: Final = 120.0
 
@@ -112,14 +112,25 @@ def _prefill(engine: Any, n: int) -> None:
         alloc.free(seq.block_table)
 
 
-@torch.inference_mode()
-def _decode(engine: Any, batch: int) -> None:
-    """One decode step of `batch` padding rows (they write nothing), as a decode CUDA graph runs it."""
+def decode_padding(engine: Any, batch: int) -> Callable[[], None]:
+    """A decode step of `batch` padding rows (they write nothing), as a decode CUDA graph runs it: the call that
+    runs it (the warm-up's decode buckets, the CPU thread calibration of `infinilm.engine.threads`)."""
     runner = engine.runner
     rows = torch.tensor(runner.padding, dtype=torch.int64, device=engine.device)[:, None].repeat(1, batch)
     width = runner.table_width
     tables = torch.zeros(batch, width, dtype=torch.int32, device=engine.device) if width else None
-    runner.graph_step(rows, tables)
+
+    @torch.inference_mode()
+    def step() -> None:
+        with unchecked_indices():  # padding rows hold out-of-range values on purpose, as in a graph's capture
+            runner.graph_step(rows, tables)
+
+    return step
+
+
+def _decode(engine: Any, batch: int) -> None:
+    """One decode step of `batch` padding rows (see `decode_padding`)."""
+    decode_padding(engine, batch)()
 
 
 def _bar(total: int, show: bool | None) -> Any:

@@ -1,10 +1,12 @@
 """Paged attention over a batch that mixes decode tokens and prefill sequences.
 
-Every step first writes the new keys and values of all tokens into the paged caches with
-`infiniops_py.reshape_and_cache_flash`. The batch holds the decode tokens first (one per sequence) and
-then the prefill sequences, packed: decode rows attend over their whole cached history through
-`flash_attn_with_kvcache` with the block table; prefill rows attend causally over their own fresh keys
-through `flash_attn_varlen` (no prefix caching, so a prefill's keys are all in hand).
+The batch holds the decode tokens first (one per sequence) and then the prefill sequences, packed. Decode
+rows attend over their whole cached history through `flash_attn_with_kvcache` with the block table, which
+also appends their new keys and values at ``cache_seqlens[b]`` (flash-attention's ``k``/``v`` arguments: a
+provider can write them in the attention kernel itself, with no launch of its own); the prefill tokens'
+keys and values are written with `infiniops_py.reshape_and_cache_flash`, and prefill rows attend causally
+over their own fresh keys through `flash_attn_varlen` (no prefix caching, so a prefill's keys are all in
+hand). Without `AttnContext.cache_seqlens` every token is written with the cache write first.
 
 A sliding window (Mistral, Gemma 2) is Hugging Face's: a query sees itself and the ``sliding_window - 1``
 keys before it (``kv_idx > q_idx - sliding_window`` in transformers' masks), which is flash-attention's
@@ -39,6 +41,9 @@ class AttnContext:
         slot_mapping: int64 ``[T]``, the cache slot of each token (-1: padding, not written).
         num_decode: the first `num_decode` tokens are decode tokens, one per sequence.
         context_lens: int32 ``[num_decode]``, each decode sequence's length including its new token.
+        cache_seqlens: int32 ``[num_decode]``, the tokens each decode sequence has in the cache before its new
+            one (``context_lens - 1``; -1 for a padding row: nothing written, no key seen); when set, the
+            attention appends the decode tokens' keys and values.
         block_tables: int32 ``[num_decode, max_blocks]`` (unused entries 0).
         cu_seqlens: int32 ``[P + 1]`` over the prefill tokens, or None without prefills.
         max_seqlen: the longest prefill.
@@ -47,6 +52,7 @@ class AttnContext:
     slot_mapping: torch.Tensor
     num_decode: int = 0
     context_lens: torch.Tensor | None = None
+    cache_seqlens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int = 0
@@ -84,12 +90,18 @@ class Attention:
         ctx: AttnContext,
     ) -> torch.Tensor:
         """q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``, caches ``[num_blocks, block_size, Hkv, D]`` -> ``[T, Hq * D]``."""
-        reshape_and_cache_flash(k, v, k_cache, v_cache, ctx.slot_mapping)
         nd = ctx.num_decode
+        append = nd > 0 and ctx.cache_seqlens is not None
+        if not append:
+            reshape_and_cache_flash(k, v, k_cache, v_cache, ctx.slot_mapping)
+        elif ctx.cu_seqlens is not None:  # the prefill tokens' keys; the decode tokens' go with their attention
+            reshape_and_cache_flash(k[nd:], v[nd:], k_cache, v_cache, ctx.slot_mapping[nd:])
         parts = []
         if nd:
+            new_k, new_v = (k[:nd].unsqueeze(1), v[:nd].unsqueeze(1)) if append else (None, None)
             out = flash_attn_with_kvcache(
-                q[:nd].unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
+                q[:nd].unsqueeze(1), k_cache, v_cache, new_k, new_v,
+                cache_seqlens=ctx.cache_seqlens if append else ctx.context_lens,
                 block_table=ctx.block_tables, softmax_scale=self.scale, causal=True, window_size=self.window,
                 softcap=self.softcap,
             )

@@ -13,9 +13,9 @@ prompt's final SSM state (``return_varlen_states``).
 Decisions:
   - The gated norm is per group (mamba_ssm's ``RMSNormGated(group_size=d_inner // n_groups,
     norm_before_gate=False)``, the checkpoint's semantics); older transformers slow paths normalize over
-    the whole inner dim, which differs when ``n_groups > 1``. It runs as `rms_norm` over a ``[T, G, d_inner/G]``
-    view, so the gates check ``hidden_size = d_inner / n_groups``. It runs in float32 and is cast to the model
-    dtype before ``out_proj``.
+    the whole inner dim, which differs when ``n_groups > 1``. It is one `rms_norm_gated` call on the state
+    update's (or scan's) output and the gate's columns of ``in_proj``'s output, computed in float32 and
+    rounded once to the model dtype before ``out_proj``.
   - Split across tensor-parallel ranks (`infinilm.distributed.parallel`), a mixer holds its rank's heads: their
     rows of ``in_proj`` (gate, x, dt), conv channels, ``dt_bias``, ``A_log``, ``D``, norm weight and states, and
     the B/C rows of its group(s); ``out_proj`` is row parallel (one all-reduce). A norm group held whole by the
@@ -46,7 +46,7 @@ from infiniops_py import (
     all_reduce,
     causal_conv1d,
     causal_conv1d_update,
-    rms_norm,
+    rms_norm_gated,
     selective_scan,
     selective_state_update,
 )
@@ -101,7 +101,7 @@ class Mamba2Mixer:
     """The Mamba-2 mixer of one layer over a step's tokens: decode tokens first, then prefill prompts."""
 
     __slots__ = ("A_log", "D", "a", "conv_bias", "conv_weight", "dims", "dt_bias", "dtype", "eps", "full", "in_proj",
-                 "norm", "norm_weight", "ones", "out_proj", "tp")
+                 "norm", "norm_weight", "out_proj", "tp")
 
     def __init__(self, c: ModelConfig, *, fuse_bias: bool, dtype: torch.dtype, device: torch.device,
                  tp: TensorParallel | None = None) -> None:
@@ -133,8 +133,7 @@ class Mamba2Mixer:
             self.out_proj = RowParallelLinear((*tp.split(d_inner), d_inner), c.hidden_size, bias=s.use_bias, **new)
         self.dtype, self.eps = dtype, c.rms_norm_eps
         self.a = Derived(self.A_log, lambda w: -torch.exp(w.float()))
-        self.norm = Derived(self.norm_weight, lambda w: w.float())
-        self.ones = torch.ones(s.group_size, dtype=torch.float32, device=device)  # the per-group norm's weight
+        self.norm = Derived(self.norm_weight, lambda w: w.float())  # the weight of a norm spread over ranks
 
     def targets(self, prefix: str) -> dict[str, torch.Tensor | Shard]:
         """Checkpoint name -> the view (split across ranks: the `Shard`) each of the mixer's tensors loads into."""
@@ -244,16 +243,11 @@ class Mamba2Mixer:
         return y.view(-1, s.intermediate_size)
 
     def _gated_norm(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """``rms_norm(y * silu(gate))`` per group of ``d_inner / G`` channels, in float32, cast to the model dtype."""
-        s = self.dims
-        g = F.silu(gate.float()).mul_(y)  # y promoted to float32 in the product: y.float() * silu, one kernel less
+        """``rms_norm(y * silu(gate))`` per group of ``d_inner / G`` channels, in float32, in the model dtype."""
         if self.tp is not None and self.full.n_groups < self.tp.size:  # the group spans ranks
-            return self._spread_norm(g, self.tp, self.full)
-        if s.n_groups == 1:
-            return rms_norm(g, self.norm.get(), self.eps).to(self.dtype)
-        t = g.shape[0]
-        normed = rms_norm(g.view(t, s.n_groups, s.group_size), self.ones, self.eps)
-        return (normed.view(t, -1) * self.norm.get()).to(self.dtype)
+            return self._spread_norm(F.silu(gate.float()).mul_(y), self.tp, self.full)
+        return rms_norm_gated(y, self.norm_weight, None, z=gate, eps=self.eps, group_size=self.dims.group_size,
+                              norm_before_gate=False)
 
     def _spread_norm(self, g: torch.Tensor, tp: TensorParallel, full: Mamba2Dims) -> torch.Tensor:
         """The gated norm of this rank's channels `g` ``[T, d_inner / size]`` (float32) of a group spread over

@@ -7,7 +7,8 @@ head tied to the embedding), and a family module may subclass both classes: `Dec
 layer's attention (its window, softcap and scale), `DecoderModel.layer_class` the layer (`SandwichLayer` adds a
 norm after each sub-block), `DecoderLayer.norm_class` every norm. Every Gemm, Add,
 RmsNorm, FusedQkNorm, RoPE (`rotary_embedding`, or `fused_qk_norm_rope` with Qwen3's q/k norms where the gate
-plan fuses them), SiLU-and-multiply (`silu_and_mul`), cache write and attention runs through `infiniops_py`; the
+plan fuses them), SiLU-and-multiply (`silu_and_mul`, or `gemm_swiglu` with the
+gate/up projection where the gate plan fuses them), cache write and attention runs through `infiniops_py`; the
 embedding lookup is plain PyTorch. Weights are allocated empty and filled by the loader through
 `targets()`, which maps each checkpoint tensor name to the view it loads into.
 
@@ -32,6 +33,7 @@ from infinilm.layers.linear import ColumnParallelLinear, Linear, RowParallelLine
 from infinilm.layers.norm import QKNorm, RMSNorm
 from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.family import GatePlan
+from infiniops_py import gemm_swiglu
 
 __all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer"]
 
@@ -44,8 +46,8 @@ class DecoderLayer:
     `SandwichLayer` applies to each sub-block's output.
     """
 
-    __slots__ = ("attn", "attn_out_norm", "down_proj", "fused_rope", "gate_up_proj", "input_layernorm", "kv",
-                 "mlp_out_norm", "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
+    __slots__ = ("attn", "attn_out_norm", "down_proj", "fused_rope", "fused_swiglu", "gate_up_proj", "input_layernorm",
+                 "kv", "mlp_out_norm", "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
     norm_class: ClassVar[type[RMSNorm]] = RMSNorm
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
@@ -87,6 +89,7 @@ class DecoderLayer:
         self.attn_out_norm: RMSNorm | None = None
         self.mlp_out_norm: RMSNorm | None = None
         self.fused_rope = plan.fused_qk_norm_rope  # q/k norms and RoPE in one fused_qk_norm_rope
+        self.fused_swiglu = plan.fused_swiglu  # the gate/up projection and SiLU-and-multiply in one gemm_swiglu
 
     def norms(self, prefix: str) -> dict[str, torch.Tensor]:
         """Checkpoint name -> weight of each norm of the layer."""
@@ -123,6 +126,8 @@ class DecoderLayer:
 
     def mlp(self, hidden: torch.Tensor) -> torch.Tensor:
         """The MLP sub-block over normed `hidden`: ``down(silu(gate) * up)``."""
+        if self.fused_swiglu:
+            return self.down_proj(gemm_swiglu(hidden, self.gate_up_proj.weight, self.gate_up_proj.bias))
         return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
 
     def __call__(

@@ -198,7 +198,9 @@ def attention_problems(config: ModelConfig, options: EngineOptions, base: Mappin
     if not (config.qk_norm and plan.fused_qk_norm_rope):
         out.append(("rotary_embedding", {**base, "head_dim": d, "rotary_dim": d if rotary_dim is None else rotary_dim,
                                          "is_neox": is_neox}))
-    if silu_mlp:
+    if silu_mlp and plan.fused_swiglu:
+        out.append(("gemm_swiglu", {**base, "has_bias": config.mlp_bias}))
+    elif silu_mlp:
         out.append(("silu_and_mul", {**base, "d": config.intermediate_size}))
     out.append(("reshape_and_cache_flash", {**base, "head_dim": d, "block_size": bs,
                                             "num_kv_heads": config.num_kv_heads}))
@@ -207,7 +209,7 @@ def attention_problems(config: ModelConfig, options: EngineOptions, base: Mappin
     # the keys a call can see: a prefill's own prompt (at most model_len), a decode's cache capacity
     for op, keys, fields in (("flash_attn_varlen", options.model_len(config), {"paged": False, "block_size": 0}),
                              ("flash_attn_with_kvcache", options.blocks_per_seq(config) * bs,
-                              {"paged": True, "block_size": bs, "append": False})):
+                              {"paged": True, "block_size": bs, "append": True})):
         for local in (False, True) if window is not None and window - 1 < keys else (False,):
             out.append((op, {**attn, "local": local, **fields}))
     return out

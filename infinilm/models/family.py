@@ -39,6 +39,8 @@ class GatePlan:
         fused_qk_norm_rope: Qwen3 q/k norms and RoPE in one `fused_qk_norm_rope` (else the norms, then
             `rotary_embedding`).
         fused_bias: linear biases fused into `gemm` (else `gemm` + `add`).
+        fused_swiglu: a SwiGLU MLP's gate/up projection and activation in one `gemm_swiglu` (else `gemm`, then
+            `silu_and_mul`).
         chosen: each problem the model needs -> the implementation that serves it.
         parallel: the tensor-parallel rank the model is built for (its shard of every weight), None for one
             process holding the whole model; set by the engine.
@@ -47,6 +49,7 @@ class GatePlan:
     fused_qk_norm: bool = False
     fused_qk_norm_rope: bool = False
     fused_bias: bool = True
+    fused_swiglu: bool = False
     chosen: dict[Problem, Implementation] = field(default_factory=dict)
     parallel: TensorParallel | None = None
 
@@ -68,7 +71,8 @@ class GatePlan:
         qk = ("fused_qk_norm_rope (with RoPE)" if self.fused_qk_norm_rope else
               "fused_qk_norm" if self.fused_qk_norm else "per-head rms_norm")
         lines.append(f"qk norm: {qk}; "
-                     f"linear bias: {'fused into gemm' if self.fused_bias else 'gemm + add'}")
+                     f"linear bias: {'fused into gemm' if self.fused_bias else 'gemm + add'}; "
+                     f"SwiGLU MLP: {'gemm_swiglu' if self.fused_swiglu else 'gemm + silu_and_mul'}")
         return "\n".join(lines)
 
 

@@ -1,11 +1,13 @@
 """Mamba-2 (Hugging Face ``Mamba2ForCausalLM``) through `infiniops_py`, with recurrent decode: its family.
 
 The model is an embedding, one block per layer (``h = rms_norm(residual)``, the `Mamba2Mixer` of
-`infinilm.layers.ssm`, the residual add), a final norm and the LM head. Gemm, RmsNorm, Add, the convolutions
-and the scans run through `infiniops_py`; the embedding lookup, SiLU-and-multiply of the gate and dtype casts
-are plain PyTorch. Numerics follow transformers: with ``residual_in_fp32`` the residual stream is float32
-(each block norm reads it cast to the model dtype, the final norm reads it in float32); SSM states are
-float32, conv states in the model dtype. The request's states live in the engine's state pool, one row per
+`infinilm.layers.ssm`, the residual add), a final norm and the LM head. Every step but the embedding lookup
+runs through `infiniops_py`: the first block's norm is `rms_norm`, each residual add is fused with the next
+norm (`fused_add_rms_norm`; the last one with the final norm), so a decode step makes six operator calls per
+layer and no PyTorch glue. The residual stream is in the model dtype, as vLLM's Mamba-2 keeps it
+(``residual_in_fp32`` is accepted and not followed: transformers keeps that stream in float32, which differs
+only in a bf16/fp16 model, by the rounding of each add); SSM states are float32, conv states in the model
+dtype. The request's states live in the engine's state pool, one row per
 running request, whatever its length. Split across tensor-parallel ranks (``plan.parallel``), the embedding and
 the head are vocab-parallel, each mixer holds its rank's heads (`infinilm.layers.ssm`), the norms are whole.
 """
@@ -22,13 +24,11 @@ import torch
 from infinilm.config import ConfigError, EngineOptions, Mamba2Dims, ModelConfig, parse_dtype, token_ids
 from infinilm.config_checks import ConfigLimits, field_problems, raise_problems, resolved_problems
 from infinilm.distributed.parallel import Shard
-from infinilm.layers.derived import Derived
 from infinilm.layers.embedding import Embedding, LMHead, ParallelLMHead, VocabParallelEmbedding
 from infinilm.layers.norm import RMSNorm
 from infinilm.layers.ssm import NO_TIME_STEP_LIMIT, Mamba2Mixer, SsmContext, StateRows
 from infinilm.models.decoder_config import MAX_LAYERS
 from infinilm.models.family import GatePlan, GateRequest, ModelFamily, linear_problems
-from infiniops_py import add, rms_norm
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
 
 __all__ = ["MAMBA2", "NO_POSITION_LIMIT", "Mamba2Model", "gate_problems", "mamba2_config"]
@@ -112,13 +112,12 @@ def gate_problems(c: ModelConfig, options: EngineOptions, base: Mapping[str, Any
         ConfigError: `c` is not a Mamba-2 config.
     """
     s = c.ssm_dims()
-    rdt = "float32" if s.residual_in_fp32 else base["dtype"]
     out = linear_problems(base, plan, bias=s.use_bias)
     out += [
         ("rms_norm", {**base, "hidden_size": c.hidden_size}),
-        ("rms_norm", {**base, "dtype": rdt, "hidden_size": c.hidden_size}),
-        ("rms_norm", {**base, "dtype": "float32", "hidden_size": s.group_size}),
-        ("add", {**base, "dtype": rdt, "broadcast": False, "inplace": True}),
+        ("fused_add_rms_norm", {**base, "hidden_size": c.hidden_size}),
+        ("rms_norm_gated", {**base, "hidden_size": s.intermediate_size, "group_size": s.group_size, "has_z": True,
+                            "has_bias": False, "norm_before_gate": False}),
     ]
     conv = {**base, "width": s.conv_kernel, "has_bias": s.use_conv_bias, "silu": True}
     for channel_last, packed in product((True, False), repeat=2):
@@ -152,9 +151,8 @@ class Mamba2Model:
         Raises:
             ConfigError: `config` is not a Mamba-2 config.
         """
-        s = config.ssm_dims()
+        config.ssm_dims()  # raises for a config that is not Mamba-2's
         self.config, self.dtype = config, dtype
-        self.residual_dtype = torch.float32 if s.residual_in_fp32 else dtype
         new = {"dtype": dtype, "device": device}
         tp = plan.parallel
         self.embed: Embedding | VocabParallelEmbedding
@@ -166,7 +164,6 @@ class Mamba2Model:
         self.norms = [RMSNorm(config.hidden_size, config.rms_norm_eps, **new) for _ in range(config.num_layers)]
         self.mixers = [Mamba2Mixer(config, fuse_bias=plan.fused_bias, tp=tp, **new) for _ in range(config.num_layers)]
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps, **new)
-        self.final_weight = Derived(self.norm_f.weight, lambda w: w.to(self.residual_dtype))
         if tp is None:
             head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
             self.lm_head = LMHead(head)
@@ -191,21 +188,22 @@ class Mamba2Model:
         return tied and name == "lm_head.weight"
 
     def forward(self, input_ids: torch.Tensor, ctx: SsmContext, pool: StateRows) -> torch.Tensor:
-        """input_ids int64 ``[T]`` -> final hidden states ``[T, hidden]`` in the residual dtype.
+        """input_ids int64 ``[T]`` -> final hidden states ``[T, hidden]`` in the model dtype.
 
         Reads and writes the pool rows named by `ctx` (decode rows advance one step; prefill rows are
         overwritten with the prompts' final states, never read).
         """
-        rdt = self.residual_dtype
-        residual = self.embed(input_ids).to(rdt)
-        for i, (norm, mixer) in enumerate(zip(self.norms, self.mixers)):
-            out = mixer(norm(residual.to(self.dtype)), pool.conv[i], pool.ssm[i], ctx)
-            add(residual, out.to(rdt), out=residual)
-        return rms_norm(residual, self.final_weight.get(), self.config.rms_norm_eps)
+        residual = self.embed(input_ids)
+        h = self.norms[0](residual)
+        for i, mixer in enumerate(self.mixers):
+            out = mixer(h, pool.conv[i], pool.ssm[i], ctx)
+            following = self.norms[i + 1] if i + 1 < len(self.norms) else self.norm_f
+            h, residual = following.add_norm(out, residual)  # residual += out; h = the next norm of it
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[B, hidden]`` -> logits ``[B, V]`` in the model dtype."""
-        return self.lm_head(hidden.to(self.dtype))
+        return self.lm_head(hidden)
 
 
 MAMBA2: Final = ModelFamily("mamba2", _LIMITS, mamba2_config, gate_problems, Mamba2Model, recurrent=True)

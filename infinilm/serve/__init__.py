@@ -7,10 +7,12 @@ server-sent event as it is produced, it cancels a handler whose client disconnec
 asyncio HTTP framework installed on the project's GPU machine, where the H200 benchmark runs (starlette,
 fastapi and uvicorn are not). Metrics go through `prometheus_client`.
 
-Modules, one idea each: `schemas` (request validation), `chat_template`, `text` (detokenization and stop
-strings), `engine_loop` (the one engine thread), `metrics`, `routes` (the HTTP surface), `server` (the app,
-its socket and graceful shutdown), `bench_client`, and `commands` (the two subcommands' arguments). Nothing
-here imports aiohttp until a command runs.
+Requests and responses are pydantic models (the library vLLM's and FastAPI's are). Modules, one idea each:
+`schemas` (the request models and their validation), `responses` (the response models), `chat_template`,
+`text` (detokenization and stop strings), `engine_loop` (the one engine thread), `choices` (one choice's
+pieces: text, logprobs, stop reason), `metrics`, `middleware` (access log, API key), `routes` (the HTTP
+surface), `server` (the app, its socket and graceful shutdown), `bench_client`, and `commands` (the two
+subcommands' arguments). Nothing here imports aiohttp or pydantic until a command runs.
 """
 
 from __future__ import annotations

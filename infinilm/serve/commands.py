@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
+import os
+import sys
 from collections.abc import Callable
 from typing import Final
 
@@ -16,7 +19,8 @@ from infinilm.config import ConfigError, EngineOptions
 
 __all__ = ["add_bench_serve_args", "add_serve_args", "run_bench_serve", "run_serve"]
 
-_SERVE_EXTRA: Final = ("aiohttp", "prometheus_client")  # the `serve` extra of pyproject.toml
+_SERVE_EXTRA: Final = ("aiohttp", "prometheus_client", "pydantic", "pydantic_core")  # the `serve` extra
+API_KEY_ENV: Final = "INFINILM_API_KEY"  # vLLM's VLLM_API_KEY
 
 
 def _number(convert: Callable[[str], float], noun: str, ok: Callable[[float], bool],
@@ -64,6 +68,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="most requests waiting for their first token; more get 429 (default: 256)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default: 30)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"the /v1 routes need 'Authorization: Bearer KEY', else 401 (default: ${API_KEY_ENV}, "
+                   "else none; the variable keeps the key out of the process list)")
+    p.add_argument("--disable-access-log", action="store_true",
+                   help="no access log line per request on stderr (logger infinilm.serve.access)")
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
@@ -91,13 +100,27 @@ def run_serve(args: argparse.Namespace, options: EngineOptions) -> int:
     """``infinilm serve``: serve until SIGTERM; returns 0.
 
     Raises:
-        ConfigError: a package of the ``serve`` extra is missing, or the address cannot be listened on; and
+        ConfigError: a package of the ``serve`` extra is missing, the API key is empty, or the address cannot be
+            listened on; and
             whatever loading the engine raises (ConfigError, GateError, LoadError).
     """
     try:
+        from infinilm.serve.middleware import ACCESS_LOG
         from infinilm.serve.server import serve
     except ModuleNotFoundError as err:
         raise _missing(err) from None
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key: the key is empty")
+    if args.disable_access_log:
+        ACCESS_LOG.disabled = True
+    elif not ACCESS_LOG.handlers:  # the embedding application's logging config wins where it set one
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        ACCESS_LOG.addHandler(handler)
+        ACCESS_LOG.setLevel(logging.INFO)
+        ACCESS_LOG.propagate = False
     return serve(args, options)
 
 

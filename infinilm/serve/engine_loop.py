@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from infinilm.distributed.launch import FollowerError
-from infinilm.engine import Engine
+from infinilm.engine import Engine, StepOutput
 from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
 from infinilm.serve.errors import APIError
 from infinilm.serve.metrics import ServerMetrics
@@ -53,6 +53,8 @@ class Event:
     token: int | None = None
     finish_reason: str | None = None
     error: APIError | None = None
+    logprob: float | None = None  # the token's, when the request asks for logprobs (`StepOutput.logprob`)
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
     @property
     def final(self) -> bool:
@@ -60,6 +62,10 @@ class Event:
 
 
 _ADMITTED: Final = Event()
+
+
+def _logprobs(step: StepOutput | None) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+    return (None, ()) if step is None else (step.logprob, step.top_logprobs)
 
 
 class Request:
@@ -219,10 +225,11 @@ class EngineLoop:
         del self._live[seq.id]
         self._end(req, reason, None, out)
 
-    def _end(self, req: Request, reason: str, token: int | None, out: list[tuple[Request, Event]]) -> None:
+    def _end(self, req: Request, reason: str, token: int | None, out: list[tuple[Request, Event]],
+             step: StepOutput | None = None) -> None:
         self.metrics.finished.labels(reason).inc()
         self.metrics.e2e.observe(time.perf_counter() - req.arrival)
-        out.append((req, Event(token, reason)))
+        out.append((req, Event(token, reason, None, *_logprobs(step))))
 
     def _step(self, out: list[tuple[Request, Event]]) -> None:
         try:
@@ -254,9 +261,9 @@ class EngineLoop:
             req.num_tokens, req.last = req.num_tokens + 1, now
             if o.finished:
                 del self._live[o.seq.id]
-                self._end(req, "stop" if o.seq.finish_reason is FinishReason.EOS else "length", o.token, out)
+                self._end(req, "stop" if o.seq.finish_reason is FinishReason.EOS else "length", o.token, out, o)
             else:
-                out.append((req, Event(o.token)))
+                out.append((req, Event(o.token, None, None, *_logprobs(o))))
 
     def _publish(self, out: list[tuple[Request, Event]]) -> None:
         scheduler, allocator = self.engine.scheduler, self.engine.cache.allocator

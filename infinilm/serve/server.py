@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from typing import Final
 
 from aiohttp import web
@@ -46,13 +47,14 @@ def model_info(engine: Engine, model: str, name: str | None = None) -> ModelInfo
     return ModelInfo(name=name or model, vocab_size=engine.config.vocab_size,
                      max_model_len=engine.scheduler.max_model_len, cache_block_size=allocator.block_size,
                      cache_blocks=allocator.num_blocks, tokenizer=load_tokenizer(model),
-                     render_chat=load_chat_template(model))
+                     render_chat=load_chat_template(model), eos_token_ids=tuple(sorted(engine.scheduler.eos_token_ids)))
 
 
-def create_app(loop: EngineLoop, info: ModelInfo) -> tuple[web.Application, Routes]:
-    """The aiohttp application serving `loop`'s engine; the request body limit fits a full-length prompt."""
+def create_app(loop: EngineLoop, info: ModelInfo, api_keys: Sequence[str] = ()) -> tuple[web.Application, Routes]:
+    """The aiohttp application serving `loop`'s engine; the request body limit fits a full-length prompt;
+    with `api_keys`, the ``/v1`` routes need one of them (`infinilm.serve.middleware`)."""
     app = web.Application(client_max_size=max(1 << 20, 32 * info.max_model_len))
-    routes = Routes(loop, info, loop.metrics)
+    routes = Routes(loop, info, loop.metrics, api_keys=api_keys)
     routes.install(app)
     return app, routes
 
@@ -83,7 +85,7 @@ async def _serve(engine: Engine, info: ModelInfo, sock: socket.socket, args: arg
     kind = "state_row" if isinstance(engine.cache, StatePool) else "kv_block"
     loop = EngineLoop(engine, ServerMetrics(kind, engine.cache.allocator.num_blocks), max_waiting=args.max_waiting)
     loop.start()
-    app, routes = create_app(loop, info)
+    app, routes = create_app(loop, info, [args.api_key] if getattr(args, "api_key", None) else [])
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_timeout + 5.0)
     await runner.setup()

@@ -1,12 +1,20 @@
 """The ``infiniops`` command: providers, the capability matrix, explanations and conformance checks.
 
     infiniops --version
-    infiniops providers
+    infiniops providers [--format table|json]
     infiniops matrix [--device D] [--op OP] [--format table|json|markdown|html] [--write DIR] [--wide]
                      [--all-providers]
-    infiniops explain OP --device D --dtype T [--head-dim N] [--block-size N] [--width N] [--field k=v ...]
+    infiniops explain OP [--device D] [--dtype T] [--head-dim N] [--block-size N] [--conv-width N]
+                     [--field k=v ...]
     infiniops check PROVIDER [--device D] [--max-examples N] [--op OP] [--dtype T] [--seed S]
                    [--reference-device {cpu,cuda}] [--json FILE] [--progress]
+    infiniops tune OP [--device D] [--dtype T] [--size K=N ...] [--field K=V ...] [--force] [--budget S]
+                   [--write FILE]
+
+Output folds to the terminal's width (``COLUMNS``, else the terminal's), never cutting a name or a reason.
+Without the cli extra (rich), ``providers`` prints a plain table; ``matrix`` and ``check`` say what to install.
+A device is ``cpu``, ``cuda`` or ``cuda:N``; an unknown device or dtype is bad usage, naming the known ones.
+On a terminal, ``check`` and ``tune`` print a line per row or problem bucket to stderr as they go.
 
 ``matrix`` prints a compact table that fits the terminal (``COLUMNS``, else the terminal's width, else 80
 columns): per operator, the dtypes each provider serves on each device, and the limits; ``--wide`` prints
@@ -42,9 +50,14 @@ COMMANDS: Final[tuple[Command, ...]] = (providers.COMMAND, matrix.COMMAND, expla
                                         tune.COMMAND)
 
 
+# the first line of `infiniops --help`: plain text (the module doc's first line is reStructuredText)
+_DESCRIPTION = "InfiniOps-Py's operators and providers: the providers, the capability matrix, why a provider " \
+               "serves a problem or not, conformance checks and tuning."
+
+
 def _parser() -> argparse.ArgumentParser:
     """The ``infiniops`` parser: ``--version``, and a subparser per command of `COMMANDS`, in their order."""
-    parser = argparse.ArgumentParser(prog="infiniops", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="infiniops", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"infiniops-py {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

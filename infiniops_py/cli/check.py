@@ -8,17 +8,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infiniops_py.cli._command import Command, positive
+from infiniops_py.cli._command import Command, device, dtype, positive
 from infiniops_py.cli._console import Table, escape, stdout_console
 
 __all__ = ["COMMAND"]
+
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     """``PROVIDER``, ``--device``, ``--max-examples``, ``--op``, ``--dtype``, ``--seed``, ``--reference-device``,
     ``--json``, ``--progress``."""
-    parser.add_argument("provider")
-    parser.add_argument("--device", default="cpu", help="device type (default: cpu)")
+    parser.add_argument("provider", help="the provider to test (infiniops providers lists them)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--max-examples", type=positive, default=200,
                         help="hypothesis examples per (implementation, dtype) (default: 200)")
     parser.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
@@ -36,6 +38,13 @@ def _check_usage(args: argparse.Namespace) -> str:
     """What is wrong with the arguments of `check` before anything runs (empty when nothing is)."""
     import torch
 
+    try:
+        if device(args.device) != device(args.device).partition(":")[0]:
+            return (f"--device {args.device}: the suite runs on the current CUDA device: use --device cuda "
+                    "(CUDA_VISIBLE_DEVICES picks which)")
+        args.dtype = [dtype(d) for d in args.dtype] if args.dtype else None
+    except ValueError as err:
+        return str(err)
     if args.reference_device == "cuda" and not torch.cuda.is_available():
         return "--reference-device cuda: this machine has no CUDA device"
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -47,6 +56,30 @@ def _print_progress(row: Any, seconds: float, note: str, outcome: str) -> None:
     """One line per example on stderr, flushed: a job killed midway still shows how far it got."""
     print(f"{row.op} {row.dtype} #{row.examples} {seconds:.2f}s {outcome[:80]} | {note[:120]}", file=sys.stderr,
           flush=True)
+
+
+class _RowLines:
+    """The progress of ``infiniops check`` on a terminal without ``--progress``: a line on stderr per (operator,
+    dtype, implementation) row as it ends, with its examples, failures and seconds."""
+
+    def __init__(self) -> None:
+        self.row: Any = None
+        self.rows = 0
+
+    def __call__(self, row: Any, seconds: float, note: str, outcome: str) -> None:
+        if row is not self.row:
+            self.finish()
+            self.row = row
+
+    def finish(self) -> None:
+        """The line of the row that ran last (the suite calls back per example, so a row ends when the next
+        one starts, or when the suite does)."""
+        if self.row is not None:
+            r, self.row = self.row, None
+            self.rows += 1
+            failed = f", {r.failed} FAILED" if r.failed else ""
+            print(f"checked {r.op} {r.dtype} ({r.implementation}): {r.examples} examples{failed} "
+                  f"[{self.rows} rows done]", file=sys.stderr, flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -63,9 +96,12 @@ def _run(args: argparse.Namespace) -> int:
     if usage:
         print(f"infiniops check: {usage}", file=sys.stderr)
         return 2
+    rows = _RowLines() if not args.progress and sys.stderr.isatty() else None
     report = run_conformance(args.provider, device=args.device, ops=args.op, max_examples=args.max_examples,
                              seed=args.seed, dtypes=args.dtype, reference_device=args.reference_device,
-                             progress=_print_progress if args.progress else None)
+                             progress=_print_progress if args.progress else rows)
+    if rows is not None:
+        rows.finish()
     if args.json:
         try:
             with open(args.json, "w") as f:
@@ -77,18 +113,20 @@ def _run(args: argparse.Namespace) -> int:
     if report.error:
         console.print(f"[red]{escape(report.error)}[/red]")
         return 1
+    # the operator above its implementation in one cell, short dtypes and two-line headers: a row of the
+    # longest names (torch.fused_add_rms_norm) fits in 80 columns; longer ones fold, never end in an ellipsis
     table = Table(title=f"conformance of {args.provider} on {args.device} ({args.max_examples} examples per row)")
-    for column in ("operator", "dtype", "implementation"):
-        table.add_column(column)
-    for column in ("run", "gated", "failed", "worst |err|", "worst err / allowed"):
-        table.add_column(column, justify="right")
+    table.add_column("operator\nimplementation", overflow="fold")
+    table.add_column("dtype", vertical="bottom")
+    for column in ("run", "gated", "failed", "worst\n|err|", "err /\nallowed"):
+        table.add_column(column, justify="right", overflow="fold", vertical="bottom")
     for r in report.ops:
         failed = f"[red]{r.failed}[/red]" if r.failed else "0"
         share = "-" if r.failed or r.examples == r.gated else f"{r.worst_allowed:.2f}"
-        table.add_row(r.op, r.dtype, escape(r.implementation), str(r.examples), str(r.gated), failed,
-                      f"{r.worst:.3g}", share)
+        table.add_row(f"{r.op}\n{escape(r.implementation)}", _SHORT.get(r.dtype, r.dtype), str(r.examples),
+                      str(r.gated), failed, f"{r.worst:.3g}", share)
     console.print(table)
-    console.print("worst err / allowed: the largest error of the passing cases over the error the tolerance "
+    console.print("err / allowed: the worst error of the passing cases over the error the tolerance "
                   "allows there (infiniops_py/testing/tolerances.py); 1 is the limit")
     for r in report.ops:
         drawn = r.render_coverage()

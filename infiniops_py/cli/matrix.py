@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import sys
 
-from infiniops_py.cli._command import Command
+from infiniops_py.cli._command import Command, device
 from infiniops_py.cli._matrix_tables import print_tables
 
 __all__ = ["COMMAND"]
@@ -19,7 +19,7 @@ __all__ = ["COMMAND"]
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     """``--device``, ``--op``, ``--format``, ``--write``, ``--wide``, ``--all-providers``."""
-    parser.add_argument("--device", action="append", help="a device type (repeatable; default: cpu and cuda)")
+    parser.add_argument("--device", action="append", help="cpu or cuda (repeatable; default: both)")
     parser.add_argument("--op", action="append", help="an operator (repeatable; default: all)")
     parser.add_argument("--format", choices=("table", "json", "markdown", "html"), default=None,
                         help="what to print: table (the default), or a machine format (to stdout, or with "
@@ -43,11 +43,11 @@ def _run(args: argparse.Namespace) -> int:
         print("infiniops matrix: --format table prints to the terminal; --write takes json, markdown or html "
               "(or no --format, for all three)", file=sys.stderr)
         return 2
-    try:
+    try:  # a column per device type: cuda:1 is cuda
+        devices = list(dict.fromkeys(device(d).partition(":")[0] for d in args.device or matrix.DEVICES))
         with contextlib.redirect_stdout(sys.stderr):  # plugin constraints run here: stdout is for the matrix
-            m = matrix.build(ops=args.op, devices=args.device or matrix.DEVICES,
-                             unimplemented=args.all_providers)
-    except KeyError as err:
+            m = matrix.build(ops=args.op, devices=devices, unimplemented=args.all_providers)
+    except (KeyError, ValueError) as err:
         print(f"infiniops matrix: {err.args[0]}", file=sys.stderr)
         return 2
     if args.write:

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from infiniops_py.cli._command import Command
+from infiniops_py.cli._command import Command, device, dtype, field_value, pairs
 
 __all__ = ["COMMAND"]
 
@@ -57,23 +57,17 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=_seconds, default=120.0, metavar="S", help="bound in seconds (default 120)")
 
 
-def _pairs(items: list[str], flag: str, parse: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"{flag} {item!r}: expected K=V")
-        try:
-            out[name] = parse(name, text)
-        except ValueError as err:
-            raise ValueError(f"{flag} {item!r}: {err}") from None
-    return out
-
-
 def _run(args: argparse.Namespace) -> int:
     """Tune; print the report; returns 0, 1 when nothing was timed, 2 on bad usage."""
     if (args.op is None) == (args.model is None):
         print("infiniops tune: give an operator or --model DIR (one of them)", file=sys.stderr)
+        return 2
+    try:
+        device(args.device)
+        if args.dtype is not None:
+            args.dtype = dtype(args.dtype)
+    except ValueError as err:
+        print(f"infiniops tune: {err}", file=sys.stderr)
         return 2
     if args.device.startswith("cuda"):
         import torch
@@ -120,17 +114,29 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> Any:
-    from infiniops_py.cli.explain import _value
     from infiniops_py.operators import OPERATORS
     from infiniops_py.tuning import tune_problem
 
     spec = OPERATORS.get(args.op)
     if spec is None:
         raise ValueError(f"unknown operator {args.op!r}; known: {', '.join(OPERATORS)}")
-    sizes = _pairs(args.size, "--size", lambda name, text: int(text))
-    fields = _pairs(args.field, "--field", lambda name, text: _value(text, spec.fields.get(name)))
+    sizes = pairs(args.size, "--size", lambda name, text: int(text))
+    fields = pairs(args.field, "--field", lambda name, text: field_value(text, spec.fields.get(name)))
     return tune_problem(args.op, device=args.device, dtype=args.dtype or "float32", sizes=sizes, fields=fields,
-                        force=args.force, budget_s=args.budget)
+                        force=args.force, budget_s=args.budget, progress=_progress())
+
+
+def _progress() -> Any:
+    """On a terminal (stderr), a line per problem bucket as its timing starts (``tune_calls``' progress);
+    None on a pipe."""
+    if not sys.stderr.isatty():
+        return None
+
+    def line(done: int, total: int, label: str) -> None:
+        if done < total:
+            print(f"timing {label} ({done + 1}/{total})", file=sys.stderr, flush=True)
+
+    return line
 
 
 def _model(args: argparse.Namespace) -> Any:

@@ -54,6 +54,7 @@ __all__ = [
 
 FLOAT_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES: Final = (torch.int32, torch.int64)  # state/cache slot indices (vLLM, mamba)
+_STRIDED: Final = torch.strided
 
 # --- argument checks shared by every operator ------------------------------------------------------
 
@@ -220,8 +221,18 @@ def check_index_range(op: str, name: str, index: torch.Tensor, high: int, *, all
 
 
 def check_tensor(op: str, name: str, t: object, *, optional: bool = False) -> None:
-    """Raise `ContractError` unless `t` is a `torch.Tensor` (or None when `optional`)."""
-    if isinstance(t, torch.Tensor) or (optional and t is None):
+    """Raise `ContractError` unless `t` is a strided `torch.Tensor` (or None when `optional`).
+
+    A sparse (COO, CSR, CSC, BSR, BSC) or MKLDNN tensor is refused: no provider reads those layouts, and
+    their missing strides and data pointers would raise torch's own errors inside later checks or kernels
+    (issue #30). Callers whose checks skip this helper on their fast path read ``t.layout`` there.
+    """
+    if isinstance(t, torch.Tensor):
+        if t.layout is _STRIDED:
+            return
+        raise ContractError(op, name, f"expected a strided tensor (dense, with strides), got layout {t.layout}: "
+                                      "pass .to_dense()")
+    if optional and t is None:
         return
     hint = " (or None)" if optional else ""
     raise ContractError(op, name, f"expected a torch.Tensor{hint}, got {type(t).__name__}")

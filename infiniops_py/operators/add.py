@@ -33,6 +33,7 @@ __all__ = ["SPECS", "add"]
 _OP = "add"
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
 _Tensor = torch.Tensor
+_STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor (issue #30)
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -84,11 +85,12 @@ def add(
     """
     # The checks run on every call (benchmarks/dispatch.py times them): each attribute is read once, and a
     # helper is only called to raise.
-    if not (isinstance(input, _Tensor) and isinstance(other, _Tensor)):
+    if not (isinstance(input, _Tensor) and isinstance(other, _Tensor) and input.layout is _STRIDED
+            and other.layout is _STRIDED):
         check_tensor(_OP, "input", input)
         check_tensor(_OP, "other", other)
     if type(alpha) is not float or alpha - alpha != 0.0:  # NaN and +-inf give NaN
-        check_real(_OP, "alpha", alpha)
+        alpha = check_real(_OP, "alpha", alpha)  # as a float: an int beyond int64 would overflow in torch
     dtype = input.dtype
     if dtype not in _FLOAT_SET:
         check_dtype(_OP, "input", input, FLOAT_DTYPES)
@@ -123,7 +125,7 @@ def add(
 def _check_out(input: torch.Tensor, other: torch.Tensor, out: torch.Tensor, shape: torch.Size,
                on_cpu: bool) -> bool:
     """Check `out`; return whether it is `input` or `other` itself (the ``inplace`` problem field)."""
-    if not isinstance(out, _Tensor):
+    if not isinstance(out, _Tensor) or out.layout is not _STRIDED:
         check_tensor(_OP, "out", out)
     if out.shape != shape:
         raise ContractError(_OP, "out", f"expected the broadcast shape {list(shape)}, got {list(out.shape)}")

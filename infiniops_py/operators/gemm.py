@@ -120,8 +120,8 @@ def gemm(
     for name, t in (("c", c), ("bias", bias), ("out", out)):
         check_tensor(_OP, name, t, optional=True)
     check_no_grad(_OP, {"a": a, "b": b, "c": c, "bias": bias, "out": out})
-    check_real(_OP, "alpha", alpha)
-    check_real(_OP, "beta", beta)
+    alpha = check_real(_OP, "alpha", alpha)  # as a float: an int beyond int64 would overflow in torch
+    beta = check_real(_OP, "beta", beta)
     check_bool(_OP, "trans_a", trans_a)
     check_bool(_OP, "trans_b", trans_b)
     check_dtype(_OP, "a", a, FLOAT_DTYPES)

@@ -45,6 +45,7 @@ _FUSED = "fused_add_rms_norm"
 _INF = math.inf
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
 _Tensor = torch.Tensor
+_STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor (issue #30)
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -140,7 +141,7 @@ def rms_norm(
         check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     try:
         dtype = x.dtype
-        if dtype not in _FLOAT_SET:
+        if dtype not in _FLOAT_SET or x.layout is not _STRIDED:
             check_tensor(_OP, "x", x)
             check_dtype(_OP, "x", x, FLOAT_DTYPES)
         shape = x.shape
@@ -155,13 +156,13 @@ def rms_norm(
         device = None if on_cpu else x.device
         # a [H] weight is contiguous exactly when its stride is 1 or H <= 1
         if (weight.dtype is not dtype or (not weight.is_cpu if on_cpu else weight.device != device)
-                or weight.shape != (h,) or not weight.is_contiguous()):
+                or weight.shape != (h,) or weight.layout is not _STRIDED or not weight.is_contiguous()):
             _check_weight(_OP, weight, x, h)
         if out is None:
             out = torch.empty(shape, dtype=dtype, device=x.device)
         else:
             if (out.shape != shape or out.dtype is not dtype or (not out.is_cpu if on_cpu else out.device != device)
-                    or not out.is_contiguous()):
+                    or out.layout is not _STRIDED or not out.is_contiguous()):
                 _check_out(x, out)
             # Addresses, not storage objects, decide (two `from_numpy` of views of one array are two storages
             # over one buffer): `overlaps` runs only when a byte range meets out's [low, high).

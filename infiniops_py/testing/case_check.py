@@ -19,6 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 from infiniops_py.errors import GateError
+from infiniops_py.operators.flash_attn import in_input_dtype
 from infiniops_py.problem import OpSpec
 from infiniops_py.resolver import use
 from infiniops_py.testing.case import Case, Draw
@@ -140,7 +141,7 @@ def check_case(provider: str, spec: OpSpec, case: Case, tol: Any, device: torch.
     low: list[tuple[str, torch.Tensor]] | None = None
     if isinstance(tol, LowPrecisionRule):
         args_lo, kwargs_lo = copies((case.args, dict(case.kwargs)), None, ref_device)
-        with use("reference"):
+        with use("reference"), in_input_dtype():  # the rule's baseline: the reference in the low dtype
             low_result = spec.function(*args_lo, **kwargs_lo)
         low = _outputs(spec, case, low_result, args_lo, kwargs_lo)
 

@@ -32,6 +32,7 @@ from infiniops_py.operators.fused_qk_norm import fused_qk_norm
 from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
 from infiniops_py.operators.gemm import gemm
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
+from infiniops_py.operators.rms_norm_gated import rms_norm_gated
 from infiniops_py.operators.rotary_embedding import rotary_embedding
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
 from infiniops_py.problem import dtype_name
@@ -51,6 +52,7 @@ _BUILT_HERE: Final[dict[str, dict[str, int]]] = {
     "causal_conv1d_update": {"batch": 16, "dim": 1792},
     "selective_scan": {"tokens": 2048, "num_heads": 24},
     "selective_state_update": {"batch": 16, "num_heads": 24},
+    "rms_norm_gated": {"tokens": 16},
     "rotary_embedding": {"tokens": 128, "num_q_heads": 16, "num_kv_heads": 8},
     "fused_qk_norm_rope": {"tokens": 128},
 }
@@ -99,8 +101,9 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
 
     Raises:
         KeyError: an unknown operator. ValueError: an operator without a size bucket (``all_reduce``), a size
-            that is not an int >= 1, a name that is neither a size of `op` (`SIZES`) nor a field, an unknown
-            dtype or device, or inputs that cannot be allocated (naming the sizes).
+            or a size field (one whose default is an int >= 1: ``hidden_size``) that is not an int >= 1, a
+            name that is neither a size of `op` (`SIZES`) nor a field, an unknown dtype or device, or inputs
+            that cannot be allocated (naming the sizes).
         ContractError: fields that cannot go together (the operator's own checks name them).
     """
     if op not in OPERATORS:
@@ -119,6 +122,10 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     for name, n in full.items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{op}: size {name}={n!r} must be an int >= 1")
+    for name, value in fields.items():  # a size among the fields (hidden_size, head_dim): 0 builds empty inputs,
+        default = spec.fields[name]     # which time nothing (issue #30, item 10)
+        if _is_size(default) and (not _is_size(value) or value < 1):
+            raise ValueError(f"{op}: field {name}={value!r} must be an int >= 1 (a size; its default is {default})")
     values = {**spec.fields, **fields}
     dt = getattr(torch, dtype_name(dtype), None) if isinstance(dtype, str) else dtype
     if not isinstance(dt, torch.dtype):
@@ -137,6 +144,12 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     except (RuntimeError, MemoryError) as err:  # an allocation the device refuses
         raise ValueError(f"{op}: cannot make the inputs of sizes {full} on {device}: {err}") from None
     return SyntheticCall(function, tuple(args), dict(kwargs), full)
+
+
+def _is_size(value: Any) -> bool:
+    """Whether a field's `value` is an int >= 1 (not a bool): the default of a size field, such as
+    ``hidden_size`` or ``head_dim`` (a field whose default is 0, such as ``block_size`` 0, is a switch)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
@@ -342,6 +355,13 @@ def _state_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple
     return selective_state_update, (state, x, dt, a, b, c), kwargs
 
 
+def _rms_norm_gated(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
+    t, h = s["tokens"], f["hidden_size"]
+    kwargs = {"z": r(t, h) if f["has_z"] else None, "group_size": f["group_size"],
+              "norm_before_gate": f["norm_before_gate"]}
+    return rms_norm_gated, (r(t, h), r(h), r(h) if f["has_bias"] else None), kwargs
+
+
 def _cos_sin(r: _Draw, rotary_dim: int, positions: int) -> torch.Tensor:
     """vLLM's cache ``[positions, rotary_dim]``: the cos half, then the sin half (float32)."""
     inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
@@ -377,6 +397,7 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
     "causal_conv1d_update": _conv_update,
     "selective_scan": _scan,
     "selective_state_update": _state_update,
+    "rms_norm_gated": _rms_norm_gated,
     "rotary_embedding": _rotary,
     "fused_qk_norm_rope": _qk_norm_rope,
 }

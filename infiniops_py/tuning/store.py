@@ -17,7 +17,9 @@ model, or the CPU model and torch's thread count), the CUDA driver and runtime, 
 and each loaded provider's name and version. A file whose fingerprint differs (another GPU, driver or provider
 version: *foreign*) or that cannot be parsed (*corrupt*: not JSON, nested too deep, larger than `MAX_BYTES`, or
 not a regular file, such as a FIFO or a symlink to ``/dev/zero``, which is never opened for a blocking read) is
-ignored with one warning per file and process.
+ignored with one warning per file and process. Within a usable file, an entry that is not a measurement (a missing
+key, a wrong type, a time that is no finite number of seconds, such as an int of 401 digits) is skipped with one
+warning per file and process; the other entries are used, and an add merges them into the rewritten cache file.
 
 File format (JSON): ``{"format": "infiniops-tuning", "version": 1, "fingerprint": {...}, "entries": [{"op",
 "device_type", "dtype", "fields", "bucket", "sizes", "times_us", "failed", "device", "measured"}, ...]}``.
@@ -34,6 +36,7 @@ import logging
 import os
 import platform
 import stat
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +66,7 @@ VERSION: Final = 1
 MAX_BYTES: Final = 64 << 20  # a larger file is not read (a model's buckets take kilobytes)
 LOCK_WAIT_S: Final = 10.0  # how long an add waits for another process's merge into the same cache file
 _WARNED: set[str] = set()  # files already warned about in this process
+_MAX_SECONDS: Final = sys.float_info.max / 1e6  # a longer time's microseconds (the file's unit) overflow
 
 
 class TuningFileError(ValueError):
@@ -70,9 +74,15 @@ class TuningFileError(ValueError):
 
 
 def is_time(value: Any) -> bool:
-    """Whether `value` is a time in seconds: a finite int or float >= 0, not a bool (NaN or inf would break the
-    ranking and the file)."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < float("inf")
+    """Whether `value` is a time in seconds: an int or float >= 0, not a bool, whose microseconds are a finite
+    float (NaN, inf or an int beyond the float range, such as ``10**400``, would break the ranking and the
+    file)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return 0.0 <= float(value) < _MAX_SECONDS
+    except OverflowError:  # float() of an int of more than 309 digits
+        return False
 
 
 @dataclass(frozen=True)
@@ -125,7 +135,7 @@ class Measurement:
             return cls(problem, times, {k: _int(v) for k, v in _mapping(entry.get("sizes", {})).items()},
                        {_text(k): _text(v) for k, v in _mapping(entry.get("failed", {})).items()},
                        _text(entry.get("device", "")), _text(entry.get("measured", "")))
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:  # ValueError: __post_init__
             raise TuningFileError(f"an entry is not a measurement ({type(err).__name__}: {err})") from None
 
 
@@ -142,8 +152,9 @@ def _int(v: Any) -> int:
 
 
 def _number(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
-        raise TypeError(f"expected a finite time >= 0, got {v!r}")
+    if not is_time(v):
+        shown = f"an int of {len(str(abs(v)))} digits" if type(v) is int and abs(v) >= 10**30 else repr(v)
+        raise TypeError(f"expected a finite time >= 0, got {shown}")
     return float(v)
 
 
@@ -225,10 +236,13 @@ def _file_for(fp: Mapping[str, str]) -> Path:
 def read_file(path: Path, fp: Mapping[str, str] | None) -> list[Measurement]:
     """The measurements of tuning file `path`; with `fp`, the file must carry that fingerprint.
 
+    An entry that is not a measurement is skipped, with one warning per file and process naming how many
+    and why the first was refused (issue #30: one bad entry used to discard the whole file).
+
     Raises:
         OSError: the file cannot be read. TuningFileError: it is corrupt (not a regular file, larger than
-            `MAX_BYTES`, not JSON that Python parses, not the format, a bad entry) or, with `fp`, foreign
-            (naming the first fingerprint key that differs and both values).
+            `MAX_BYTES`, not JSON that Python parses, not the format) or, with `fp`, foreign (naming the first
+            fingerprint key that differs and both values).
     """
     try:
         data = json.loads(_read_bytes(Path(path)).decode("utf-8"))
@@ -248,7 +262,16 @@ def read_file(path: Path, fp: Mapping[str, str] | None) -> list[Measurement]:
     entries = data.get("entries")
     if not isinstance(entries, list):
         raise TuningFileError("the tuning file has no list of entries")
-    return [Measurement.from_json(e) for e in entries]
+    found, bad = [], []
+    for i, entry in enumerate(entries):
+        try:
+            found.append(Measurement.from_json(entry))
+        except TuningFileError as err:
+            bad.append(f"entry {i}: {err}")
+    if bad:
+        _warn_once(Path(path), f"skipped {len(bad)} of {len(entries)} entries (the first, {bad[0]})",
+                   doing="using tuning file")
+    return found
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -324,11 +347,11 @@ def _locked(path: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def _warn_once(path: Path, why: str) -> None:
+def _warn_once(path: Path, why: str, doing: str = "ignoring tuning file") -> None:
     key = f"{path}: {why}"
     if key not in _WARNED:
         _WARNED.add(key)
-        log.warning("infiniops: ignoring tuning file %s: %s", path, why)
+        log.warning("infiniops: %s %s: %s", doing, path, why)
 
 
 def _read_or_warn(path: Path, fp: Mapping[str, str]) -> list[Measurement]:

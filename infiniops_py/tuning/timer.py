@@ -2,7 +2,9 @@
 
 CUDA: like ``triton.testing.do_bench``: after the warm-up (which compiles), each repeat flushes the L2 cache
 (a write twice its size, so that weights come from memory as they do in a model, where every layer has its own)
-and times the call alone between two CUDA events; one synchronize after the last. Before each timed call the
+and times the call alone between two CUDA events; one synchronize after the last. The call is captured in a
+CUDA graph after its warm-up and each repeat replays it, the way an engine's decode graphs run it; a call that
+cannot be captured is timed as launched, and then, before each timed call the
 GPU is also kept busy (``torch.cuda._sleep``) for 1.5x the longest host time of a warm-up call, so the host has
 enqueued every kernel of the call before the first event fires: the time is the call's GPU time, what a CUDA-graph
 replay of it costs, and not how fast this host launches it (a host slower than the flush otherwise adds its
@@ -85,7 +87,11 @@ def _cuda(fn: Callable[[], Any], warmup: int, max_repeats: int, budget_s: float)
         if n:  # the first call compiles
             host = max(host, time.perf_counter() - begun)
         torch.cuda.synchronize()
-    cycles = int(min(1.5 * host, MAX_HEAD_START_S) * GPU_CYCLES_PER_S)
+    graph = _graph_of(fn)
+    if graph is not None:  # the call as a model's decode graph runs it: one replay, no host launch cost
+        fn, cycles = graph.replay, 0
+    else:
+        cycles = int(min(1.5 * host, MAX_HEAD_START_S) * GPU_CYCLES_PER_S)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     flush.zero_()
     torch.cuda._sleep(cycles)
@@ -104,3 +110,16 @@ def _cuda(fn: Callable[[], Any], warmup: int, max_repeats: int, budget_s: float)
         stop.record()
     torch.cuda.synchronize()
     return statistics.median(begin.elapsed_time(stop) for begin, stop in events) / 1e3
+
+
+def _graph_of(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph | None:
+    """`fn` (warmed up: compiled, autotuned) captured in a CUDA graph, or None when it cannot be captured (it
+    synchronizes, or calls what capture forbids): then it is timed as launched."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # any failure to capture means: time it as launched
+        torch.cuda.synchronize()
+        return None
+    return graph

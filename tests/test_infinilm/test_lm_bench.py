@@ -88,21 +88,23 @@ def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: Check
 def test_a_decode_step_makes_the_operator_calls_its_layers_need_and_no_more(checkpoint: CheckpointFactory,
                                                                              family: str) -> None:
     """`count_decode_step` counts the operator calls of one decode step by operator: per decoder layer one
-    fused add + norm before attention and one before the MLP, the QKV, output, gate/up and down projections,
-    RoPE (fused with the q/k norms for Qwen3), the cache write, the paged attention and SiLU-and-multiply; per
-    Mamba-2 layer its norm, in/out projections, conv update, state update, gated norm and residual add; then
-    the final norm and the LM head. A change that adds a launch to the decode step fails here."""
+    fused add + norm before attention and one before the MLP, the QKV, output and down projections, the gate/up
+    projection with SiLU-and-multiply (`gemm_swiglu`), RoPE (fused with the q/k norms for Qwen3), the paged
+    attention (which appends the new keys and values: no cache write of its own); per Mamba-2 layer its in/out
+    projections, conv update, state update, gated norm and the residual add fused with the next norm (the first
+    layer's norm alone before them; the last add fused with the final norm); then the LM head. A change that
+    adds a launch to the decode step fails here."""
     path, _ = checkpoint(family)
     engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32))
     count = count_decode_step(engine, 3, 5)
     n = engine.config.num_layers
     if family == "mamba2":
-        want = {"add": n, "causal_conv1d_update": n, "gemm": 2 * n + 1, "rms_norm": 2 * n + 1,
-                "selective_state_update": n}
+        want = {"causal_conv1d_update": n, "fused_add_rms_norm": n, "gemm": 2 * n + 1, "rms_norm": 1,
+                "rms_norm_gated": n, "selective_state_update": n}
     else:
         rope = {"fused_qk_norm_rope": n} if family == "qwen3" else {"rotary_embedding": n}
-        want = {"flash_attn_with_kvcache": n, "fused_add_rms_norm": 2 * n, "gemm": 4 * n + 1,
-                "reshape_and_cache_flash": n, "rms_norm": 1, "silu_and_mul": n, **rope}
+        want = {"flash_attn_with_kvcache": n, "fused_add_rms_norm": 2 * n, "gemm": 3 * n + 1, "gemm_swiglu": n,
+                "rms_norm": 1, **rope}
     assert count.operator_calls == want
     assert (count.batch, count.layers, count.kernels, count.graph_launches) == (3, n, None, 0)
     assert count.line().startswith(f"one decode step of 3: {sum(want.values())} operator calls on the host")

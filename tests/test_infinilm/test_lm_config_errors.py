@@ -136,6 +136,16 @@ def test_a_field_of_the_wrong_type_is_named(tmp_path: Path, capsys: pytest.Captu
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("field", ["rms_norm_eps", "rope_theta"])
+def test_a_float_field_of_an_int_beyond_the_float_range_is_named(field: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # The hostile pass of issue #30: math.isfinite(10**400) raised OverflowError out of the config check, a
+    # traceback from `infinilm check` instead of the field's name.
+    path = _dir(tmp_path, "huge", _valid(**{field: 10**400}))
+    for err in _check_and_generate(capsys, path):
+        assert f"{field}=1000" in err and "must be" in err, err
+
+
 def test_nonpositive_sizes_fail_check_and_generate_with_every_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

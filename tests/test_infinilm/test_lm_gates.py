@@ -51,7 +51,8 @@ def test_problems_every_candidate_rejects_for_one_reason_alone_get_a_short_repor
 
 def test_the_plan_lists_the_rope_and_activation_problems_of_each_family(checkpoint: CheckpointFactory) -> None:
     """Each family's RoPE problem is its own (GLM-4: interleaved pairs over half the head), Qwen3's q/k norms take
-    it into fused_qk_norm_rope, and only SwiGLU families call silu_and_mul (Gemma 2's gelu is plain PyTorch)."""
+    it into fused_qk_norm_rope, and only SwiGLU families call gemm_swiglu (Gemma 2's gelu is plain PyTorch), or
+    silu_and_mul after the gate/up Gemm where no provider but the reference serves gemm_swiglu."""
     options = EngineOptions(block_size=16, max_model_len=40)
 
     def fields(family: str, op: str) -> list[dict[str, object]]:
@@ -63,5 +64,9 @@ def test_the_plan_lists_the_rope_and_activation_problems_of_each_family(checkpoi
     assert fields("qwen3", "rotary_embedding") == []
     assert fields("qwen3", "fused_qk_norm_rope") == [{"head_dim": 32, "num_q_heads": 4, "num_kv_heads": 2,
                                                       "rotary_dim": 32, "is_neox": True}]
-    assert fields("qwen2", "silu_and_mul") == [{"d": 96}]
-    assert fields("gemma2", "silu_and_mul") == []
+    assert fields("qwen2", "gemm_swiglu") == [{"has_bias": False}]  # the gate/up projection and SiLU in one
+    assert fields("qwen2", "silu_and_mul") == []
+    assert fields("gemma2", "silu_and_mul") == fields("gemma2", "gemm_swiglu") == []
+    unfused = EngineOptions(block_size=16, max_model_len=40, providers=(("gemm_swiglu", "reference"),))
+    qwen2 = read_config(checkpoint("qwen2")[0])
+    assert [p.fields for p in plan(qwen2, unfused).chosen if p.op == "silu_and_mul"] == [{"d": 96}]

@@ -88,3 +88,53 @@ def test_sampling_params_refuse_a_str_or_other_wrong_kinds_for_sequences_flags_a
     with pytest.raises(ValueError, match="ignore_eos='no' must be True or False"):
         SamplingParams(ignore_eos="no")  # type: ignore[arg-type]
     assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)  # a list is taken, stored as a tuple
+
+
+def test_penalties_follow_vllm() -> None:
+    """Repetition over prompt and output (divide positive, multiply negative), then frequency and presence over
+    the output only."""
+    from infinilm.engine.sampling import apply_penalties
+
+    seq = Sequence([0, 1], SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25))
+    seq.tokens += [2, 2, 3]
+    row = torch.tensor([4.0, -4.0, 1.0, 1.0, 1.0])
+    got = apply_penalties(row, seq)
+    # token 0/1: prompt only (repetition); 2: output twice; 3: output once; 4: untouched
+    want = torch.tensor([2.0, -8.0, 0.5 - 1.0 - 0.25, 0.5 - 0.5 - 0.25, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(got, want)
+
+
+def test_greedy_with_a_penalty_takes_the_argmax_of_the_penalized_logits() -> None:
+    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    seq = Sequence([0], SamplingParams(repetition_penalty=2.0))
+    assert sample(logits, [seq]) == [1]
+    assert sample(logits, _seqs(SamplingParams())) == [0]
+
+
+def test_min_p_drops_the_unlikely() -> None:
+    logits = torch.tensor([[5.0, 5.0 - 0.1, -20.0, -20.0]])
+    seqs = _seqs(*[SamplingParams(temperature=1.0, min_p=0.5, seed=s) for s in range(30)])
+    draws = {sample(logits, [s])[0] for s in seqs}
+    assert draws == {0, 1}
+
+
+def test_logprobs_are_the_raw_log_softmax() -> None:
+    from infinilm.engine.sampling import logprobs
+
+    logits = torch.randn(3, 40)
+    seqs = _seqs(SamplingParams(logprobs=3), SamplingParams(), SamplingParams(logprobs=0, temperature=1.0, seed=1))
+    tokens = sample(logits, seqs)
+    got = logprobs(logits, seqs, tokens)
+    lp = torch.log_softmax(logits, -1)
+    assert got[1] is None
+    assert got[0][0] == pytest.approx(float(lp[0, tokens[0]]), abs=1e-6)
+    assert [t for t, _ in got[0][1]] == lp[0].topk(3).indices.tolist()
+    assert [v for _, v in got[0][1]] == pytest.approx(lp[0].topk(3).values.tolist(), abs=1e-6)
+    assert got[2][0] == pytest.approx(float(lp[2, tokens[2]]), abs=1e-6) and got[2][1] == ()
+
+
+@pytest.mark.parametrize("field, value", [("min_p", 1.5), ("presence_penalty", 2.5), ("frequency_penalty", -3.0),
+                                          ("repetition_penalty", 0.0), ("logprobs", 21), ("logprobs", -1)])
+def test_new_sampling_fields_are_range_checked(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})

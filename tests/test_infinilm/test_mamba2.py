@@ -22,7 +22,7 @@ from infinilm import ConfigError, Engine, EngineOptions, SamplingParams, read_co
 from infinilm.cli import main
 from infinilm.engine.gates import plan
 from infiniops_py import GateError, OneOf
-from infiniops_py.operators.rms_norm import reference as rms_norm_reference
+from infiniops_py.operators.rms_norm_gated import reference as gated_norm_reference
 
 BASE = MAMBA2_BASE
 ATOL = 1e-4
@@ -185,9 +185,11 @@ def test_gates_resolve_the_recurrent_closure(mamba2: Factory) -> None:
     assert config.ssm is not None and config.ssm.group_size == 32 and config.ssm.conv_dim == 128
     chosen = plan(config, EngineOptions()).chosen
     ops = {p.op for p in chosen}
-    assert ops == {"gemm", "rms_norm", "add", "causal_conv1d", "causal_conv1d_update", "selective_scan",
-                   "selective_state_update"}
-    assert {p.fields["hidden_size"] for p in chosen if p.op == "rms_norm"} == {32}  # hidden 32 and d_inner / G
+    assert ops == {"gemm", "rms_norm", "fused_add_rms_norm", "rms_norm_gated", "causal_conv1d",
+                   "causal_conv1d_update", "selective_scan", "selective_state_update"}
+    assert {p.fields["hidden_size"] for p in chosen if p.op == "rms_norm"} == {32}  # the first block's norm
+    assert [(p.fields["hidden_size"], p.fields["group_size"]) for p in chosen if p.op == "rms_norm_gated"] == [
+        (64, 32)]  # d_inner and d_inner / G
     assert {p.fields["n_groups"] for p in chosen if p.op.startswith("selective")} == {2}
 
 
@@ -202,20 +204,21 @@ def _copy(src: Path, dst: Path, corrupt: bool = True, **config_changes: object) 
 
 
 def test_an_n_groups_the_norm_provider_cannot_serve_fails_the_gates(mamba2: Factory, tmp_path: Path) -> None:
-    """A provider forced for rms_norm that serves only ``hidden_size=32``: n_groups=2 (groups of 32) runs,
+    """A provider forced for rms_norm_gated that serves only ``group_size=32``: n_groups=2 (groups of 32) runs,
     n_groups=1 (one group of 64) is refused by the gates, before the corrupt weights are touched."""
-    narrow = ("narrow", [("rms_norm", cpu_capability(OneOf("hidden_size", (32,))), 1, rms_norm_reference)])
-    options = EngineOptions(num_blocks=2, providers=(("rms_norm", "narrow"),))
+    narrow = ("narrow", [("rms_norm_gated", cpu_capability(OneOf("group_size", (32,))), 1,
+                          gated_norm_reference)])
+    options = EngineOptions(num_blocks=2, providers=(("rms_norm_gated", "narrow"),))
     path, hf = mamba2(n_groups=2)
     with registered(narrow):
         engine = Engine.from_pretrained(path, options)
-        assert engine.plan.providers_by_op()["rms_norm"] == "narrow"
+        assert engine.plan.providers_by_op()["rms_norm_gated"] == "narrow"
         torch.testing.assert_close(engine.prefill_logits([[5, 6, 7]])[0][-1], hf_logits(hf, [5, 6, 7])[-1],
                                    rtol=0, atol=0.1)  # (the patched-norm test checks the values tightly)
         bad = _copy(mamba2()[0], tmp_path / "one-group")
         with pytest.raises(GateError) as err:
             Engine.from_pretrained(bad, options)
-    assert "rms_norm" in str(err.value) and "hidden_size=64" in str(err.value)
+    assert "rms_norm_gated" in str(err.value) and "group_size=64" in str(err.value)
 
 
 def test_unsupported_configs_are_refused(mamba2: Factory, tmp_path: Path) -> None:

@@ -3,14 +3,18 @@
 A module-level list, dict, set, counter or mutable object is state shared by every engine of the process
 (request ids numbered across engines, a table one caller could change under another); constants are
 numbers, strings, tuples, frozensets, read-only mappings, dtypes, compiled regular expressions, frozen
-dataclasses, and the module's functions, classes and imports.
+dataclasses, and the module's functions (memoized pure ones too), classes and imports. A `logging.Logger` is
+allowed: the logging module's registry, not the module, holds it (``logging.getLogger(name)`` is the same object
+for every caller).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
+import logging
 import pkgutil
 import re
 import types
@@ -21,7 +25,8 @@ import torch
 import infinilm
 
 _CONSTANT_TYPES = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range,
-                   types.MappingProxyType, types.GenericAlias, torch.dtype, enum.Enum, re.Pattern)
+                   types.MappingProxyType, types.GenericAlias, torch.dtype, enum.Enum, re.Pattern, logging.Logger,
+                   functools._lru_cache_wrapper)
 
 
 def _is_constant(value: object) -> bool:

@@ -51,8 +51,9 @@ START_TIMEOUT = 120.0
 class Server:
     """``infinilm serve`` in a subprocess on ``127.0.0.1``, port 0 (the server prints the one it got)."""
 
-    def __init__(self, model: Path, *args: str, log: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_"))}
+    def __init__(self, model: Path, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_", "INFINILM_API"))
+               } | (env or {})
         env |= {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.log = log
         with log.open("w") as err:
@@ -354,8 +355,9 @@ HOSTILE: list[tuple[object, int, str | None]] = [  # (body: a dict sent as JSON,
     ({**M, "prompt": [-1]}, 400, "prompt"),
     ({**M, "prompt": [1.5]}, 400, "prompt"),
     ({**M, "prompt": [True]}, 400, "prompt"),
-    ({**M, "prompt": ["a", "b"]}, 400, "prompt"),
-    ({**M, "prompt": [[1], [2]]}, 400, "prompt"),
+    ({**M, "prompt": ["a", [1]]}, 400, "prompt"),  # a batch of texts and token ids mixed
+    ({**M, "prompt": [[1], []]}, 400, "prompt"),  # an empty prompt in a batch
+    ({**M, "prompt": [[1], [1.5]]}, 400, "prompt"),
     ({**M, "prompt": {"text": "x"}}, 400, "prompt"),
     ({**M, "prompt": [1] * MAX_LEN}, 400, "prompt"),
     ({**M, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
@@ -382,9 +384,18 @@ HOSTILE: list[tuple[object, int, str | None]] = [  # (body: a dict sent as JSON,
     ({**M, "prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({**M, "prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, 400,
      "stream_options.include_usage"),
-    ({**M, "prompt": "x", "n": 2}, 400, "n"),
-    ({**M, "prompt": "x", "logprobs": 5}, 400, "logprobs"),
-    ({**M, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({**M, "prompt": "x", "n": 0}, 400, "n"),
+    ({**M, "prompt": "x", "n": 1000}, 400, "n"),  # more choices than may ever wait (--max-waiting)
+    ({**M, "prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({**M, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ({**M, "prompt": "x", "logprobs": True}, 400, "logprobs"),
+    ({**M, "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({**M, "prompt": "x", "frequency_penalty": "x"}, 400, "frequency_penalty"),
+    ({**M, "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ({**M, "prompt": "x", "min_p": 1.5}, 400, "min_p"),
+    ({**M, "prompt": "x", "echo": True}, 400, "echo"),
+    ({**M, "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({**M, "prompt": "x", "response_format": {"type": "yaml"}}, 400, "response_format.type"),
     ({**M, "prompt": "x", "max_token": 5}, 400, "max_token"),
     ({**M, "prompt": "x", "user": 5}, 400, "user"),
     ({**M, "messages": []}, 400, "messages"),  # to the completions route: an unknown field
@@ -406,6 +417,12 @@ HOSTILE_CHAT: list[tuple[object, int, str | None]] = [
     ({**M, "messages": [{"role": "user", "content": "x" * MAX_LEN}]}, 400, "messages"),
     ({**M, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ({**M, "prompt": "hi"}, 400, "prompt"),
+    ({**M, "messages": [{"role": "user", "content": "hi"}], "logprobs": 3}, 400, "logprobs"),
+    ({**M, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ({**M, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400,
+     "top_logprobs"),
+    ({**M, "messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, 400, "response_format"),
 ]
 
 
@@ -525,8 +542,9 @@ def test_null_is_the_default_of_every_optional_field(dense_server: Server) -> No
     # the OpenAI API declares its optional fields nullable ("n": integer or null, defaults to 1)
     common = {name: None for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
                                       "stop_token_ids", "ignore_eos", "stream", "stream_options", "return_token_ids",
-                                      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user")}
-    completion = {**M, **common, "prompt": PROMPT, "best_of": None, "echo": None, "suffix": None}
+                                      "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user",
+                                      "min_p", "repetition_penalty", "response_format", "best_of")}
+    completion = {**M, **common, "prompt": PROMPT, "echo": None, "suffix": None}
     chat = {**M, **common, "messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": None,
             "top_logprobs": None, "parallel_tool_calls": None, "tools": None, "tool_choice": None,
             "add_generation_prompt": None}
@@ -575,6 +593,16 @@ def test_a_model_without_tokenizer_or_chat_template_refuses_text_and_chat_naming
         ok = http.post("/v1/completions", json={**M, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0,
                                                  "ignore_eos": True})
         assert ok.status_code == 200 and ok.json()["choices"][0]["text"].count(" ") == 4  # ids, space-separated
+
+
+def test_logprobs_without_a_tokenizer_name_tokens_by_id(mamba_server: Server) -> None:
+    out = mamba_server.client().completions.create(model="m", prompt=[5, 6, 7], max_tokens=4, temperature=0,
+                                                   logprobs=2, extra_body={"ignore_eos": True,
+                                                                           "return_token_ids": True})
+    choice = out.choices[0]
+    assert choice.logprobs.tokens == [f"token_id:{t}" for t in choice.token_ids]  # vLLM's token-id form
+    assert all(len(top) in (2, 3) and top[t] == lp for top, t, lp in zip(
+        choice.logprobs.top_logprobs, choice.logprobs.tokens, choice.logprobs.token_logprobs))
 
 
 def test_a_full_waiting_queue_answers_429_with_retry_after(demo: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from interp_helpers import assert_conformant
 
 import infiniops_py
 from infiniops_py import GateError, unchecked_indices
+from infiniops_py.operators.flash_attn import in_input_dtype
 from infiniops_py.testing.compare import bits_equal, compare
 from infiniops_py.testing.tolerances import tolerance
 
@@ -63,7 +64,8 @@ def _references(op: str, args: dict[str, Any]) -> tuple[torch.Tensor, torch.Tens
     with infiniops_py.use("reference"):
         ref = fn(**_copies(args, torch.float64))
         low_args = _copies(args)
-        low = fn(**low_args)
+        with in_input_dtype():  # flash-attention's baseline: its reference in the input dtype
+            low = fn(**low_args)
     return ref, low, low_args
 
 
@@ -250,7 +252,8 @@ def _lse_check(op: str, got: tuple[torch.Tensor, torch.Tensor], args: dict[str, 
     fn = getattr(infiniops_py, op)
     with infiniops_py.use("reference"):
         ref, ref_lse = fn(**_copies(args, torch.float64))
-        low, low_lse = fn(**_copies(args))
+        with in_input_dtype():
+            low, low_lse = fn(**_copies(args))
     rule = tolerance(op, str(got[0].dtype)[6:])
     for label, g, r, lo in (("out", got[0], ref, low), ("lse", got[1], ref_lse, low_lse)):
         _, failure = compare(f"{op} {label}", g, r, rule, low=lo)
@@ -385,9 +388,11 @@ def test_launcher_rejects_head_dim_over_256() -> None:
 
 
 def test_num_splits_heuristic() -> None:
-    # the decode target: 512 programs on 132 SMs -> 3 splits make >= 8 programs per SM
-    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 3
-    assert tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256) == 64  # capped
+    # SPLIT_WAVES programs per SM: 8 programs on 132 SMs -> 33 splits; 512 programs fill them unsplit
+    assert tfa.SPLIT_WAVES == 2
+    assert tfa.num_splits(programs=8, capacity=32768, num_sms=132, min_keys=256) == 33
+    assert tfa.num_splits(programs=512, capacity=4096, num_sms=132, min_keys=256) == 1
+    assert tfa.num_splits(programs=1, capacity=32768, num_sms=132, min_keys=256) == 64  # capped
     assert tfa.num_splits(programs=8, capacity=300, num_sms=132, min_keys=256) == 1  # too few keys to share
     assert tfa.num_splits(programs=4096, capacity=4096, num_sms=132, min_keys=256) == 1  # enough programs
     assert tfa.num_splits(programs=0, capacity=0, num_sms=132, min_keys=256) == 1
@@ -411,3 +416,30 @@ def test_gpu_benchmark_runs_at_tiny_sizes() -> None:
     assert BENCH.format_table(results).count("\n") == len(results)
     assert BENCH.prefill_flops(4, 32, 4096, 128) == 2 * 4 * 32 * 4096**2 * 128
     assert BENCH.decode_kv_bytes(64, 4096, 8, 128) == 2 * 64 * 4096 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kvcache_fused_combine_adapts_the_splits_to_each_context(dtype: torch.dtype,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 launched splits over 16-key blocks, one block per split at least: sequence 0 has 3 keys (one split
+    writes the output directly), sequence 1 has 40 (3 splits, merged by the last), sequence 2 has 0 (zeros);
+    the separate combine kernel gives the same within the tolerance rule, and the counters are back at 0 after
+    each call."""
+    monkeypatch.setattr(tfa, "MIN_SPLIT_BLOCKS", 1)
+    args = _kvcache_args("paged 32, no append, D=96", dtype, seed=21)
+    batch = args["q"].shape[0]
+    lengths = [3, 40, 0][:batch] + [17] * max(0, batch - 3)
+    args["cache_seqlens"] = torch.tensor(lengths, dtype=torch.int32)
+    conv = _convention("flash_attn_with_kvcache", args)
+    fused = tfa.flash_attn_with_kvcache(*conv, splits=8).clone()
+    counters = [t for (dev, _), t in tfa._COUNTERS.items() if dev.type == "cpu"]
+    assert counters and all(bool((t == 0).all()) for t in counters)
+    _assert_close("flash_attn_with_kvcache", fused, args)
+    try:
+        tfa.FUSED_COMBINE = False
+        separate = tfa.flash_attn_with_kvcache(*conv, splits=8)
+    finally:
+        tfa.FUSED_COMBINE = True
+    _assert_close("flash_attn_with_kvcache", separate, args)
+    if batch > 2:
+        assert bool((fused[2] == 0).all())

@@ -13,6 +13,8 @@ from interp_helpers import assert_conformant, check, randn
 
 import infiniops_py
 from infiniops_py import GateError
+from infiniops_py.testing.compare import compare
+from infiniops_py.testing.tolerances import tolerance
 
 OPS = ("gemm", "add", "rms_norm", "fused_add_rms_norm", "fused_qk_norm", "reshape_and_cache_flash")
 EXAMPLES = 10
@@ -140,3 +142,57 @@ def test_gemm_autotune_candidates_follow_the_problem_class() -> None:
     assert pick(half, 512, 8192) == [(128, 128, 64), (64, 128, 64)]
     assert pick(half, 1, 4096) == [(64, 128, 64)]
     assert all(k == 32 for _, _, k in pick(single, 8192, 8192))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 64), (1, 5, 100), (3, 40, 96), (16, 33, 50)])
+def test_gemm_decode_rows_take_the_gemv_kernel(dtype: torch.dtype, m: int, n: int, k: int) -> None:
+    """A few rows by an nn.Linear weight (the decode projections) run the GEMV kernel: ragged N and K, a
+    strided x, the residual c (beta), alpha and the bias; the output is poisoned first."""
+    from infiniops_triton import _gemv
+
+    x = randn(m, k + 3, dtype=dtype, seed=11)[:, :k]
+    w = randn(n, k, dtype=dtype, seed=12, scale=0.2)
+    c = randn(m, n, dtype=dtype, seed=13)
+    bias = randn(n, dtype=dtype, seed=14)
+    assert _gemv.serves(x, w.t(), torch.empty(m, n))
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    with infiniops_py.use("triton"):
+        infiniops_py.gemm(x, w, c=c, bias=bias, alpha=0.5, beta=1.0, trans_b=True, out=out)
+        plain = infiniops_py.gemm(x, w, trans_b=True)
+    ref = 0.5 * x.double() @ w.double().t() + c.double() + bias.double()
+    for got, want in ((out, ref), (plain, x.double() @ w.double().t())):
+        _, failure = compare("gemm", got, want, tolerance("gemm", str(dtype).removeprefix("torch.")), k=k)
+        assert failure is None, failure
+
+
+def test_gemm_gemv_takes_only_decode_shapes() -> None:
+    from infiniops_triton import _gemv
+
+    w = torch.empty(64, 32)
+    assert _gemv.serves(torch.empty(16, 32), w.t(), torch.empty(16, 64))
+    assert not _gemv.serves(torch.empty(17, 32), w.t(), torch.empty(17, 64))  # the tiled kernel's
+    assert not _gemv.serves(torch.empty(4, 32), torch.empty(32, 64), torch.empty(4, 64))  # N-contiguous b
+    assert not _gemv.serves(torch.empty(32, 4).t(), w.t(), torch.empty(4, 64))  # a transposed
+    assert not _gemv.serves(torch.empty(0, 32), w.t(), torch.empty(0, 64))
+
+
+def test_gemm_swiglu_conforms() -> None:
+    assert_conformant("gemm_swiglu", EXAMPLES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "d", "k"), [(1, 37, 64), (1, 5, 100), (4, 40, 96), (16, 9, 50), (20, 7, 32)])
+def test_gemm_swiglu_decode_rows_apply_the_activation_in_the_gemv_epilogue(dtype: torch.dtype, m: int, d: int,
+                                                                          k: int) -> None:
+    """Up to 16 rows run the GEMV kernel with SWIGLU (split K, ragged d and K, a bias); more rows the tiled Gemm
+    then SiluAndMul; the same values as the torch provider within the tolerance rule."""
+    x = randn(m, k + 3, dtype=dtype, seed=21)[:, :k]
+    w = randn(2 * d, k, dtype=dtype, seed=22, scale=k**-0.5)
+    bias = randn(2 * d, dtype=dtype, seed=23)
+    out = torch.full((m, d), float("nan"), dtype=dtype)
+    with infiniops_py.use("triton"):
+        infiniops_py.gemm_swiglu(x, w, bias, out=out)
+    ref = infiniops_py.gemm_swiglu(x.double(), w.double(), bias.double())
+    _, failure = compare("gemm_swiglu", out, ref, tolerance("gemm_swiglu", str(dtype).removeprefix("torch.")), k=k)
+    assert failure is None, failure

@@ -1,11 +1,13 @@
 """CUDA graphs for decode steps: one captured forward + LM head per padded batch size, for either runner kind.
 
 Decode steps have static shapes once the batch is padded, so each size in `capture_sizes` is captured once
-over static input buffers and replayed with the step's values copied in. The buffers are the `DecodeStep`'s:
+over static input buffers and replayed with the step's values copied in, device to device, from the
+runner's persistent rows (`infinilm.engine.input_batch`). The buffers are the `DecodeStep`'s:
 a few int64 values per sequence (the paged runner: token, position, cache slot, context length; the recurrent
 runner: token, state row), plus int32 block tables when the step has them. A padding row holds the step's
-`DecodeStep.padding` values, which write nothing (slot -1, row -1) and, for attention, read one key of block
-0; its logits are dropped. Index checks of the operator contracts are off during capture by design (they
+`DecodeStep.padding` values, which write and read nothing (slot -1 and cache length -1, row -1): index values
+out of range, which the operators take for padding with their index checks off, as they are during capture;
+its logits are dropped. Index checks of the operator contracts are off during capture by design (they
 would synchronize), so the inputs are built only by the runner from the allocator's own block tables and
 rows. A capture that fails (an implementation that synchronizes with the host, or allocates or launches in
 a way graphs forbid) leaves the engine eager, with a status that names the synchronizing implementation when
@@ -20,7 +22,7 @@ from typing import Protocol
 import torch
 
 from infinilm.engine.graphs.capture import CapturedSteps
-from infiniops_py import Implementation
+from infiniops_py import Implementation, unchecked_indices
 
 __all__ = ["DecodeGraphs", "DecodeStep", "capture_sizes"]
 
@@ -72,7 +74,8 @@ class DecodeGraphs(CapturedSteps):
         self._pad(0, bs)  # padding rows: the warm-up and capture write nothing
 
     def _forward(self, bs: int) -> torch.Tensor:
-        return self.step.graph_step(self.rows[:, :bs], None if self.tables is None else self.tables[:bs])
+        with unchecked_indices():  # as during capture on CUDA: padding rows hold out-of-range values on purpose
+            return self.step.graph_step(self.rows[:, :bs], None if self.tables is None else self.tables[:bs])
 
     @torch.inference_mode()
     def capture(self, max_batch: int) -> str:
@@ -87,16 +90,18 @@ class DecodeGraphs(CapturedSteps):
             return failed
         return f"cuda graphs: on (decode batch sizes {sizes[0]}..{sizes[-1]}, {len(sizes)} graphs)"
 
-    def replay(self, rows: list[list[int]], tables: list[list[int]] | None = None) -> torch.Tensor:
-        """Logits ``[n, V]`` of a decode step of n sequences: `rows` holds one list of n values per value row,
-        `tables` their block tables (each ``table_width`` long) when the step has them."""
-        n = len(rows[0])
+    def replay(self, rows: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[n, V]`` of a decode step of n sequences: `rows` int64 ``[len(padding), n]`` and `tables` int32
+        ``[n, width]`` (width <= ``table_width``; any strides) on the device, copied into the static buffers by
+        the device (the columns past `width` keep older entries, which the step's context lengths never reach).
+        """
+        n = rows.shape[1]
         bs = next(s for s in self.sizes if s >= n)
         if bs > n:
             self._pad(n, bs)
-        self.rows[:, :n].copy_(torch.tensor(rows, dtype=torch.int64), non_blocking=True)
+        self.rows[:, :n].copy_(rows)
         if self.tables is not None and tables is not None:
-            self.tables[:n].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+            self.tables[:n, :tables.shape[1]].copy_(tables)
         graph, out = self.graphs[bs]
         graph.replay()
         return out[:n]

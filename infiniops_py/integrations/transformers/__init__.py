@@ -1,41 +1,39 @@
-"""Run a Hugging Face transformers model through InfiniOps-Py operators: ``kernelize(model)``.
+"""Run a Hugging Face transformers model through InfiniOps-Py operators: ``kernelize(model)``, and the
+``"infiniops"`` attention implementation.
 
-As Hugging Face ``kernels.kernelize`` and Liger-Kernel's ``apply_liger_kernel_to_<family>`` do, one call swaps
-a model's layers for the operators of this project, in place, on the model object it is given (other
-instances of the same classes are untouched). Per family (`FAMILIES`, keyed by ``config.model_type``):
+Importing this module registers ``"infiniops"`` with transformers' ``AttentionInterface`` and
+``AttentionMaskInterface`` (`ATTENTION`), so ``AutoModelForCausalLM.from_pretrained(...,
+attn_implementation="infiniops")`` runs the attention (only) through `flash_attn_varlen` and
+`flash_attn_with_kvcache`, with no host reads and no graph break under ``torch.compile``.
 
-- every RMSNorm (Llama, Qwen2, Qwen3, Mamba-2 ``Mamba2RMSNorm``) whose forward is ``LlamaRMSNorm``'s ->
-  `rms_norm`; Qwen3's per-head ``q_norm``/``k_norm`` too (over ``head_dim``, on the ``[B, S, H, D]``
-  projection views).
-  `fused_qk_norm` is not used: it needs the packed ``[T, (Hq + 2 Hkv) D]`` projection, and transformers
-  computes q, k and v with three separate linears.
-- the pre-norm decoder layer's ``residual + attention`` followed by ``post_attention_layernorm`` ->
-  `fused_add_rms_norm` (Llama, Qwen2, Qwen3, when the layer's forward is the residual pattern that
-  `kernelize` knows; otherwise the two norms are swapped on their own and the report says so). The
-  layer's input is copied once first (the caller may still hold it: ``output_hidden_states``, a user's
-  ``inputs_embeds``); the MLP's residual add then runs in place on that copy.
-- attention -> the ``"infiniops"`` entry of transformers' ``AttentionInterface`` (and of its
-  ``AttentionMaskInterface``, which hands it the 2-D padding mask, as for flash-attention, and over a static
-  cache the mask of the tokens the cache holds):
-  `flash_attn_varlen` for prefill (sequences packed back to back, padding rows dropped) and for padded
-  batches, `flash_attn_with_kvcache` for decode steps over transformers' cache (a view of it, no copy).
-  The causal mask is bottom-right aligned, as transformers' masks are for queries that follow a cache;
-  a sliding window of ``w`` keys is ``window_size=(w - 1, 0)``; the scale is the module's ``scaling``.
-- RoPE (``apply_rotary_pos_emb`` in the attention forward of Llama, Qwen2, Qwen3, when that forward is
-  transformers' own statement for statement) -> one in-place `rotary_embedding` of q and k (NeoX pairs
-  over the whole head) on the ``[T, H, D]`` projection views, the attention forward otherwise the same.
-  Its ``cos_sin_cache`` is built once per forward from the model's own ``(cos, sin)`` (one row per token),
-  so every RoPE type's values (scaled, dynamic) are transformers'; the rotation is rounded once from fp32.
-- the gated MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU (``config.hidden_act``
-  ``"silu"``/``"swish"``; Llama, Qwen2, Qwen3) -> one gate|up projection then `silu_and_mul`, then
-  ``down_proj``, as vLLM runs it. ``gate_proj.weight`` ``[I, H]`` and ``up_proj.weight`` become the two
-  halves of one ``[2I, H]`` tensor, allocated once (the biases likewise): the same parameter objects with
-  the same values, not a second copy of the weights. Another activation leaves the MLP as it is.
+As Hugging Face ``kernels.kernelize`` and Liger-Kernel's ``apply_liger_kernel_to_<family>`` do,
+``kernelize(model, rms_norm=, fused_add_rms_norm=, attention=, rope=, swiglu=)`` swaps a model's layers for the
+operators of this project, in place, on the model object it is given (other instances of the same classes are
+untouched), and returns the model. Layers are recognised by transformers' own hub-kernel layer names
+(``use_kernel_forward_from_hub("RMSNorm")``, where the ``kernels`` package makes transformers set them) and
+otherwise by the family's classes (`FAMILIES`, keyed by ``config.model_type``: Llama, Qwen2, Qwen3, Mistral,
+GLM-4, Gemma 2, Mamba-2), never by the text of their code; a subclass that overrides a forward is left alone.
 
-Left in transformers' code, and listed in `Kernelized.left` with the reason: any of the above whose module
-is not what `kernelize` knows, and Mamba-2's gated ``MambaRMSNormGated`` (no operator is its float32
-``x * silu(gate)`` then per-group RMSNorm: `silu_and_mul` rounds the product to the dtype) and
-``Mamba2Mixer`` (its conv and scans stay transformers' own).
+- every RMSNorm -> `rms_norm` (Qwen3's per-head ``q_norm``/``k_norm`` too, on the ``[B, S, H, D]`` views;
+  Gemma 2's ``(1 + weight)`` norm in float32, as Gemma computes it). `fused_qk_norm` is not used: it needs
+  the packed ``[T, (Hq + 2 Hkv) D]`` projection, and transformers computes q, k and v with three linears.
+- the decoder layer's ``residual + attention`` followed by ``post_attention_layernorm`` ->
+  `fused_add_rms_norm` (Llama, Qwen2, Qwen3, Mistral, and GLM-4's layer with its extra post-attention and
+  post-MLP norms). The layer's input is copied once first (the caller may still hold it:
+  ``output_hidden_states``, a user's ``inputs_embeds``); the MLP's residual add then runs in place on that copy.
+- attention -> the ``"infiniops"`` implementation (above), set on the model.
+- RoPE (``apply_rotary_pos_emb`` in the attention forward) -> one in-place `rotary_embedding` of q and k on the
+  ``[T, H, D]`` projection views (NeoX pairs over the whole head; GLM-4's interleaved pairs over its partial
+  rotary dims), the attention forward otherwise transformers'. Its ``cos_sin_cache`` is built once per forward
+  from the model's own ``(cos, sin)``, so every RoPE type's values (scaled, dynamic) are transformers'.
+- the gated MLP with SiLU (``config.hidden_act`` ``"silu"``/``"swish"``) -> one gate|up projection, then
+  `silu_and_mul`, then ``down_proj``, as vLLM runs it. ``gate_proj.weight`` ``[I, H]`` and ``up_proj.weight``
+  become the two halves of one ``[2I, H]`` tensor, allocated once (the biases likewise): the same parameter
+  objects with the same values, not a second copy of the weights (GLM-4's ``gate_up_proj`` is packed already).
+  Another activation (Gemma 2's GELU) leaves the MLP as it is.
+
+Left in transformers' code, and listed in `Kernelized.left` with the reason: any of the above whose module does
+not keep its class's forward, and Mamba-2's gated ``MambaRMSNormGated`` and ``Mamba2Mixer``.
 
 Every operator problem the swaps need is resolved first (`infiniops_py.resolve_closure`): when any has no
 provider, one `GateError` lists them all and nothing is swapped. The swapped calls then resolve per call
@@ -46,9 +44,11 @@ a call with grad mode on and parameters that require grad raises the operators' 
 
 from __future__ import annotations
 
-from infiniops_py.integrations.transformers._attention import ATTENTION
+from infiniops_py.integrations.transformers._attention import ATTENTION, register
 from infiniops_py.integrations.transformers._families import FAMILIES, SwapTargets
 from infiniops_py.integrations.transformers._kernelize import kernelize
 from infiniops_py.integrations.transformers._report import Kernelized
 
 __all__ = ["ATTENTION", "FAMILIES", "Kernelized", "SwapTargets", "kernelize"]
+
+register()  # transformers finds attn_implementation="infiniops" from the import on (issue #28)

@@ -2,47 +2,63 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 
 from infiniops_py import GateError, resolve_closure
-from infiniops_py.integrations.transformers._attention import swap_attention
+from infiniops_py.integrations.transformers._attention import ATTENTION, register
 from infiniops_py.integrations.transformers._families import FAMILIES
-from infiniops_py.integrations.transformers._plan import make_plan
+from infiniops_py.integrations.transformers._memo import forget
+from infiniops_py.integrations.transformers._plan import SWITCHES, make_plan
 from infiniops_py.integrations.transformers._report import Kernelized
 from infiniops_py.integrations.transformers._swaps import swap_forward
 
 __all__ = ["kernelize"]
 
+M = TypeVar("M", bound=torch.nn.Module)
 
-def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = None,
-              mode: str = "inference") -> Kernelized:
+
+def kernelize(model: M, *, device: str | torch.device | None = None, mode: str = "inference",
+              rms_norm: bool = True, fused_add_rms_norm: bool = True, attention: bool = True, rope: bool = True,
+              swiglu: bool = True) -> M:
     """Swap `model`'s norms, fusable residual adds, attention, RoPE and SiLU-gated MLPs for InfiniOps-Py
-    operators, in place. A swapped MLP's ``gate_proj``/``up_proj`` weights (and biases) become the two halves
-    of one packed tensor, allocated once (the parameters keep their identity and values; the packing stays
-    after ``restore()``).
+    operators, in place, and return `model` (as HF ``kernels.kernelize`` does). A swapped MLP's
+    ``gate_proj``/``up_proj`` weights (and biases) become the two halves of one packed tensor, allocated once
+    (the parameters keep their identity and values; the packing stays after ``restore()``).
 
     Args:
-        model: a transformers model (``PreTrainedModel``) of a family in `FAMILIES` (its
-            ``config.model_type``).
+        model: a transformers model (``PreTrainedModel``) of a family in `FAMILIES` (its ``config.model_type``).
         device: the device whose providers the gates check: a str (``"cuda"``, ``"cuda:1"``: its type counts)
             or a ``torch.device``; default: the device of the model's first parameter.
         mode: ``"inference"``, the only mode: no operator has a backward.
+        rms_norm, fused_add_rms_norm, attention, rope, swiglu: which swaps to make (Liger-Kernel's
+            ``apply_liger_kernel_to_<family>`` switches): the RMSNorms (Qwen3's q/k norms too) by `rms_norm`;
+            each decoder layer's attention residual add and post-attention norm by `fused_add_rms_norm`; the
+            attention implementation ``"infiniops"`` (flash attention); RoPE by `rotary_embedding`; the SiLU-gated
+            MLP by one gate|up projection and `silu_and_mul`. Each is independent of the others.
 
     Returns:
-        The `Kernelized` report (also kept as ``model.infiniops_kernelized``); its ``restore()`` undoes the
-        swaps. Kernelizing a model again restores the previous swaps first (once the new gates pass).
+        `model`. The `Kernelized` report is ``model.infiniops_kernelized`` (and the first lines of ``repr(model)``);
+        its ``restore()`` undoes the swaps. Kernelizing a model again restores the previous swaps first (once the
+        new gates pass).
 
     Raises:
         ValueError: `mode` other than ``"inference"``, or a ``model_type`` with no entry in `FAMILIES`
             (the message lists the supported ones).
-        TypeError: `model` is not a ``torch.nn.Module`` with a ``config``, or `device` is neither a str, a
-            ``torch.device`` nor None.
+        TypeError: `model` is not a ``torch.nn.Module`` with a ``config``, `device` is neither a str, a
+            ``torch.device`` nor None, or a switch is not a bool.
         GateError: some operator problem the swaps need has no provider on `device`: one error lists them
             all, and nothing is swapped.
     """
     if mode != "inference":
         raise ValueError(f"kernelize(mode={mode!r}): only mode='inference' is supported (the InfiniOps-Py "
                          "operators have no backward, so training through them is impossible)")
+    switches = {"rms_norm": rms_norm, "fused_add_rms_norm": fused_add_rms_norm, "attention": attention,
+                "rope": rope, "swiglu": swiglu}
+    for name, on in switches.items():
+        if not isinstance(on, bool):
+            raise TypeError(f"kernelize({name}={on!r}): expected True or False")
     config = getattr(model, "config", None)
     if not isinstance(model, torch.nn.Module) or config is None:
         raise TypeError(f"kernelize: expected a transformers model (a torch.nn.Module with a config), got "
@@ -53,7 +69,8 @@ def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = Non
         raise ValueError(f"kernelize: model_type {model_type!r} ({type(model).__name__}) is not supported; "
                          f"supported: {', '.join(FAMILIES)}")
     device_type = _device_type(model, device)
-    plan = make_plan(model, family, device_type)
+    kinds = frozenset(kind for name, on in switches.items() if on for kind in SWITCHES[name])
+    plan = make_plan(model, family, device_type, kinds)
     try:
         chosen = resolve_closure(plan.problems)
     except GateError as err:  # its headline's first line counts the gaps: said here, with the model
@@ -64,17 +81,50 @@ def kernelize(model: torch.nn.Module, *, device: str | torch.device | None = Non
     previous = getattr(model, "infiniops_kernelized", None)
     if isinstance(previous, Kernelized):
         previous.restore()
-    report = Kernelized(model_type, device_type, left=[*plan.left, *family.left], chosen=chosen)
+    report = Kernelized(model_type, device_type, left=[*plan.left, *family.left], chosen=chosen,
+                        off=[name for name, on in switches.items() if not on])
     for prepare in plan.prepare:
         prepare()
     for kind, name, module, forward in plan.swaps:
         swap_forward(report, module, forward)
         report.swapped.setdefault(kind, []).append(name)
     if plan.attention:
-        swap_attention(report, model)
+        set_attention(report, model)
         report.swapped["attention"] = plan.attention
+    report._undo.append(model.register_forward_pre_hook(forget).remove)
+    _show(report, model)
+    return model
+
+
+def set_attention(report: Kernelized, model: torch.nn.Module) -> None:
+    """Make `ATTENTION` `model`'s attention implementation (registered again, should another registration have
+    replaced it), and add to `report` the undo that sets the previous one."""
+    register()
+    previous = model.config._attn_implementation  # type: ignore[union-attr]
+    model.set_attn_implementation(ATTENTION)  # type: ignore[operator]
+    report._undo.append(lambda: model.set_attn_implementation(previous))  # type: ignore[operator]
+
+
+def _show(report: Kernelized, model: torch.nn.Module) -> None:
+    """Put the report on ``model.infiniops_kernelized`` and at the top of ``repr(model)`` (the instance's
+    ``extra_repr``), with the undo of both."""
+    had = model.__dict__.get("extra_repr")
+    own = model.extra_repr
+
+    def extra_repr() -> str:
+        return "\n".join(line for line in (own(), report.render()) if line)
+
+    model.extra_repr = extra_repr  # type: ignore[method-assign]
     model.infiniops_kernelized = report
-    return report
+
+    def undo() -> None:
+        model.__dict__.pop("infiniops_kernelized", None)
+        if had is None:
+            model.__dict__.pop("extra_repr", None)
+        else:
+            model.extra_repr = had  # type: ignore[method-assign]
+
+    report._undo.insert(0, undo)
 
 
 def _device_type(model: torch.nn.Module, device: str | torch.device | None) -> str:

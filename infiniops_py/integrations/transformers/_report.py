@@ -21,13 +21,15 @@ class Kernelized:
             ``gated_mlp``) -> the qualified names of the modules swapped.
         left: what still runs in transformers' code, and why.
         chosen: each operator problem gated -> the implementation that serves it.
+        off: the switches of `kernelize` turned off.
     """
 
     model_type: str
     device_type: str
     swapped: dict[str, list[str]] = field(default_factory=dict)
     left: list[str] = field(default_factory=list)
-    chosen: dict[Problem, Implementation] = field(default_factory=dict)
+    chosen: dict[Problem, Implementation] = field(default_factory=dict, repr=False)
+    off: list[str] = field(default_factory=list)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def restore(self) -> None:
@@ -52,5 +54,10 @@ class Kernelized:
         for kind, names in self.swapped.items():
             by = ", ".join(f"{op} by {'+'.join(providers.get(op, ['?']))}" for op in ops[kind])
             lines.append(f"  {kind}: {len(names)} module(s) ({by})")
+        if self.off:
+            lines.append(f"  off: {', '.join(self.off)}")
         lines.extend(f"  left: {why}" for why in self.left)
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()

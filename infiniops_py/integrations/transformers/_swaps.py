@@ -1,6 +1,7 @@
-"""The module swaps of `kernelize`: a module's forward replaced (and put back), the RMSNorm forward over
-`rms_norm` (the models' norms and Qwen3's q/k norms), the decoder layer forward over `fused_add_rms_norm`, and
-the gated MLP over one packed gate|up projection and `silu_and_mul` (`pack_gate_up`, `gated_mlp_forward`)."""
+"""The module swaps of `kernelize`: a module's forward replaced (and put back), the RMSNorm forwards over
+`rms_norm` (Llama's, Qwen3's q/k norms, Gemma's ``1 + weight``), the decoder layer forwards over
+`fused_add_rms_norm` (the pre-norm layer, GLM-4's), and the gated MLPs over one gate|up projection and
+`silu_and_mul` (`pack_gate_up`, `gated_mlp_forward`; GLM-4's own packed one)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torch.nn.functional as F
 from infiniops_py import ContractError, fused_add_rms_norm, rms_norm, silu_and_mul
 from infiniops_py.integrations.transformers._report import Kernelized
 
-__all__ = ["fused_layer_forward", "gated_mlp_forward", "pack_gate_up", "rms_norm_forward", "swap_forward"]
+__all__ = ["fused_layer_forward", "gated_mlp_forward", "gemma_rms_norm_forward", "pack_gate_up", "packed_mlp_forward",
+           "rms_norm_forward", "sandwich_layer_forward", "swap_forward"]
 
 
 def swap_forward(report: Kernelized, module: torch.nn.Module, forward: Callable[..., Any]) -> None:
@@ -48,34 +50,87 @@ def rms_norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torc
     return rms_norm(hidden_states, weight, self.variance_epsilon)
 
 
-_SIGNATURES: dict[type, inspect.Signature] = {}
+def gemma_rms_norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Gemma's RMSNorm (``Gemma2RMSNorm.forward``: normalized and multiplied by ``1 + weight`` in float32, then
+    cast once) through `rms_norm` in float32 with the float32 weight ``1 + weight`` (made once per weight
+    value)."""
+    weight = _plus_one(self)
+    if hidden_states.dtype == torch.float32:
+        return rms_norm(hidden_states, weight, self.eps)
+    return rms_norm(hidden_states.float(), weight, self.eps).to(hidden_states.dtype)
+
+
+def _plus_one(norm: torch.nn.Module) -> torch.Tensor:
+    """``1 + norm.weight`` in float32, held on the module while the weight is the same tensor at the same
+    version (made again after an in-place update or a replaced parameter; a weight that is an inference tensor
+    has no version: an in-place update of it inside inference mode is not seen)."""
+    weight = norm.weight
+    if torch.compiler.is_compiling():
+        return 1.0 + weight.float()
+    held = norm.__dict__.get("_infiniops_plus_one")
+    version = -1 if weight.is_inference() else weight._version  # inference tensors count no versions
+    if held is None or held[0] is not weight or held[1] != version:
+        with torch.no_grad():
+            held = (weight, version, 1.0 + weight.float())
+        norm.__dict__["_infiniops_plus_one"] = held
+    return held[2]  # type: ignore[no-any-return]
+
+
+_DEFAULTS: dict[type, tuple[inspect.Signature, dict[str, Any]]] = {}
+
+
+def _layer_arguments(self: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The decoder layer's ``hidden_states`` and the keywords transformers' forward hands its attention: every
+    named parameter (defaults included), then the extra keywords. transformers passes everything after
+    ``hidden_states`` by keyword: then this is one dict merge; positional arguments are bound to the
+    signature."""
+    cls = type(self)
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        signature = inspect.signature(cls.forward)
+        named = [p for p in signature.parameters.values()
+                 if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)][1:]
+        found = _DEFAULTS[cls] = (signature, {p.name: p.default for p in named if p.name != "hidden_states"
+                                              and p.default is not inspect.Parameter.empty})
+    signature, defaults = found
+    if len(args) == 1 and "hidden_states" not in kwargs:
+        return args[0], {**defaults, **kwargs}
+    bound = signature.bind(self, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    extra: dict[str, Any] = {}
+    for p in signature.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = arguments.pop(p.name, {})
+        elif p.kind is inspect.Parameter.VAR_POSITIONAL:
+            arguments.pop(p.name, None)
+    arguments.pop(next(iter(signature.parameters)))  # self
+    hidden_states = arguments.pop("hidden_states")
+    return hidden_states, {**defaults, **arguments, **extra}
 
 
 def fused_layer_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
     """The pre-norm decoder layer with ``residual + attention`` and ``post_attention_layernorm`` in one
-    `fused_add_rms_norm`; the attention gets exactly the arguments transformers' forward passes it (every
-    named parameter, defaults included, then the extra keywords)."""
-    cls = type(self)
-    signature = _SIGNATURES.get(cls)
-    if signature is None:
-        signature = _SIGNATURES[cls] = inspect.signature(cls.forward)
-    bound = signature.bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    named = dict(bound.arguments)
-    extra: dict[str, Any] = {}
-    for p in signature.parameters.values():
-        if p.kind is inspect.Parameter.VAR_KEYWORD:
-            extra = named.pop(p.name, {})
-        elif p.kind is inspect.Parameter.VAR_POSITIONAL:
-            named.pop(p.name, None)
-    named.pop(next(iter(signature.parameters)))  # self
-    hidden_states = named.pop("hidden_states")
-    residual = hidden_states.clone(memory_format=torch.contiguous_format)  # the caller may still hold the input
-    x = self.input_layernorm(hidden_states)
-    x, _ = self.self_attn(hidden_states=x, **named, **extra)
+    `fused_add_rms_norm`; the attention gets exactly the arguments transformers' forward passes it. The input
+    is copied once (the caller may still hold it); the MLP's residual add runs in place on that copy."""
+    hidden_states, named = _layer_arguments(self, args, kwargs)
+    residual = hidden_states.clone(memory_format=torch.contiguous_format)
+    x, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **named)
     norm = self.post_attention_layernorm
     fused_add_rms_norm(x, residual, norm.weight, norm.variance_epsilon)  # residual += x; x = norm(residual)
     return residual.add_(self.mlp(x))
+
+
+def sandwich_layer_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """GLM-4's decoder layer (``post_self_attn_layernorm`` after the attention, ``post_mlp_layernorm`` after the
+    MLP) with the attention's residual add and ``post_attention_layernorm`` in one `fused_add_rms_norm`."""
+    hidden_states, named = _layer_arguments(self, args, kwargs)
+    residual = hidden_states.clone(memory_format=torch.contiguous_format)
+    x, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **named)
+    x = self.post_self_attn_layernorm(x)
+    norm = self.post_attention_layernorm
+    fused_add_rms_norm(x, residual, norm.weight, norm.variance_epsilon)
+    return residual.add_(self.post_mlp_layernorm(self.mlp(x)))
 
 
 def _gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
@@ -87,7 +142,8 @@ def _gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
             or gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()):
         return None
     shape = (2 * gate.shape[0], *gate.shape[1:])
-    return gate.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+    # through .data: a parameter made in inference mode (a model copied there) takes no view of its own
+    return gate.data.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
 
 
 def pack_gate_up(mlp: torch.nn.Module) -> None:
@@ -95,7 +151,8 @@ def pack_gate_up(mlp: torch.nn.Module) -> None:
     ``[2I, H]`` tensor (vLLM's ``gate_up_proj``), and their biases as the halves of one ``[2I]`` where they
     have biases. The parameters stay the same objects with the same values (their ``.data`` becomes a view
     of the packed tensor, allocated once: the old storages are freed when nothing else holds them); a pair
-    already packed so is left as it is. The packing outlives `Kernelized.restore` (it changes no value)."""
+    already packed so is left as it is. The packed views are held on `mlp` for `gated_mlp_forward`. The
+    packing outlives `Kernelized.restore` (it changes no value)."""
     with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even if called in inference mode
         for attr in ("weight", "bias"):
             gate, up = getattr(mlp.gate_proj, attr), getattr(mlp.up_proj, attr)
@@ -106,6 +163,35 @@ def pack_gate_up(mlp: torch.nn.Module) -> None:
             packed[:n].copy_(gate)
             packed[n:].copy_(up)
             gate.data, up.data = packed[:n], packed[n:]
+    with torch.no_grad():  # in the caller's mode: the parameters may be inference tensors
+        g, u = mlp.gate_proj, mlp.up_proj
+        weight = _gate_up(g.weight, u.weight)
+        bias = None if g.bias is None else _gate_up(g.bias, u.bias)
+        mlp.__dict__["_infiniops_gate_up"] = (g.weight, u.weight, g.bias, u.bias, weight, bias,
+                                              _pointers(g.weight, u.weight, g.bias, u.bias))
+
+
+def _pointers(*tensors: torch.Tensor | None) -> tuple[int, ...]:
+    return tuple(0 if t is None else t.data_ptr() for t in tensors)
+
+
+def _packed(mlp: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The packed gate|up weight and bias `pack_gate_up` holds on `mlp`, or None when the projections' parameters
+    are no longer those tensors (a parameter replaced, or its ``.data`` moved by ``model.to(...)``: eagerly their
+    addresses are compared too; while tracing, their identity, dtype and device)."""
+    held = mlp.__dict__.get("_infiniops_gate_up")
+    if held is None:
+        return None
+    gate, up = mlp.gate_proj, mlp.up_proj
+    now = (gate.weight, up.weight, gate.bias, up.bias)
+    if not all(a is b for a, b in zip(held[:4], now, strict=True)):
+        return None
+    weight, bias = held[4], held[5]
+    if weight is None or (bias is None) != (gate.bias is None):
+        return None
+    if torch.compiler.is_compiling():
+        return (weight, bias) if (weight.dtype, weight.device) == (gate.weight.dtype, gate.weight.device) else None
+    return (weight, bias) if _pointers(*now) == held[6] else None
 
 
 def gated_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -113,11 +199,11 @@ def gated_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     one ``[..., 2I]`` gate|up projection over the weights `pack_gate_up` packed, `silu_and_mul`, then
     ``down_proj``. Weights no longer packed (a ``model.to(...)`` or a parameter replaced since) still give the
     same result, through the two projections concatenated."""
-    gate, up = self.gate_proj, self.up_proj
-    weight = _gate_up(gate.weight, up.weight)
-    bias = None if gate.bias is None else _gate_up(gate.bias, up.bias)
-    if weight is None or (bias is None) != (gate.bias is None):
-        h = torch.cat((gate(x), up(x)), dim=-1)
-    else:
-        h = F.linear(x, weight, bias)
+    packed = _packed(self)
+    h = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1) if packed is None else F.linear(x, *packed)
     return self.down_proj(silu_and_mul(h))
+
+
+def packed_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """GLM-4's MLP, ``down_proj(up * silu(gate))`` over its own packed ``gate_up_proj``, with `silu_and_mul`."""
+    return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

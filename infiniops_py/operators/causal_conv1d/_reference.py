@@ -12,6 +12,12 @@ from infiniops_py.operators.causal_conv1d._checks import ConvVarlen
 __all__ = ["reference", "reference_update", "run_ids"]
 
 
+def _work(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the references compute in: float64 for float64 weights, else float32 (x is first cast to the
+    weight dtype, as the peer's reference does); each output is rounded once, when it is written (issue #30)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def run_ids(seq_idx: torch.Tensor) -> torch.Tensor:
     """int64 [B, L] run numbers: ``r[t] == r[s]`` exactly when `seq_idx` does not change between s and t."""
     changes = (seq_idx[:, 1:] != seq_idx[:, :-1]).long()
@@ -32,28 +38,31 @@ def reference(
 ) -> None:
     """Literal reference: each output column the masked dot of its W-tap window, summed one tap at a time
     over all columns at once (W steps, not L: the conformance suite runs it at L = 4096 on the GPU). The
-    packed form runs `reference_update` per sequence (`_reference_varlen`)."""
+    packed form runs `reference_update` per sequence (`_reference_varlen`). Computed in float32 (float64 for
+    float64 weights) and rounded once into `out`."""
     if varlen is not None:
         _reference_varlen(x, weight, bias, activation, out, varlen)
         return
     batch, dim, length = x.shape
     width = weight.shape[1]
-    xw = x.to(weight.dtype)
+    work = _work(weight.dtype)
+    xw = x.to(weight.dtype).to(work)
     if initial_states is None:
-        head = torch.zeros(batch, dim, width - 1, dtype=weight.dtype, device=x.device)
+        head = torch.zeros(batch, dim, width - 1, dtype=work, device=x.device)
     else:
-        head = initial_states.to(weight.dtype)
+        head = initial_states.to(weight.dtype).to(work)
     xp = torch.cat([head, xw], dim=2)  # column p holds position p - (W-1) of the row
     raw = torch.cat([head.to(x.dtype) if initial_states is None else initial_states, x], dim=2)
     run = run_ids(seq_idx) if seq_idx is not None else torch.zeros(batch, length, dtype=torch.long, device=x.device)
     run_p = torch.cat([run[:, :1].expand(batch, width - 1), run], dim=1)  # runs of xp's columns
     zero = torch.zeros((), dtype=xw.dtype, device=x.device)
-    y = torch.zeros(batch, dim, length, dtype=weight.dtype, device=x.device)
+    y = torch.zeros(batch, dim, length, dtype=work, device=x.device)
+    w = weight.to(work)
     for j in range(width):  # tap j of column t reads xp's column t + j (position t - (W-1) + j)
         same = (run_p[:, j:j + length] == run)[:, None, :]  # [B, 1, L]: the same sequence as column t
-        y = y + torch.where(same, xp[:, :, j:j + length], zero) * weight[:, j, None]
+        y = y + torch.where(same, xp[:, :, j:j + length], zero) * w[:, j, None]
     if bias is not None:
-        y = y + bias[:, None]
+        y = y + bias.to(work)[:, None]
     if activation == "silu":
         y = F.silu(y)
     if seq_idx is not None:
@@ -95,9 +104,13 @@ def reference_update(
 ) -> None:
     """Literal reference: row by row, append x to the slot, convolve the new columns, keep the last S; with
     `cache_seqlens`, read the W-1 columns before the write position and write the new columns one at a
-    time, circularly (indices and positions are read on the host, one at a time: it synchronizes on CUDA)."""
+    time, circularly (indices and positions are read on the host, one at a time: it synchronizes on CUDA).
+    Computed in float32 (float64 for float64 weights) and rounded once into `out`."""
     slots, _, state_len = conv_state.shape
     width = weight.shape[1]
+    work = _work(weight.dtype)
+    w = weight.to(work)
+    b_work = None if bias is None else bias.to(work)
     length = x.shape[2]
     for b in range(x.shape[0]):
         slot = b if conv_state_indices is None else int(conv_state_indices[b])
@@ -110,12 +123,12 @@ def reference_update(
             pos = int(cache_seqlens[b]) % state_len
             before = [(pos - (width - 1) + k) % state_len for k in range(width - 1)]
             full = torch.cat([conv_state[slot][:, before], x[b]], dim=1)  # [D, W-1 + L]
-        fw = full.to(weight.dtype)
+        fw = full.to(weight.dtype).to(work)
         for t in range(length):
             end = full.shape[1] - length + t + 1
-            y = (fw[:, end - width:end] * weight).sum(-1)
-            if bias is not None:
-                y = y + bias
+            y = (fw[:, end - width:end] * w).sum(-1)
+            if b_work is not None:
+                y = y + b_work
             out[b, :, t] = F.silu(y) if activation == "silu" else y
         if cache_seqlens is None:
             conv_state[slot] = full[:, -state_len:]

@@ -56,10 +56,10 @@ from __future__ import annotations
 
 from infiniops_py.operators.flash_attn._checks import FP8
 from infiniops_py.operators.flash_attn._kvcache import KVCACHE_SPEC, flash_attn_with_kvcache
-from infiniops_py.operators.flash_attn._reference import reference_kvcache, reference_varlen
+from infiniops_py.operators.flash_attn._reference import in_input_dtype, reference_kvcache, reference_varlen
 from infiniops_py.operators.flash_attn._varlen import VARLEN_SPEC, flash_attn_varlen
 
 __all__ = ["FP8", "KVCACHE_SPEC", "SPECS", "VARLEN_SPEC", "flash_attn_varlen", "flash_attn_with_kvcache",
-           "reference_kvcache", "reference_varlen"]
+           "in_input_dtype", "reference_kvcache", "reference_varlen"]
 
 SPECS = (VARLEN_SPEC, KVCACHE_SPEC)

@@ -18,6 +18,7 @@ from infiniops_py.operators._base import (
     check_no_overlap,
     check_real,
     check_shape,
+    check_tensor,
     check_writable,
 )
 
@@ -136,6 +137,7 @@ def as_seqlens_tensor(op: str, cache_seqlens: object, b: int, capacity: int, dev
     """`cache_seqlens` as an int32 ``[B]`` tensor: as given, one int for every sequence, or None for full
     caches (flash-attention's meaning; then nothing can be appended)."""
     if isinstance(cache_seqlens, torch.Tensor):
+        check_tensor(op, "cache_seqlens", cache_seqlens)  # its layout
         check_dtype(op, "cache_seqlens", cache_seqlens, INT32)
         check_device(op, "cache_seqlens", cache_seqlens, device)
         check_shape(op, "cache_seqlens", cache_seqlens, [b], " (B = q.shape[0])")
@@ -200,6 +202,9 @@ def check_block_table(op: str, table: torch.Tensor, b: int, device: torch.device
     check_dtype(op, "block_table", table, INT32)
     check_device(op, "block_table", table, device)
     check_shape(op, "block_table", table, [b, None], " ([B, max_blocks])")
+    if b and not table.shape[1]:  # a shape, known without reading the values: refused in unchecked mode too
+        raise ContractError(op, "block_table", f"expected max_blocks >= 1 columns, got shape {list(table.shape)}: "
+                                               "each sequence needs a block (unused entries may be any padding)")
 
 
 def normalize(op: str, d: int, softmax_scale: float | None, causal: bool, window_size: Sequence[int],

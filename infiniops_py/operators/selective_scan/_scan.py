@@ -173,7 +173,7 @@ def selective_scan(
     check_params(_SCAN, x, heads, head_dim, A, D, dt_bias)
     if z is not None:
         check_like_x(_SCAN, "z", z, x, tuple(x.shape), " (same as x)")
-    _check_limit(dt_limit)
+    dt_limit = _check_limit(dt_limit)
     if seq_idx is not None:
         check_device(_SCAN, "seq_idx", seq_idx, x.device)
         check_dtype(_SCAN, "seq_idx", seq_idx, (torch.int32,))
@@ -249,7 +249,8 @@ def _check_cu_seqlens(x: torch.Tensor, cu_seqlens: torch.Tensor) -> int:
     return cu_seqlens.shape[0] - 1
 
 
-def _check_limit(dt_limit: tuple[float, float]) -> None:
+def _check_limit(dt_limit: tuple[float, float]) -> tuple[float, float]:
+    """`dt_limit` as two floats (an int beyond the float range is that infinity), low <= high."""
     try:
         low, high = dt_limit
     except (TypeError, ValueError):
@@ -259,5 +260,13 @@ def _check_limit(dt_limit: tuple[float, float]) -> None:
             raise ContractError(_SCAN, "dt_limit", f"expected a (low, high) pair of floats, got {dt_limit!r}")
     if not low <= high:
         raise ContractError(_SCAN, "dt_limit", f"expected low <= high, got {dt_limit!r}")
+    return _as_float(low), _as_float(high)
+
+
+def _as_float(v: float) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # an int of more than 309 digits: beyond every float, so that infinity
+        return math.inf if v > 0 else -math.inf
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from typing import Final
 
+import triton
+import triton.language as tl
+
 from infiniops_py import Constraint, OneOf, Requires
 
-__all__ = ["PRIORITY", "base_constraints", "interpreting_on_cpu"]
+__all__ = ["PDL", "PRIORITY", "base_constraints", "interpreting_on_cpu", "pdl", "pdl_start"]
 
 PRIORITY: Final = 20
 
@@ -29,3 +32,26 @@ def base_constraints() -> tuple[Constraint, ...]:
         OneOf("device_type", devices, fix="move the tensors to a CUDA device, or use the torch provider"),
         Requires("triton"),
     )
+
+
+# Programmatic dependent launch (sm90): a kernel launched with it may be scheduled while the kernel before it
+# in the stream still runs, and waits on the device (griddepcontrol.wait) for that kernel's results before it
+# touches memory; the kernels of a decode step then overlap one's launch with the previous one's tail, inside
+# CUDA graphs too. Off unless INFINIOPS_TRITON_PDL=1 (module-level, so a benchmark can compare both); never
+# under the interpreter.
+PDL: bool = os.environ.get("INFINIOPS_TRITON_PDL") == "1" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def pdl() -> dict[str, bool]:
+    """The launch keywords of a kernel that starts with `pdl_start`: its ``PDL`` constexpr and Triton's
+    ``launch_pdl`` option, both `PDL`."""
+    return {"PDL": PDL, "launch_pdl": PDL}
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """First thing in a kernel launched with `pdl`: let the next kernel be scheduled, then wait for the previous
+    one's results (nothing when `PDL` is off)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()

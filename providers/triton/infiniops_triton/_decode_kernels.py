@@ -7,6 +7,21 @@ once. Long contexts are split over ``num_splits`` programs to fill the GPU; each
 partial output and its log-sum-exp (base 2), and `combine_kernel` merges them (and writes the natural
 log-sum-exp of the row when asked). ``HAS_BATCH_IDX`` reads (and appends to) cache row ``cache_batch_idx[b]``
 of sequence b; a row out of range is a sequence that sees no key and writes nothing.
+
+With ``FUSED`` the split count adapts to each sequence's length on the device and the combine happens in
+the same kernel: the host cannot know the lengths (it would have to synchronize), so it launches
+``num_splits`` programs per tile for the longest context the cache holds, and each tile uses
+``min(num_splits, key blocks / MIN_SPLIT_BLOCKS)`` of them (the others exit). A tile of one split writes its
+output directly; otherwise each split writes its partial, counts itself done on the tile's counter (an
+atomic add after a barrier, acquire-release at GPU scope), and the split that finds it is the last one
+resets the counter and merges the partials (read past L1). So a decode step is one kernel at any context
+length, and a short context is one program per tile (FlashDecoding's split-KV where it pays, FlashDecoding++'s
+single pass where it does not). The counters (int32, one per tile) start and end at 0; two kernels using
+the same counters at once (two streams) would race, so the launcher keeps them per device and stream.
+
+With ``APPEND`` (a paged cache, no ``cache_batch_idx``) the decode kernel also does the append: keys at
+positions ``>= cache_seqlens[b]`` are read from the new k/v instead of the cache, and the first program of
+each (sequence, kv head) writes them into the cache, so a decode step's cache write costs no launch.
 """
 
 from __future__ import annotations
@@ -16,6 +31,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import pdl_start
 from infiniops_triton._flash_attn_kernels import (
     LN2,
     NEG_BIG,
@@ -34,7 +50,7 @@ __all__ = ["append_kv_kernel", "combine_kernel", "decode_split_kernel", "decode_
 _APPEND_SIZES = ("stride_btb", "new_len", "num_heads_kv", "capacity", "max_blocks", "num_pages", "num_rows")
 _DECODE_SIZES = ("stride_btb", "stride_lse_b", "stride_lse_h", "num_heads_kv", "num_heads_q", "q_len", "kv_group",
                  "new_len", "capacity", "max_blocks", "num_pages", "num_rows", "num_m_tiles", "num_splits",
-                 "window_left", "window_right")
+                 "window_left", "window_right", "min_split_blocks", "tune_size")
 _COMBINE_SIZES = ("stride_lse_b", "stride_lse_h", "q_len", "num_heads_q", "num_splits")
 
 
@@ -94,16 +110,22 @@ def decode_split_kernel(
     Out,  # [B, Sq, Hq, D] output (not SPLIT)
     OPart,  # fp32 [B, Sq, Hq, num_splits, D] normalized partial outputs (SPLIT)
     LsePart,  # fp32 [B, Sq, Hq, num_splits] partial log2-sum-exp2, -inf for a split that saw no key (SPLIT)
-    Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE and not SPLIT: the combine writes it)
+    Lse,  # fp32 [B, Hq, Sq] natural log-sum-exp of each row (HAS_LSE; with SPLIT and not FUSED the combine writes it)
+    Counter,  # int32 [programs] splits done per tile, 0 between kernels (FUSED only)
+    KNew, VNew,  # [B, new_len, Hkv, D] new keys / values (APPEND only)
+    stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh, stride_btb, stride_lse_b, stride_lse_h,
     num_heads_kv, num_heads_q, q_len, kv_group, new_len, capacity, max_blocks, num_pages, num_rows, num_m_tiles,
     num_splits, qk_scale, softcap_scale, window_left, window_right,  # as in attn_fwd_kernel
+    min_split_blocks,  # FUSED: key blocks a split takes at least
+    tune_size,  # autotuning key only: the size class of the launch (programs) and the launched splits
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LSE: tl.constexpr,
+    HAS_LSE: tl.constexpr, FUSED: tl.constexpr, APPEND: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tile = pid % num_m_tiles
@@ -111,7 +133,8 @@ def decode_split_kernel(
     b = bh // num_heads_kv
     h_kv = bh % num_heads_kv
 
-    kv_len = tl.minimum(tl.maximum(tl.load(CacheSeqlens + b) + new_len, 0), capacity)
+    cached = tl.load(CacheSeqlens + b)  # keys at positions >= cached are the new ones (APPEND: read from KNew)
+    kv_len = tl.minimum(tl.maximum(cached + new_len, 0), capacity)
     row = b  # the cache row of sequence b (contiguous caches)
     if HAS_BATCH_IDX:
         row = tl.load(CacheBatchIdx + b)
@@ -129,7 +152,6 @@ def decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d[None, :] < HEAD_DIM
     q_ptrs = Q + b.to(tl.int64) * stride_qb + i[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0)
 
     # The tile's key range, then this split's even share of its key blocks.
     hi = kv_len
@@ -140,7 +162,12 @@ def decode_split_kernel(
     if HAS_LEFT:
         i_first = tl.min(tl.where(row_ok, i, q_len), 0)
         lo = tl.maximum(i_first + q_off - window_left, 0) // BLOCK_N * BLOCK_N
-    per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), num_splits) * BLOCK_N
+    blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+    splits = num_splits
+    if FUSED:  # this tile's share of the launched splits: at least min_split_blocks key blocks each
+        splits = tl.minimum(num_splits, tl.maximum(tl.cdiv(blocks, min_split_blocks), 1))
+    per_split = tl.cdiv(blocks, splits) * BLOCK_N
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok & (split < splits), other=0.0)  # an idle split reads nothing
     start = lo + split * per_split
     end = tl.minimum(hi, start + per_split)
 
@@ -150,42 +177,131 @@ def decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = i[:, None] + q_off
-    for start_n in range(start, end, BLOCK_N):
+    cached_end = tl.minimum(end, cached) if APPEND else end  # APPEND: the cache holds the keys before `cached`
+    for start_n in range(start, cached_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks,
+        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, cached_end, stride_btb, max_blocks,
                                          num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
         if not PAGED:
             k_off += row.to(tl.int64) * stride_kb
             v_off += row.to(tl.int64) * stride_vb
         k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
         v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        s = softcapped(scores(q, k, PRECISION), qk_scale, softcap_scale, SOFTCAP)
-        keep = valid[None, :]
-        if HAS_RIGHT:
-            keep = keep & (offs_n[None, :] <= diag + window_right)
-        if HAS_LEFT:
-            keep = keep & (offs_n[None, :] >= diag - window_left)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = weighted_values(p, v, acc * alpha[:, None], PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                      window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
+    if APPEND:  # then this split's new keys (a decode step: one), read from KNew/VNew
+        for start_n in range(tl.maximum(start, cached), end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            _, _, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks, num_pages, stride_kb,
+                                     stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)  # keys on pages in range
+            t = tl.where(valid, offs_n - cached, 0).to(tl.int64)
+            ok = valid[:, None] & d_ok
+            k = tl.load(KNew + b.to(tl.int64) * stride_nb + t[:, None] * stride_nt + h_kv * stride_nh
+                        + offs_d[None, :], mask=ok, other=0.0)
+            v = tl.load(VNew + b.to(tl.int64) * stride_vnb + t[:, None] * stride_vnt + h_kv * stride_vnh
+                        + offs_d[None, :], mask=ok, other=0.0)
+            m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                          window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
 
+    if APPEND:  # noqa: SIM102 (a constexpr, tested apart: `and` does not take tensors in Triton)
+        # one program per (sequence, kv head) writes its new keys and values into the paged cache
+        if (tile == 0) & (split == 0):
+            _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
+                          stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,
+                          stride_vb, stride_vt, stride_btb, offs_d, HEAD_DIM, PAGE_SIZE)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = row_ok[:, None] & d_ok
+    o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
+    lse_ptrs = Lse + b.to(tl.int64) * stride_lse_b + h * stride_lse_h + i
     if not SPLIT:
-        o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
         if HAS_LSE:
-            lse_ptrs = Lse + b.to(tl.int64) * stride_lse_b + h * stride_lse_h + i
             tl.store(lse_ptrs, natural_lse(m_i, l_i), mask=row_ok)
-    else:
-        part = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * num_splits + split
-        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
+    elif FUSED and splits == 1:  # a short context: the first split is the only one, no partials
+        if split == 0:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
+            if HAS_LSE:
+                tl.store(lse_ptrs, natural_lse(m_i, l_i), mask=row_ok)
+    elif split < splits:
+        first = ((b.to(tl.int64) * q_len + i) * num_heads_q + h) * num_splits
+        tl.store(OPart + (first + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        tl.store(LsePart + part, lse, mask=row_ok)
+        tl.store(LsePart + first + split, lse, mask=row_ok)
+        if FUSED:
+            tl.debug_barrier()  # every thread's partial is stored before the count says so
+            done = tl.atomic_add(Counter + pid, 1, sem="acq_rel")
+            if done == splits - 1:  # the last split of the tile merges them all
+                tl.atomic_xchg(Counter + pid, 0)
+                merged, merged_lse = _merge_splits(OPart, LsePart, first, splits, mask, row_ok, offs_d, HEAD_DIM,
+                                                   BLOCK_M, BLOCK_D)
+                tl.store(o_ptrs, merged.to(Out.dtype.element_ty), mask=mask)
+                if HAS_LSE:
+                    tl.store(lse_ptrs, merged_lse, mask=row_ok)
+
+
+@triton.jit
+def _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale, window_left, window_right,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax: scores (softcapped, window-masked, missing keys dropped), then the
+    running max `m_i`, sum `l_i` and weighted values `acc` updated (base-2 exponentials)."""
+    s = softcapped(scores(q, k, PRECISION), qk_scale, softcap_scale, SOFTCAP)
+    keep = valid[None, :]
+    if HAS_RIGHT:
+        keep = keep & (offs_n[None, :] <= diag + window_right)
+    if HAS_LEFT:
+        keep = keep & (offs_n[None, :] >= diag - window_left)
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = weighted_values(p, v, acc * alpha[:, None], PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
+                  stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,
+                  stride_vb, stride_vt, stride_btb, offs_d, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """`append_kv_kernel`'s write of kv head `h_kv`'s new tokens of sequence `b` (K/V: the head's base pointers
+    in the paged caches): position ``cached + t``, skipped outside the cache or on a page out of range."""
+    d_ok = offs_d < HEAD_DIM
+    for t in range(0, new_len):
+        pos = cached + t
+        ok = (pos >= 0) & (pos < capacity)
+        page = tl.load(BlockTable + b.to(tl.int64) * stride_btb + pos // PAGE_SIZE,
+                       mask=ok & (pos // PAGE_SIZE < max_blocks), other=-1)
+        ok = ok & (page >= 0) & (page < num_pages)
+        page = tl.where(ok, page, 0).to(tl.int64)
+        slot = tl.where(ok, pos % PAGE_SIZE, 0).to(tl.int64)
+        k = tl.load(KNew + b.to(tl.int64) * stride_nb + t * stride_nt + h_kv * stride_nh + offs_d, mask=d_ok)
+        v = tl.load(VNew + b.to(tl.int64) * stride_vnb + t * stride_vnt + h_kv * stride_vnh + offs_d, mask=d_ok)
+        tl.store(K + page * stride_kb + slot * stride_kt + offs_d, k, mask=d_ok & ok)
+        tl.store(V + page * stride_vb + slot * stride_vt + offs_d, v, mask=d_ok & ok)
+
+
+@triton.jit
+def _merge_splits(OPart, LsePart, first, splits, mask, row_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The merged output (fp32) and natural log-sum-exp of a tile's rows from their `splits` partials (the
+    combine kernel's sum, online over the splits), read past L1: other programs wrote them."""
+    top = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in range(0, splits):
+        lse = tl.load(LsePart + first + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(OPart + (first + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0,
+                    cache_modifier=".cg")
+        new_top = tl.maximum(top, lse)
+        safe = tl.where(new_top == float("-inf"), 0.0, new_top)
+        rescale = tl.exp2(top - safe)
+        w = tl.exp2(lse - safe)
+        acc = acc * rescale[:, None] + w[:, None] * o
+        total = total * rescale + w
+        top = new_top
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    lse_row = tl.where(total > 0.0, (top + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("inf"))
+    return out, lse_row
 
 
 @triton.jit(do_not_specialize=_COMBINE_SIZES)
@@ -226,22 +342,24 @@ def combine_kernel(
 
 def _decode_configs() -> list[triton.Config]:
     # (BLOCK_N, num_warps, num_stages). Paged K/V rows are gathered through the block table, a load the
-    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines. The
-    # last configuration fits every head dim and dtype.
-    shapes = [(64, 4, 5), (128, 4, 4), (64, 8, 5), (64, 4, 3), (32, 4, 2)]
+    # pipeliner schedules before them: K/V get num_stages - 3 buffers there, hence the deep pipelines; the
+    # shallow ones leave shared memory for several programs per SM (short contexts: many small programs).
+    # The fifth configuration fits every head dim and dtype.
+    shapes = [(64, 4, 5), (128, 4, 4), (64, 4, 3), (64, 4, 2), (32, 4, 2), (128, 8, 3), (32, 4, 3)]
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s) for bn, w, s in shapes]
 
 
 def _prune_decode(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
-    """Drop what may not fit in shared memory; fp16/bf16 time the first four left, fp32 takes the first."""
+    """Drop what may not fit in shared memory; fp16/bf16 time those left, fp32 takes the first."""
     elem = named_args["Q"].element_size()
     block_d = kwargs["BLOCK_D"]
     fits = [c for c in configs if c.num_stages * 2 * c.kwargs["BLOCK_N"] * block_d * elem <= SMEM_BUDGET]
-    fits = fits or configs[-1:]
-    return fits[:4] if elem == 2 else fits[:1]
+    fits = fits or configs[4:5]
+    return fits if elem == 2 else fits[:1]
 
 
 decode_split_tuned = triton.autotune(
-    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE"],
+    _decode_configs(), key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_BATCH_IDX", "HAS_LSE", "FUSED", "APPEND",
+                          "tune_size"],
     prune_configs_by={"early_config_prune": _prune_decode},
 )(decode_split_kernel)

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, pdl
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 from infiniops_triton._launch import Tuned
@@ -51,6 +51,14 @@ _INTERPRET_DECODE_BLOCK_N: Final = 16
 # 1.4x what the fp32 rule allows (H200, .gpu diagnostic, 2026-11-30); "fp64" is what the conformance
 # suite runs. Module-level so such a comparison can switch it.
 FP32_PRECISION = "fp64"
+# Decode: merge the key splits in the decode kernel itself, each tile using as many of the launched splits as
+# its context fills with MIN_SPLIT_BLOCKS key blocks each (`infiniops_triton._decode_kernels`). Module-level so
+# a comparison can switch the separate combine kernel back on.
+FUSED_COMBINE = True
+MIN_SPLIT_BLOCKS = 4
+FOLD_APPEND = True  # the decode kernel writes the new k/v of a paged cache itself
+SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
 _DECODE = Tuned(decode_split_tuned)
 
@@ -170,14 +178,29 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def split_counters(device: torch.device, programs: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per decode tile, of `device` and its current stream (see
+    `infiniops_triton._decode_kernels`: the fused kernel leaves them at 0); grown to a power of two as needed.
+
+    A first allocation during CUDA-graph capture is captured with its zero fill, which then runs at each
+    replay: harmless, the counters are 0 already."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    found = _COUNTERS.get(key)
+    if found is None or found.numel() < programs:
+        found = _COUNTERS[key] = torch.zeros(triton.next_power_of_2(max(programs, 1024)), dtype=torch.int32,
+                                             device=device)
+    return found
+
+
 def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int) -> int:
     """How many programs share the keys of one (sequence, kv head, row tile).
 
-    Decode programs do equal, memory-bound work: with at least 8 of them per SM in total, the last wave
-    is short and every SM stays busy to the end. Each split keeps at least `min_keys` of the `capacity`
-    keys (so the combine stays cheap), and there are at most 64.
+    Decode programs do equal, memory-bound work: with `SPLIT_WAVES` of them per SM in total every SM stays
+    busy (each tile then uses as many of them as its own context fills, on the device). Each split keeps at
+    least `min_keys` of the `capacity` keys (so the combine stays cheap), and there are at most 64.
     """
-    want = math.ceil(8 * num_sms / max(programs, 1))
+    want = math.ceil(SPLIT_WAVES * num_sms / max(programs, 1))
     most = min(64, capacity // min_keys)
     return max(1, min(want, most))
 
@@ -213,7 +236,10 @@ def flash_attn_with_kvcache(
         capacity = k_cache.shape[1]
     new_len = 0 if k is None else k.shape[1]
     cache_rows = cache_seqlens if cache_batch_idx is None else cache_batch_idx  # a placeholder pointer when not given
-    if k is not None and v is not None and batch * new_len > 0:
+    # the decode kernel appends itself (APPEND) to a paged cache when it has queries to run
+    folded = (FOLD_APPEND and paged and cache_batch_idx is None and k is not None and v is not None
+              and batch * new_len > 0 and batch * q_len > 0)
+    if k is not None and v is not None and batch * new_len > 0 and not folded:
         append_kv_kernel[(batch * new_len,)](
             k, v, k_cache, v_cache, cache_seqlens, table, cache_rows, *k.stride()[:3], *v.stride()[:3],
             *k_cache.stride()[:3], *v_cache.stride()[:3], stride_btb, new_len, num_heads_kv, capacity, max_blocks,
@@ -235,29 +261,35 @@ def flash_attn_with_kvcache(
         splits = num_splits(programs, capacity, sms, 4 * (_INTERPRET_DECODE_BLOCK_N if interpreting else 64))
     if splits < 1:
         raise ValueError(f"triton flash_attn_with_kvcache: splits must be >= 1, got {splits}")
+    fused = splits > 1 and FUSED_COMBINE
     if splits > 1:
         o_part = torch.empty((batch, q_len, num_heads_q, splits, head_dim), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((batch, q_len, num_heads_q, splits), dtype=torch.float32, device=q.device)
     else:
         o_part = lse_part = out
+    counter = split_counters(q.device, programs) if fused else cache_seqlens  # a placeholder pointer when unused
     lse = lse_part if softmax_lse is None else softmax_lse  # a placeholder pointer when not given
     lse_b, lse_h = (0, 0) if softmax_lse is None else softmax_lse.stride()[:2]
-    args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, *q.stride()[:3],
-            *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv,
-            num_heads_q, q_len, group, new_len, capacity, max_blocks, num_pages, k_cache.shape[0], num_m_tiles, splits,
-            qk_scale, softcap_scale, left, right)
+    k_new, v_new = (k, v) if folded else (q, q)  # placeholder pointers when not folded
+    tune_size = triton.next_power_of_2(programs) * 128 + splits  # tuned per launch size and split count
+    args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, counter, k_new, v_new,
+            *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+            *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv, num_heads_q, q_len, group, new_len, capacity,
+            max_blocks, num_pages, k_cache.shape[0], num_m_tiles, splits, qk_scale, softcap_scale, left, right,
+            MIN_SPLIT_BLOCKS, tune_size)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
-            "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None}
+            "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None, "FUSED": fused,
+            "APPEND": folded, "PDL": False}
     grid = (programs, splits)
     if interpreting:
         decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
     else:
         key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
-               cache_batch_idx is not None, softmax_lse is not None)
-        _DECODE.launch(key, grid, *args, **meta)
-    if splits > 1:
+               cache_batch_idx is not None, softmax_lse is not None, fused, folded, tune_size)
+        _DECODE.launch(key, grid, *args, **meta | pdl())
+    if splits > 1 and not fused:
         combine_kernel[(batch * q_len * num_heads_q,)](
             o_part, lse_part, out, lse, *out.stride()[:3], lse_b, lse_h, q_len, num_heads_q, splits, HEAD_DIM=head_dim,
             BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(splits), HAS_LSE=softmax_lse is not None,

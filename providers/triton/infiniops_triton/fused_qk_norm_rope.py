@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
 
 __all__ = ["IMPLEMENTATIONS", "fused_qk_norm_rope"]
 
@@ -44,7 +44,9 @@ def _qk_norm_rope_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr,  # next_power_of_2(HALF)
     BLOCK_P: tl.constexpr,  # next_power_of_2(D - 2 * HALF): the pass-through channels (0: none)
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_mask = (heads < num_qk_heads)[:, None]
@@ -138,7 +140,7 @@ def fused_qk_norm_rope(
     _qk_norm_rope_kernel[(tokens, triton.cdiv(qk_heads, block_h))](
         qkv, q_weight, k_weight, cos_sin_cache, positions, qkv.stride(0), positions.stride(0), num_q_heads, qk_heads,
         head_dim, eps, max_position, half, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl(),
     )
 
 

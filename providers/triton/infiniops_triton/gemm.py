@@ -11,7 +11,9 @@ they meet the fp32 tolerance.
 Block sizes are autotuned among a few Hopper-friendly configurations per problem class (128x256x64 with
 8 warps and 3 or 4 stages, 256x128x64 with 3, 128x128x64 for big problems; 128x128 or 64x128 tiles below that;
 one 64x128 config for decode-like M <= 64), once per class, operand layouts, epilogue and dtype
-(not per shape); the interpreter uses one small config.
+(not per shape); the interpreter uses one small config. A 2-D product of at most 16 rows by a weight of unit
+K stride (a decode step's projection) goes to the decode kernel instead (`infiniops_triton._gemv`), which
+streams the weight at memory bandwidth.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
+from infiniops_triton import _gemv
 from infiniops_triton._common import PRIORITY, base_constraints
 from infiniops_triton._launch import Tuned
 
@@ -203,6 +206,8 @@ def gemm(
         return out
     if c is not None and c.data_ptr() == out.data_ptr():
         c = c.clone()  # out=c: the autotuner may run the kernel several times, each must read the original c
+    if out.dim() == 2 and a_view.dim() == 2 and b_view.dim() == 2 and _gemv.serves(a_view, b_view, out):
+        return _gemv.gemv(a_view, b_view, None if c is None else c.expand(out.shape), bias, alpha, beta, out)
     c_view = out3 if c is None else c.expand(out3.shape)
     bias_arg = out if bias is None else bias
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), batches)  # noqa: E731

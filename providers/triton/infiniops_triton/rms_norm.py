@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
 
 __all__ = ["IMPLEMENTATIONS", "fused_add_rms_norm", "rms_norm"]
 
@@ -33,7 +33,9 @@ def _rms_norm_kernel(
     eps,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows[:, None] < T) & (cols[None, :] < H)
@@ -56,7 +58,9 @@ def _fused_add_rms_norm_kernel(
     eps,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows[:, None] < T) & (cols[None, :] < H)
@@ -104,7 +108,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
         return out
     rows, block, num_warps = _launch_params(t, h)
     _rms_norm_kernel[(triton.cdiv(t, rows),)](
-        x, weight, out, t, h, x.stride(0), out.stride(0), eps, ROWS=rows, BLOCK=block, num_warps=num_warps
+        x, weight, out, t, h, x.stride(0), out.stride(0), eps, ROWS=rows, BLOCK=block, num_warps=num_warps,
+        **pdl(),
     )
     return out
 
@@ -126,7 +131,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     rows, block, num_warps = _launch_params(t, h)
     _fused_add_rms_norm_kernel[(triton.cdiv(t, rows),)](
         x, residual, weight, t, h, x.stride(0), residual.stride(0), eps, ROWS=rows, BLOCK=block,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl(),
     )
 
 

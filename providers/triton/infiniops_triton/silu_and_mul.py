@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
 
 __all__ = ["IMPLEMENTATIONS", "silu_and_mul"]
 
@@ -30,7 +30,9 @@ def _silu_and_mul_kernel(
     stride_x,
     stride_o,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < D
@@ -61,7 +63,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     block = min(_BLOCK, triton.next_power_of_2(d))
     num_warps = max(1, min(4, block // 256))
     _silu_and_mul_kernel[(t, triton.cdiv(d, block))](
-        x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=num_warps,
+        x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=num_warps, **pdl(),
     )
     return out
 

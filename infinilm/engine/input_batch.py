@@ -1,0 +1,259 @@
+"""Persistent per-engine step inputs: one stable row per running sequence (vLLM's ``InputBatch`` and
+``BlockTable``), so that a decode step's host work depends on the batch size only, never on max_model_len or
+on the sequences' lengths (issue #24).
+
+`SeqRows` gives each running sequence a row (``Sequence.row``) when the scheduler admits it and takes it back
+when the sequence finishes, is preempted or is cancelled. Per row it keeps the sequence's block table, its
+length and its last token. The scheduler writes a row's table when the row is given and when the sequence
+gets a block (only the new entries); the engine advances lengths and last tokens with one array operation
+after each step's sampling. A decode step then gathers its inputs (token, position, slot, context length,
+row) with NumPy fancy indexing into one staging buffer and copies it, and the block tables' columns in use,
+to the device: two copies per step whatever the batch, the context or max_model_len.
+
+The host buffers are `CpuGpuBuffer`s (vLLM's ``CpuGpuBuffer``): pinned on CUDA, so the copies are
+asynchronous; on the CPU the host tensor is the device tensor and nothing is copied. `BlockTable` keeps the
+tables: on CUDA transposed, ``[max_blocks, max_rows]``, so that "the first `width` blocks of every row" is one
+contiguous slice: a step copies ``width x max_rows`` entries, `width` being the longest table in the step, not
+``max_model_len / block_size``, and the device gathers the step's rows from it; on the CPU row by row
+(``[max_rows, max_blocks]``), the step's rows gathered by NumPy.
+
+A host buffer is rewritten only after its last copy to the device has completed (`SeqRows.writable`, which
+waits on the event recorded after the copy): on rank 0 the step's read of the sampled ids has already
+waited for it, so this never blocks there; a tensor-parallel follower, which reads nothing back, may wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+import torch
+
+from infinilm.engine.kv_cache import CacheError
+
+__all__ = ["BlockTable", "CpuGpuBuffer", "SeqRows"]
+
+# rows of the staging buffer: what a decode step gathers per sequence
+TOKEN, POSITION, SLOT, LENGTH, ROW = range(5)
+
+
+class CpuGpuBuffer:
+    """A host tensor (pinned on CUDA), its NumPy view, and a device tensor of the same shape and dtype.
+
+    Attributes:
+        cpu: the host tensor; `np` is its NumPy view (writes through).
+        gpu: the device tensor; on the CPU it is `cpu` itself.
+    """
+
+    __slots__ = ("cpu", "gpu", "np")
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        pinned = device.type == "cuda"
+        self.cpu = torch.zeros(shape, dtype=dtype, pin_memory=pinned)
+        self.np: np.ndarray[Any, Any] = self.cpu.numpy()
+        self.gpu = torch.zeros(shape, dtype=dtype, device=device) if pinned else self.cpu
+
+    def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
+        """Copy the first `n` entries of dim 0 (all when None), one contiguous slice, asynchronously; returns
+        them on the device."""
+        if n is None:
+            if self.gpu is not self.cpu:
+                self.gpu.copy_(self.cpu, non_blocking=True)
+            return self.gpu
+        if self.gpu is not self.cpu:
+            self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+        return self.gpu[:n]
+
+
+class BlockTable:
+    """The rows' block tables, int32, in the layout of the module doc (vLLM's ``BlockTable``).
+
+    Attributes:
+        buffer: the host and device tensors (``[max_blocks, max_rows]`` on CUDA, ``[max_rows, max_blocks]`` on
+            the CPU); a row's entries past its length are stale and never read.
+    """
+
+    __slots__ = ("buffer", "transposed")
+
+    def __init__(self, max_rows: int, max_blocks: int, device: torch.device, *, transposed: bool | None = None) -> None:
+        """`transposed`: the layout (None: transposed on CUDA, by rows on the CPU, where a test may ask for either).
+
+        Raises:
+            ValueError: ``transposed=False`` on CUDA (the device gathers from the transposed layout only).
+        """
+        if transposed is False and device.type == "cuda":
+            raise ValueError("transposed=False: block tables on CUDA are transposed (see infinilm.engine.input_batch)")
+        self.transposed = device.type == "cuda" if transposed is None else transposed
+        shape = (max_blocks, max_rows) if self.transposed else (max_rows, max_blocks)
+        self.buffer = CpuGpuBuffer(shape, torch.int32, device)
+
+    def write(self, row: int, start: int, blocks: Seq[int]) -> None:
+        """Entries ``start ..`` of row `row` become `blocks`."""
+        stop = start + len(blocks)
+        if self.transposed:
+            self.buffer.np[start:stop, row] = blocks
+        else:
+            self.buffer.np[row, start:stop] = blocks
+
+    def at(self, rows: np.ndarray[Any, Any], index: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Entry ``index[i]`` of row ``rows[i]`` for each i, from the host."""
+        return self.buffer.np[index, rows] if self.transposed else self.buffer.np[rows, index]
+
+    def copy_to_gpu(self, width: int) -> None:
+        """Copy every row's first `width` entries to the device (CUDA; nothing on the CPU)."""
+        if self.transposed:
+            self.buffer.copy_to_gpu(width)
+
+    def gather(self, rows: np.ndarray[Any, Any], rows_on_device: torch.Tensor, width: int) -> torch.Tensor:
+        """The first `width` entries of `rows` (also given on the device), int32 ``[n, width]`` on the device:
+        a gather on the device from the last `copy_to_gpu` (a transposed view), or by NumPy on the CPU."""
+        if self.transposed:
+            return self.buffer.gpu[:width].index_select(1, rows_on_device).t()
+        return torch.from_numpy(self.buffer.np[rows, :width])
+
+
+class SeqRows:
+    """Stable rows of the running sequences: block tables, lengths and last tokens, and a decode step's
+    inputs gathered from them.
+
+    Attributes:
+        max_rows: rows (at most this many sequences run at once: ``max_num_seqs``).
+        max_blocks: entries of a row's block table (``max_model_len / block_size``; 1 for a recurrent model,
+            whose one entry is the sequence's state row).
+        block_size: tokens per KV-cache block.
+        tables: the rows' block tables (`BlockTable`).
+        num_blocks / lens / last: int64 ``[max_rows]``: per row its table's length, its sequence's length
+            and its last token.
+        step: int64 ``[5, max_rows]``, the staging buffer of a decode step's token, position, slot, context
+            length and row.
+    """
+
+    def __init__(self, max_rows: int, max_blocks: int, block_size: int, device: torch.device, *,
+                 transposed: bool | None = None) -> None:
+        """`transposed`: the tables' layout (`BlockTable`)."""
+        self.max_rows, self.max_blocks, self.block_size, self.device = max_rows, max_blocks, block_size, device
+        self.tables = BlockTable(max_rows, max_blocks, device, transposed=transposed)
+        self.step = CpuGpuBuffer((5, max_rows), torch.int64, device)
+        self.num_blocks = np.zeros(max_rows, dtype=np.int64)
+        self.lens = np.zeros(max_rows, dtype=np.int64)
+        self.last = np.zeros(max_rows, dtype=np.int64)
+        self._free = list(range(max_rows - 1, -1, -1))  # pop() hands out the lowest free row
+        self._copied: torch.cuda.Event | None = None
+
+    @property
+    def num_free(self) -> int:
+        """Rows no sequence holds."""
+        return len(self._free)
+
+    # -- what the scheduler tells it -----------------------------------------------------------------
+    def add(self, seq: Any) -> None:
+        """Give `seq` (just admitted: its blocks allocated) a row, and write its table, length and last token.
+
+        Raises:
+            CacheError: every row is taken, or `seq` holds one already (nothing changes then).
+        """
+        if getattr(seq, "row", None) is not None:
+            raise CacheError(f"sequence {seq.id} holds row {seq.row} already")
+        if not self._free:
+            raise CacheError(f"no free row: all {self.max_rows} are taken (max_num_seqs)")
+        row = self._free.pop()
+        seq.row = row
+        self.load(row, seq.block_table, len(seq), seq.tokens[-1])
+
+    def load(self, row: int, table: Seq[int], length: int, last: int) -> None:
+        """Write row `row` whole: its block table, sequence length and last token (a follower mirrors rank 0's
+        rows so; `add` writes a new row so)."""
+        n = len(table)
+        if n > self.max_blocks:
+            raise CacheError(f"a block table of {n} blocks exceeds the {self.max_blocks} a row holds")
+        self.tables.write(row, 0, table)
+        self.num_blocks[row], self.lens[row], self.last[row] = n, length, last
+
+    def mirror(self, batch: Any) -> None:
+        """A tensor-parallel follower: update this copy of rank 0's rows from a broadcast step's batch of
+        `infinilm.distributed.step.StepSeq` (a prefill's row loaded whole; a decode's table told its length and
+        last block, the one block a decode step can add, its length and last token)."""
+        for s in batch.prefills:
+            if s.row is not None:
+                self.load(s.row, s.block_table, len(s), s.tokens[-1])
+        for s in batch.decodes:
+            n, row = s.num_blocks, s.row
+            if not 0 < n <= self.max_blocks:
+                raise CacheError(f"a block table of {n} blocks: a row holds 1 to {self.max_blocks}")
+            self.tables.write(row, n - 1, s.block_table[-1:])
+            self.num_blocks[row], self.lens[row], self.last[row] = n, len(s), s.tokens[-1]
+
+    def grow(self, seq: Any) -> None:
+        """Write the blocks `seq` got since its row was last written (its table only grows while it runs)."""
+        row = seq.row
+        old, new = int(self.num_blocks[row]), len(seq.block_table)
+        if new > old:
+            if new > self.max_blocks:
+                raise CacheError(f"a block table of {new} blocks exceeds the {self.max_blocks} a row holds")
+            self.tables.write(row, old, seq.block_table[old:])
+            self.num_blocks[row] = new
+
+    def remove(self, seq: Any) -> None:
+        """Take back the row of `seq` (finished, preempted or cancelled); nothing when it holds none."""
+        row = getattr(seq, "row", None)
+        if row is None:
+            return
+        seq.row = None
+        self.num_blocks[row] = 0
+        self._free.append(row)
+
+    # -- per step ------------------------------------------------------------------------------------
+    @staticmethod
+    def rows_of(seqs: Seq[Any]) -> np.ndarray[Any, Any]:
+        """The rows of `seqs`, int64 ``[len(seqs)]``."""
+        return np.fromiter((s.row for s in seqs), dtype=np.int64, count=len(seqs))
+
+    def advance(self, rows: np.ndarray[Any, Any], tokens: Seq[int]) -> None:
+        """After a step: each sequence of `rows` got one token, `tokens` in the same order."""
+        self.lens[rows] += 1
+        self.last[rows] = tokens
+
+    def writable(self) -> None:
+        """Wait until the last copy of the host buffers to the device has completed (see the module doc);
+        call it before a step writes them."""
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+
+    def decode_step(self, rows: np.ndarray[Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs of a decode step over `rows` (n of them), on the device: the int64 ``[5, n]`` token,
+        position (length - 1), cache slot of the new token, context length (with the new token) and row of
+        each, and their block tables, int32 ``[n, width]`` (width: the longest among them; any strides)."""
+        n = len(rows)
+        st = self.step.np
+        lens = self.lens[rows]
+        positions = lens - 1
+        st[TOKEN, :n] = self.last[rows]
+        st[POSITION, :n] = positions
+        bs = self.block_size
+        st[SLOT, :n] = self.tables.at(rows, positions // bs) * bs + positions % bs
+        st[LENGTH, :n] = lens
+        st[ROW, :n] = rows
+        width = int(self.num_blocks[rows].max()) if n else 0
+        step = self.step.copy_to_gpu()[:, :n]
+        self.tables.copy_to_gpu(width)
+        self._record()
+        return step, self.tables.gather(rows, step[ROW], width)
+
+    def recurrent_step(self, rows: np.ndarray[Any, Any]) -> torch.Tensor:
+        """The inputs of a recurrent model's decode step over `rows` (n of them) on the device: int64 ``[2, n]``,
+        each one's last token and state row (its table's one entry)."""
+        n = len(rows)
+        st = self.step.np
+        st[0, :n] = self.last[rows]
+        st[1, :n] = self.tables.at(rows, np.zeros(n, dtype=np.int64))
+        step = self.step.copy_to_gpu()
+        self._record()
+        return step[:2, :n]
+
+    def _record(self) -> None:
+        """Mark the copies just queued on the device's current stream (what `writable` waits for)."""
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(self.device))

@@ -1,0 +1,191 @@
+"""RmsNormGated: per-group RmsNorm with a SiLU gate, Mamba-2's output norm (mamba_ssm's / vLLM's ``rms_norm_gated``).
+
+Public: rms_norm_gated(x, weight, bias=None, z=None, eps=1e-6, group_size=None, norm_before_gate=True,
+  *, out=None) -> out.
+Implementation calling convention: fn(x, weight, bias, z, eps, group_size, norm_before_gate, out) -> out;
+  x 2-D [T, H] (last stride 1, row stride arbitrary), z None or like x (its own row stride), weight [H] and
+  bias None or [H] contiguous, all of x's dtype; out 2-D [T, H] contiguous, x's dtype. Everything is computed
+  in fp32 (fp64 for float64 input) and rounded once, to the dtype, at the end:
+  ``norm_before_gate=False``: ``g = x * silu(z)``, ``out = g * rsqrt(mean_group(g**2) + eps) * weight + bias``;
+  ``norm_before_gate=True``: ``out = (x * rsqrt(mean_group(x**2) + eps) * weight + bias) * silu(z)``.
+Problem fields: hidden_size (int), group_size (int, divides hidden_size), has_z, has_bias, norm_before_gate
+  (bools).
+Size bucket: tokens, the `size_class` (power of two at or above) of the number of rows T.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infiniops_py.dispatch import dispatch
+from infiniops_py.operators._base import (
+    FLOAT_DTYPES,
+    ContractError,
+    check_bool,
+    check_device,
+    check_dtype,
+    check_no_grad,
+    check_no_overlap,
+    check_real,
+    check_tensor,
+    device_type,
+)
+from infiniops_py.operators._declare import GIVEN, Operator, Overload
+
+__all__ = ["SPECS", "reference", "rms_norm_gated"]
+
+_OP = "rms_norm_gated"
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor | None, eps: float,
+              group_size: int, norm_before_gate: bool, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference (mamba_ssm's ``rms_norm_ref`` with ``upcast=True``): fp32 (fp64) throughout, one rounding."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    g = x.to(acc)
+    if z is not None and not norm_before_gate:
+        g = g * F.silu(z.to(acc))
+    grouped = g.unflatten(-1, (-1, group_size))
+    y = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    if z is not None and norm_before_gate:
+        y = y * F.silu(z.to(acc))
+    out.copy_(y)
+    return out
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"hidden_size": 4096, "group_size": 4096, "has_z": True, "has_bias": False, "norm_before_gate": True},
+    buckets=("tokens",),
+    reference=reference,
+    doc="per-group RmsNorm gated by silu(z) before or after (Mamba-2's output norm), fp32 throughout",
+    overloads=(Overload(when={"out": None}, fake=lambda x, **_: x.new_empty(x.shape)),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+)
+
+
+@SPEC.define
+def rms_norm_gated(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    group_size: int | None = None,
+    norm_before_gate: bool = True,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """RmsNorm over groups of `group_size` channels of the last dim, gated by ``silu(z)`` before or after.
+
+    mamba_ssm's ``rmsnorm_fn`` / vLLM's ``rms_norm_gated`` (``layernorm_gated.py``; the ``RMSNormGated`` of a
+    Mamba-2 mixer is ``norm_before_gate=False``, ``group_size = d_inner / n_groups``), argument order and
+    defaults theirs, the output optional by keyword. Computed in fp32 (fp64 for float64 input), rounded
+    once to x's dtype: ``norm_before_gate=False`` normalizes ``x * silu(z)``; True gates the normalized
+    ``x * weight + bias`` by ``silu(z)``; ``z=None`` is a plain grouped RmsNorm (with the weight in fp32).
+
+    Args:
+        x: ``[..., H]``, dtype float16/bfloat16/float32/float64, last stride 1 (rows may be strided).
+        weight: ``[H]``, x's dtype and device, contiguous.
+        bias: None or like `weight`.
+        z: None or x's shape, dtype and device, last stride 1 (a column slice of a wider buffer is fine).
+        eps: added to each group's mean square, a finite number > 0.
+        group_size: channels per group, a positive divisor of H; None: H (one group).
+        norm_before_gate: a bool, see above.
+        out: optional contiguous tensor of x's shape, dtype and device, sharing no memory with another
+            argument.
+
+    Returns:
+        `out`, or a new contiguous tensor of x's shape.
+
+    Raises:
+        ContractError: a non-tensor, rank 0, a mismatched weight/bias/z (shape, dtype, device, layout), a last
+            stride other than 1, a `group_size` that does not divide H, a bad `eps`, `norm_before_gate` or
+            `out`, or a tensor that requires grad while grad mode is on (there is no backward).
+    """
+    check_tensor(_OP, "x", x)
+    check_tensor(_OP, "weight", weight)
+    for name, t in (("bias", bias), ("z", z), ("out", out)):
+        check_tensor(_OP, name, t, optional=True)
+    check_no_grad(_OP, {"x": x, "weight": weight, "bias": bias, "z": z, "out": out})
+    check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+    check_bool(_OP, "norm_before_gate", norm_before_gate)
+    check_dtype(_OP, "x", x, FLOAT_DTYPES)
+    if x.dim() == 0:
+        raise ContractError(_OP, "x", "expected at least one dim [..., H], got a 0-d tensor")
+    h = x.shape[-1]
+    _check_rows("x", x)
+    group = _group(group_size, h)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            _check_channel(name, t, x, h)
+    if z is not None:
+        if z.shape != x.shape:
+            raise ContractError(_OP, "z", f"expected shape {list(x.shape)} (same as x), got {list(z.shape)}")
+        if z.dtype != x.dtype:
+            raise ContractError(_OP, "z", f"expected dtype {x.dtype} (same as x), got {z.dtype}")
+        check_device(_OP, "z", z, x.device)
+        _check_rows("z", z)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        _check_out(x, out, {"x": x, "weight": weight, "bias": bias, "z": z})
+    if out.numel() == 0:
+        return out
+    key = SPEC.key(device_type(x), x.dtype, hidden_size=h, group_size=group, has_z=z is not None,
+                   has_bias=bias is not None, norm_before_gate=bool(norm_before_gate), tokens=x.numel() // h)
+    dispatch(SPEC, key, _rows(x, h), weight, bias, None if z is None else _rows(z, h), float(eps), group,
+             bool(norm_before_gate), out.view(-1, h))
+    return out
+
+
+def _group(group_size: object, h: int) -> int:
+    if group_size is None:
+        return h
+    if type(group_size) is not int or group_size < 1 or (h and h % group_size):
+        raise ContractError(_OP, "group_size", f"expected None or a positive int dividing H = {h}, got "
+                                               f"{group_size!r}")
+    return group_size
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ContractError(_OP, name, f"expected last stride 1, got strides {list(t.stride())}")
+
+
+def _check_channel(name: str, t: torch.Tensor, x: torch.Tensor, h: int) -> None:
+    if t.dtype != x.dtype:
+        raise ContractError(_OP, name, f"expected dtype {x.dtype} (same as x), got {t.dtype}")
+    check_device(_OP, name, t, x.device)
+    if t.shape != (h,):
+        raise ContractError(_OP, name, f"expected shape [{h}] (H = x.shape[-1]), got {list(t.shape)}")
+    if t.stride(0) != 1 and h > 1:
+        raise ContractError(_OP, name, f"expected a contiguous [H] tensor, got stride {t.stride(0)}")
+
+
+def _check_out(x: torch.Tensor, out: torch.Tensor, inputs: dict[str, torch.Tensor | None]) -> None:
+    if out.shape != x.shape:
+        raise ContractError(_OP, "out", f"expected shape {list(x.shape)} (same as x), got {list(out.shape)}")
+    if out.dtype != x.dtype:
+        raise ContractError(_OP, "out", f"expected dtype {x.dtype} (same as x), got {out.dtype}")
+    check_device(_OP, "out", out, x.device)
+    if not out.is_contiguous():
+        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    for name, t in inputs.items():
+        if t is not None:
+            check_no_overlap(_OP, "out", out, name, t)
+
+
+def _rows(t: torch.Tensor, h: int) -> torch.Tensor:
+    """`t` as ``[T, H]``: a view when its leading dims merge into one strided dim, else a copy."""
+    if t.dim() == 2:
+        return t
+    stride = t.stride()
+    viewable = all(stride[i] == stride[i + 1] * t.shape[i + 1] or t.shape[i] == 1 for i in range(t.dim() - 2))
+    return t.view(-1, h) if viewable else t.reshape(-1, h)
+
+
+SPECS = (SPEC,)

@@ -1,0 +1,245 @@
+"""The decode Gemm: ``out = alpha * x @ w.T + beta * c + bias`` for a few rows of x and an ``nn.Linear`` weight.
+
+A decode step multiplies one to sixteen token rows by each projection weight: the work is one pass over the
+weight ``w`` ``[N, K]`` (unit K stride), and the time is the time that pass takes. The tiled kernel
+(`infiniops_triton.gemm`) spends it on 64-row tiles of which one row is real; this kernel instead gives each
+program ``BLOCK_N`` rows of ``w`` (output columns) and streams that ``[BLOCK_N, K]`` panel in ``BLOCK_K`` steps
+of contiguous 16-byte loads, software-pipelined ``num_stages`` deep, so that many programs keep many loads in
+flight. The rows of ``x`` (``M * K`` elements, in L2 after the first program) are re-read by every program.
+One row (``BLOCK_M == 1``) accumulates the products elementwise in fp32 registers and sums them over K once,
+after the loop; up to sixteen rows use ``tl.dot`` on a 16-row tile (fp32 accumulation). A weight of few
+panels (N the hidden size, K the intermediate size) also splits its K range over ``SPLIT_K`` programs: each
+stores its fp32 partial, counts itself done on the tile's counter (after a barrier, acquire-release), and
+the last one sums the partials and runs the epilogue, so the product stays one kernel. The epilogue is the
+tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``), the bias, one rounding to the output dtype.
+
+Configurations are autotuned once per ``(N, K, row class)``: a model has a handful of projection shapes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from infiniops_triton._common import pdl, pdl_start
+from infiniops_triton._launch import Tuned
+
+__all__ = ["MAX_ROWS", "gemv", "serves"]
+
+MAX_ROWS = 16  # the rows of x this kernel takes; more go to the tiled kernel
+
+
+def _cfg(n: int, k: int, split: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": split}, num_warps=warps, num_stages=stages)
+
+
+# One row: narrow panels, the K range split in up to 4 (the N = hidden-size projections have few panels);
+# 16 rows: tl.dot needs N >= 16.
+_ONE_ROW = (_cfg(8, 256, 1, 4, 4), _cfg(16, 256, 1, 4, 3), _cfg(16, 512, 1, 8, 3), _cfg(8, 256, 2, 4, 4),
+            _cfg(16, 256, 2, 4, 3), _cfg(16, 256, 4, 4, 3), _cfg(32, 256, 4, 8, 3), _cfg(8, 512, 4, 4, 3))
+_FEW_ROWS = (_cfg(16, 128, 1, 4, 4), _cfg(32, 128, 1, 4, 4), _cfg(64, 128, 1, 4, 3), _cfg(16, 128, 2, 4, 4),
+             _cfg(32, 128, 2, 4, 4), _cfg(16, 256, 4, 4, 3), _cfg(32, 128, 4, 4, 3))
+_INTERPRETER = (_cfg(16, 32, 2, 4, 1),)
+MAX_SPLIT_K = 4
+MAX_BLOCK_M = 16
+
+
+def _configs() -> list[triton.Config]:
+    if os.environ.get("TRITON_INTERPRET") == "1":  # one config: the interpreter must not autotune
+        return list(_INTERPRETER)
+    return [*_ONE_ROW, *_FEW_ROWS]
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+    """The row class's candidates (all of them under the interpreter's single config)."""
+    if len(configs) == 1:
+        return configs
+    return list(_ONE_ROW if kwargs.get("BLOCK_M", named_args.get("BLOCK_M")) == 1 else _FEW_ROWS)
+
+
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS", "SWIGLU"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % (args["BLOCK_K"] * args["SPLIT_K"]) == 0})
+@triton.jit(do_not_specialize=["M"])
+def _gemv_kernel(
+    X,  # *dtype [M, K], unit K stride, rows stride_xm apart
+    W,  # *dtype [N, K], unit K stride, rows stride_wn apart (the nn.Linear weight)
+    C,  # *dtype c expanded to [M, N] (zero strides where it broadcasts); unused unless HAS_C
+    BIAS,  # *dtype [N]; unused unless HAS_BIAS
+    OUT,  # *dtype [M, N]
+    PART,  # fp32 [SPLIT_K, tiles, BLOCK_M, BLOCK_N] partial sums (SPLIT_K > 1)
+    COUNTER,  # int32 [tiles] splits done per column tile, 0 between kernels (SPLIT_K > 1)
+    M, N, K,
+    stride_xm, stride_wn, stride_cm, stride_cn, stride_om, stride_on,
+    alpha,
+    beta,
+    HAS_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" for fp32 inputs
+    BLOCK_M: tl.constexpr,  # 1, or 16 for 2..16 rows
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # programs sharing a column tile's K range; the last to finish sums them
+    EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_K * SPLIT_K: no K mask
+    PDL: tl.constexpr,
+    SWIGLU: tl.constexpr,  # W is [2N, K] gate|up: OUT = silu(x @ gate.T + b) * (x @ up.T + b), `gemm_swiglu`
+):
+    pdl_start(PDL)
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    wn = (rn % N).to(tl.int64)  # rows past the edge re-read valid ones: the main loop needs no N mask
+    rk = tl.arange(0, BLOCK_K)
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)  # BLOCK_K steps of each split
+    k_lo = split * steps * BLOCK_K
+    w_ptrs = W + wn[:, None] * stride_wn + k_lo + rk[None, :]
+    u_ptrs = w_ptrs + N * stride_wn  # SWIGLU: the up rows, N rows below the gate rows
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BLOCK_M == 1:
+        x_ptrs = X + k_lo + rk
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K once, after the loop
+        acc2_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k in range(0, steps):
+            k_ok = rk < K - k_lo - k * BLOCK_K
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+                x = tl.load(x_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            if SWIGLU:
+                u = tl.load(u_ptrs) if EVEN_K else tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
+                acc2_u += u.to(tl.float32) * x.to(tl.float32)[None, :]
+                u_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        acc = tl.sum(acc2, axis=1)[None, :]
+        if SWIGLU:
+            acc_u = tl.sum(acc2_u, axis=1)[None, :]
+    else:
+        rm = tl.arange(0, BLOCK_M)
+        xm = rm % M
+        x_ptrs = X + xm[:, None].to(tl.int64) * stride_xm + k_lo + rk[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, steps):
+            k_ok = rk[None, :] < K - k_lo - k * BLOCK_K
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+                x = tl.load(x_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=k_ok, other=0.0)
+                x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+            if SWIGLU:
+                u = tl.load(u_ptrs) if EVEN_K else tl.load(u_ptrs, mask=k_ok, other=0.0)
+                acc_u = tl.dot(x, tl.trans(u), acc_u, input_precision=PRECISION)
+                u_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+
+    rm = tl.arange(0, BLOCK_M)
+    if SPLIT_K > 1:  # publish this split's sums; the last split of the tile adds them all up
+        parts = 2 if SWIGLU else 1  # the gate's sum, then the up rows'
+        tile = (PART + pid.to(tl.int64) * parts * BLOCK_M * BLOCK_N + rm[:, None] * BLOCK_N
+                + tl.arange(0, BLOCK_N)[None, :])
+        stride_split = tl.num_programs(0).to(tl.int64) * parts * BLOCK_M * BLOCK_N
+        tl.store(tile + split * stride_split, acc)
+        if SWIGLU:
+            tl.store(tile + split * stride_split + BLOCK_M * BLOCK_N, acc_u)
+        tl.debug_barrier()  # every thread's partial is stored before the count says so
+        done = tl.atomic_add(COUNTER + pid, 1, sem="acq_rel")
+        if done == SPLIT_K - 1:
+            tl.atomic_xchg(COUNTER + pid, 0)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, SPLIT_K):  # read past L1: other programs wrote them
+                acc += tl.load(tile + s * stride_split, cache_modifier=".cg")
+                if SWIGLU:
+                    acc_u += tl.load(tile + s * stride_split + BLOCK_M * BLOCK_N, cache_modifier=".cg")
+            _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha,
+                      beta, HAS_C, HAS_BIAS, SWIGLU)
+    else:
+        _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
+                  HAS_C, HAS_BIAS, SWIGLU)
+
+
+@triton.jit
+def _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
+              HAS_C: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
+    """``alpha * acc + beta * c + bias`` in fp32, rounded once into `OUT`'s rows `rm` and columns `rn`; with
+    `SWIGLU`, ``silu(gate) * up`` of the two sums (each with its bias) rounded as `gemm` then `silu_and_mul` round."""
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    out_ptrs = OUT + rm[:, None].to(tl.int64) * stride_om + rn[None, :] * stride_on
+    dtype = OUT.dtype.element_ty
+    if SWIGLU:
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
+            acc_u += tl.load(BIAS + N + rn, mask=rn < N).to(tl.float32)[None, :]
+        gate = acc.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # F.silu rounded to the dtype
+        tl.store(out_ptrs, (act * acc_u.to(dtype).to(tl.float32)).to(dtype), mask=mask)
+    else:
+        acc = acc * alpha
+        if HAS_C:
+            c = tl.load(C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn, mask=mask)
+            acc += beta * c.to(tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
+        tl.store(out_ptrs, acc.to(dtype), mask=mask)
+
+
+_GEMV = Tuned(_gemv_kernel)
+
+
+def serves(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether this kernel takes the Gemm of `a` ``[M, K]`` by `b` ``[K, N]`` (as read, the transposes applied)
+    into `out`: 2-D, 1 <= M <= `MAX_ROWS`, unit K strides of `a` and of `b`'s ``[N, K]`` storage, and offsets
+    that fit int32 in `a`."""
+    return (a.dim() == 2 and out.dim() == 2 and 1 <= a.shape[0] <= MAX_ROWS and a.stride(1) == 1
+            and b.stride(0) == 1 and b.shape[1] > 0 and a.shape[0] * a.stride(0) < 2**31)
+
+
+def _scratch(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 partial sums and zeroed int32 counters of a split-K product of `n` columns on `device` and its
+    current stream (the kernel leaves the counters at 0), grown as needed; enough for every configuration."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    tiles = triton.cdiv(n + 64, 8)  # the narrowest configuration's column tiles, past the edge of the widest
+    found = _SCRATCH.get(key)
+    if found is None or found[1].numel() < tiles:
+        size = triton.next_power_of_2(max(tiles, 1024))
+        found = _SCRATCH[key] = (torch.empty(2 * MAX_SPLIT_K * size * 8 * MAX_BLOCK_M, dtype=torch.float32,
+                                             device=device), torch.zeros(size, dtype=torch.int32, device=device))
+    return found
+
+
+_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float,
+         beta: float, out: torch.Tensor, *, swiglu: bool = False) -> torch.Tensor:
+    """``out = alpha * a @ b + beta * c + bias`` for `a` ``[M, K]`` and `b` ``[K, N]`` a transposed ``[N, K]``
+    weight, when `serves` says so; `c` is already expanded to ``[M, N]`` (or None: never read). With `swiglu`,
+    `b` is ``[K, 2d]`` (the gate columns, then the up columns), `bias` None or ``[2d]`` and `out` ``[M, d]``:
+    ``out = silu(a @ gate + b_gate) * (a @ up + b_up)`` (`c`, `alpha`, `beta` unused)."""
+    m, k = a.shape
+    n = out.shape[1]
+    block_m = 1 if m == 1 else 16
+    c_arg = out if c is None else c
+    bias_arg = out if bias is None else bias
+    part, counter = _scratch(a.device, n)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    _GEMV.launch(
+        (n, k, block_m, c is not None, bias is not None, swiglu, a.dtype, c_arg.dtype, bias_arg.dtype), grid,
+        a, b, c_arg, bias_arg, out, part, counter, m, n, k,
+        a.stride(0), b.stride(1), *c_arg.stride(), *out.stride(),
+        float(alpha), float(beta),
+        HAS_C=c is not None, HAS_BIAS=bias is not None,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, SWIGLU=swiglu, **pdl(),
+    )
+    return out
