@@ -55,7 +55,8 @@ GRID: Final[dict[str, dict[str, tuple[int, ...]]]] = {
 LONGEST: Final = {"flash_attn_varlen": 8192, "flash_attn_with_kvcache": 8192}
 # rough cost of an operator's job on the GPU, to start the heaviest first
 _WEIGHT: Final = {"flash_attn_varlen": 6, "flash_attn_with_kvcache": 5, "selective_scan": 5, "causal_conv1d": 3,
-                  "gemm": 3, "causal_conv1d_update": 2, "selective_state_update": 2}
+                  "gemm": 3, "causal_conv1d_update": 2, "selective_state_update": 2,
+                  "top_k_top_p_sampling_from_logits": 3}
 _KEPT_FAILURES: Final = 3
 SPLIT_EXAMPLES: Final = 100
 SHARDED_WEIGHT: Final = 5  # operators at least this heavy are split by --shards

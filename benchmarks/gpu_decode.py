@@ -14,7 +14,8 @@ SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwe
    new k/v) against SDPA on a dense ``[B, Hkv, ctx, D]`` cache (GQA), each a graph over distinct caches; GB/s is
    the K/V bytes read per call.
 4. Engine (random bf16 weights, CUDA graphs on): decode tok/s at batch 1 and 32 (Qwen3-0.6B), 1 (Mamba-2-130m),
-   the kernels a decode step launches per layer, and its device busy time from one profiled step.
+   the kernels a decode step launches per layer, and its device busy time from one profiled step; Qwen3 again
+   with the Triton kernels launched with programmatic dependent launch (`infiniops_triton._common.PDL`).
 
 Every ratio is ours over the alternative measured in the same run, the same way (graph replay against graph
 replay). Exit status 1 when a kernel's output differs from its alternative beyond the bf16 tolerance.
@@ -210,14 +211,18 @@ def _decode_profile(engine: Any, batch: int, input_len: int) -> tuple[float, flo
 def bench_engine(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
     import gpu_infinilm
     import gpu_mamba2
+    from infiniops_triton import _common as triton_common
 
     from infinilm import Engine, EngineOptions
     from infinilm.bench import run_bench
 
     rows = []
-    models = (("qwen3-0.6b", gpu_infinilm, gpu_infinilm.SMOKE if smoke else gpu_infinilm.QWEN3_0_6B, (1, 32)),
-              ("mamba2-130m", gpu_mamba2, gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M, (1,)))
-    for name, module, shape, batches in models:
+    qwen3 = gpu_infinilm.SMOKE if smoke else gpu_infinilm.QWEN3_0_6B
+    models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32), False),
+              ("mamba2-130m", gpu_mamba2, gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M, (1,), False),
+              ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True))
+    for name, module, shape, batches, pdl in models:
+        triton_common.PDL = pdl and not smoke  # programmatic dependent launch of the Triton kernels
         with tempfile.TemporaryDirectory() as tmp:
             module.build(Path(tmp), shape, str(device))
             begun = time.perf_counter()

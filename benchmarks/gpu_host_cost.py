@@ -357,7 +357,7 @@ def _native_rope(positions: torch.Tensor, x: torch.Tensor, head_dim: int, cache:
 
 def _rope_inputs(e: Env) -> tuple[int, int, int, int, torch.Tensor, torch.Tensor, torch.Tensor]:
     t, hq, hkv, d = e.pick(32768, 16), e.pick(32, 4), e.pick(8, 2), e.pick(128, 32)
-    positions = torch.randint(0, 8192, (t,), generator=e.gen).to(e.device)
+    positions = torch.randint(0, 8192, (t,), generator=e.gen, device=e.device)  # the generator is on e.device
     inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     angles = torch.arange(8192, dtype=torch.float32)[:, None] * inv
     cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(device=e.device, dtype=BF16)

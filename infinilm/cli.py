@@ -173,15 +173,22 @@ def _generate(args: argparse.Namespace, model: str, *, echo_prompt: bool = False
     if echo_prompt and decoder is not None:  # the generated text then reads on from the prompt
         sys.stdout.write(args.prompt)
     start = time.perf_counter()
-    for _ in engine.stream():
-        text = decoder.push(seq.output) if decoder else f"{seq.output[-1]} "
-        sys.stdout.write(text)
+    for out in engine.stream():
+        if out.token < 0:  # no token: the request failed (seq.error)
+            continue
+        new = seq.output[len(decoder.ids):] if decoder else seq.output[-1:]
+        sys.stdout.write("".join(decoder.push(t) if decoder else f"{t} " for t in new))
         sys.stdout.flush()
+    if decoder is not None:
+        sys.stdout.write(decoder.flush())  # an incomplete last character, as U+FFFD
     elapsed = time.perf_counter() - start
     used = ", ".join(f"{op}={p}" for op, p in engine.plan.providers_by_op().items())
     print(f"\n[{len(prompt)} prompt tokens, {seq.num_output} generated ({seq.finish_reason.value}) in {elapsed:.2f}s; "
           f"prefill {_rate(engine.prefill_tokens, engine.prefill_seconds)} tok/s, decode "
           f"{_rate(engine.decode_tokens, engine.decode_seconds)} tok/s; {engine.status}; providers: {used}]")
+    if seq.error is not None:
+        print(f"infinilm generate: error: {seq.error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -35,6 +35,7 @@ from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
 from infiniops_py.operators.rms_norm_gated import rms_norm_gated
 from infiniops_py.operators.rotary_embedding import rotary_embedding
+from infiniops_py.operators.sampling import top_k_top_p_sampling_from_logits
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
 from infiniops_py.operators.silu_and_mul import silu_and_mul
 from infiniops_py.problem import OpSpec, Problem
@@ -99,6 +100,7 @@ __all__ = [
     "selective_scan",
     "selective_state_update",
     "silu_and_mul",
+    "top_k_top_p_sampling_from_logits",
     "unchecked_indices",
     "unregister_provider",
     "use",

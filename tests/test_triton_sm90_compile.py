@@ -32,6 +32,7 @@ from infiniops_triton import (
     rms_norm,
     rms_norm_gated,
     rotary_embedding,
+    sampling,
     silu_and_mul,
 )
 from triton.backends.compiler import GPUTarget
@@ -438,3 +439,16 @@ def test_ssd_kernels_fit_an_sm_and_multiply_on_tensor_cores() -> None:
         assert 0 <= k["spills"] <= limit, k
     dots = [k for k in found if k["kernel"] != "_state_update_kernel" and "passing" not in k["kernel"]]
     assert all(k["mma"] for k in dots), dots
+
+
+@pytest.mark.parametrize("penalized", [False, True], ids=["plain", "penalized"])
+def test_the_sampling_kernel_streams_its_row_in_vectors_without_spills(penalized: bool) -> None:
+    """One program per row over Qwen's 151936 logits: the bisection loops and Philox stay in registers, and the
+    logits and workspace move in 16-byte vectors."""
+    f32, i64 = _Ptr("*fp32"), _Ptr("*i64")
+    args = {"LOGITS": _Ptr(BF16), "stride_l": 151936, "ROWS": i64, "TOPK": _Ptr("*i32"), "TOPP": f32, "TEMP": f32,
+            "MINP": f32, "SEED": i64, "OFFSET": i64, "REP": f32, "FREQ": f32, "PRES": f32, "COUNTS": _Ptr("*i32"),
+            "stride_c": 151936, "SEEN": _Ptr("*u8"), "stride_s": 151936, "WORK": f32, "OUT": _Ptr("*i32"),
+            "V": 151936, "PENALIZED": penalized, "BLOCK": 1024, "ITERS": sampling._ITERS, "WAYS": sampling._WAYS,
+            "SEARCH": sampling._SEARCH}
+    _fast_memory(_compile(sampling._sample_kernel, args, 4))

@@ -1,26 +1,24 @@
-"""Sampling: greedy, and seeded temperature / min-p / top-k / top-p, with vLLM's penalties and logprobs.
+"""Sampling: one batched call of the ``top_k_top_p_sampling_from_logits`` operator per step, and logprobs.
 
-Greedy is ``argmax`` (the first index wins a tie, as in `torch.argmax`). Random sampling scales the logits
-by ``1 / temperature``, keeps the top-k, then the smallest most-likely set whose probability reaches
-top-p (the most likely token always stays), and draws from the softmax with the request's own
-`torch.Generator`, seeded from `SamplingParams.seed`: a seeded request gives the same tokens whatever
-else shares its batch.
+Each row gets its request's options (vLLM's semantics: penalties on the raw logits, then temperature, min-p,
+top-k, top-p; temperature 0 is the argmax, the first index on ties), its Philox seed (`SamplingParams.seed`, or
+one drawn once per request) and its draw number as the offset: a seeded request gives the same tokens whatever
+else shares its batch. A positive temperature below float32's smallest normal is raised to it, so it samples
+among the tied maxima (the limit of the softmax), as ``(logits - max) / temperature`` in float64 did
+(`scale_logits`); no threshold turns a small temperature into greedy. A row of non-finite logits gives -1.
 
-The scaling is ``(logits - max) / temperature`` in float64 (`scale_logits`): the softmax is the same (it is
-shift-invariant), and every positive finite temperature, however small, gives finite scaled logits whose
-maximum is 0, so a temperature far below the gaps between logits samples among the tied maxima (the limit of
-the softmax) instead of dividing to ``inf`` and drawing from NaN. No threshold turns a small temperature
-into greedy.
+`scale_logits`, `filter_logits` and `apply_penalties` are the per-row form of these semantics (float64, one row
+at a time): the tests hold the operator's draws to them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence as Seq
 
 import torch
 
-from infinilm.engine.sequence import SamplingParams, Sequence
+from infinilm.engine.sequence import Sequence
+from infiniops_py import top_k_top_p_sampling_from_logits
 
 __all__ = ["apply_penalties", "filter_logits", "logprobs", "sample", "scale_logits"]
 
@@ -68,58 +66,73 @@ def apply_penalties(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     return row
 
 
-def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Drop the entries whose probability is below `min_p` times the largest (scaled logits, max 0)."""
-    if min_p <= 0.0:
-        return logits
-    return logits.masked_fill(logits < logits.max() + math.log(min_p), float("-inf"))
+def _seed(seq: Sequence) -> int:
+    """The request's Philox seed (int64 bits): `SamplingParams.seed`, else one drawn once from torch's CPU
+    generator."""
+    if seq.seed is None:
+        seed = seq.params.seed if seq.params.seed is not None else int(torch.randint(0, 2**63 - 1, ()))
+        seq.seed = seed - 2**64 if seed >= 2**63 else seed  # the same 64 bits, as an int64
+    return seq.seed
 
 
-def _generator(seq: Sequence, device: torch.device) -> torch.Generator:
-    if seq.generator is None:
-        gen = torch.Generator(device=device)
-        if seq.params.seed is not None:
-            gen.manual_seed(seq.params.seed)
-        else:
-            gen.seed()
-        seq.generator = gen
-    return seq.generator
+def _penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> dict[str, torch.Tensor]:
+    """The operator's penalty inputs for `seqs` (empty when none is penalized): the factors ``[B]``, the output
+    counts ``[B, V]`` and the prompt mask, each by one ``scatter_add_`` over the padded ids."""
+    if not any(s.params.penalized for s in seqs):
+        return {}
+    b, v = logits.shape
+    dev = logits.device
 
+    def counts(lists: list[list[int]]) -> torch.Tensor:
+        width = max(1, max(len(x) for x in lists))
+        ids = torch.tensor([x + [-1] * (width - len(x)) for x in lists], dtype=torch.int64).to(dev, non_blocking=True)
+        return torch.zeros(b, v, dtype=torch.int32, device=dev).scatter_add_(1, ids.clamp_min(0), (ids >= 0).int())
 
-def _sample_one(row: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-    logits = _min_p(scale_logits(row, params.temperature), params.min_p)
-    logits = filter_logits(logits, params.top_k, params.top_p)
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)
+    output = counts([s.output if s.params.penalized else [] for s in seqs])
+    prompt = counts([s.tokens[: s.num_prompt] if s.params.penalized else [] for s in seqs]) > 0
+
+    def factor(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(s.params, name) for s in seqs], dtype=torch.float32).to(dev, non_blocking=True)
+
+    return {"repetition_penalty": factor("repetition_penalty"), "frequency_penalty": factor("frequency_penalty"),
+            "presence_penalty": factor("presence_penalty"), "output_token_counts": output,
+            "prompt_token_mask": prompt}
 
 
 def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
-    """One next token per row of `logits` ``[B, V]`` (any float dtype), row ``b`` for ``seqs[b]``.
+    """One next token per row of `logits` ``[B, V]`` (any float dtype), row ``b`` for ``seqs[b]``: one call of
+    `top_k_top_p_sampling_from_logits` for the whole batch, each row with its request's options, seed and
+    draw number (`Sequence.draws`, so a seeded request draws the same tokens in any batch). A row whose logits
+    are non-finite gives -1 (the scheduler finishes that request with `FinishReason.ERROR`). The only host
+    synchronization is the read of the ids; the options go to the device as non-blocking copies.
 
     Raises:
         ValueError: the number of rows differs from the number of sequences.
     """
     if logits.shape[0] != len(seqs):
         raise ValueError(f"logits: {logits.shape[0]} rows for {len(seqs)} sequences")
-    greedy = logits.argmax(dim=-1)
-    rows = [b for b, s in enumerate(seqs) if s.params.temperature > 0 or s.params.penalized]
-    if rows:
-        greedy = greedy.clone()
-        for b in rows:
-            seq = seqs[b]
-            row = apply_penalties(logits[b], seq) if seq.params.penalized else logits[b]
-            if seq.params.temperature > 0:
-                greedy[b] = _sample_one(row, seq.params, _generator(seq, logits.device))[0]
-            else:
-                greedy[b] = row.argmax()
-    return greedy.tolist()
+    if not seqs:
+        return []
+    dev = logits.device
+    tiny = torch.finfo(torch.float32).tiny  # a positive temperature below it would round to 0 (greedy)
+    options = torch.tensor([[s.params.temperature and max(s.params.temperature, tiny), s.params.top_p,
+                             s.params.min_p] for s in seqs], dtype=torch.float32).to(dev, non_blocking=True)
+    ints = torch.tensor([[s.params.top_k, _seed(s) if s.params.temperature > 0 else 0, s.draws] for s in seqs],
+                        dtype=torch.int64).to(dev, non_blocking=True)
+    for s in seqs:
+        s.draws += 1
+    ids = top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1], temperature=options[:, 0],
+                                           min_p=options[:, 2], seed=ints[:, 1], offset=ints[:, 2],
+                                           **_penalties(logits, seqs))
+    return ids.tolist()
 
 
 def logprobs(logits: torch.Tensor, seqs: Seq[Sequence], tokens: Seq[int]
              ) -> list[tuple[float, tuple[tuple[int, float], ...]] | None]:
     """Per row: the log-probability of ``tokens[b]`` and the ``seqs[b].params.logprobs`` most likely
     ``(token, logprob)`` pairs (most likely first), from ``log_softmax`` of the raw logits in float32 (vLLM's
-    ``raw_logprobs``); None for a row whose request asks for none."""
-    wanted = [b for b, s in enumerate(seqs) if s.params.logprobs is not None]
+    ``raw_logprobs``); None for a row whose request asks for none or whose token is -1 (non-finite logits)."""
+    wanted = [b for b, s in enumerate(seqs) if s.params.logprobs is not None and tokens[b] >= 0]
     out: list[tuple[float, tuple[tuple[int, float], ...]] | None] = [None] * len(seqs)
     if not wanted:
         return out

@@ -125,12 +125,20 @@ class Scheduler:
         `FinishReason.LENGTH`, also when that last token is a stop token); then a token in the sequence's
         ``stop_token_ids`` finishes it (`FinishReason.EOS`), and one of the model's EOS ids does unless its
         ``ignore_eos`` is set. This is vLLM's order (``vllm/v1/core/sched/utils.py``, ``check_stop``).
+        A token of -1 (the sampler's mark of non-finite logits) is not appended: it finishes the sequence with
+        `FinishReason.ERROR` and the reason in `Sequence.error`.
         """
         finished = []
         max_len, eos = self.max_model_len, self.eos_token_ids
         for seq, token in zip(batch.seqs, tokens, strict=True):
             seq_tokens = seq.tokens
             seq.num_cached = len(seq_tokens)
+            if token < 0:  # the sampler's mark of a row of non-finite logits
+                seq.error = ("the model's logits for this request are non-finite (NaN or inf): no token can be "
+                             "sampled")
+                self._finish(seq, FinishReason.ERROR)
+                finished.append(seq)
+                continue
             seq_tokens.append(token)
             p = seq.params
             n = len(seq_tokens)

@@ -6,8 +6,6 @@ import enum
 import math
 from dataclasses import dataclass
 
-import torch
-
 __all__ = ["MAX_LOGPROBS", "FinishReason", "SamplingParams", "SeqStatus", "Sequence"]
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound (vLLM's default max_logprobs is 20 too)
@@ -22,9 +20,9 @@ class SamplingParams:
         temperature: 0 is greedy (argmax); > 0 samples from ``softmax(logits / temperature)``.
         top_k: keep the k most likely tokens (0: all).
         top_p: keep the smallest set of most likely tokens whose probability reaches `top_p` (1.0: all).
-        seed: seeds this request's own generator, so its samples do not depend on the batch it shares; an int
-            in ``[0, 2**64)``, the seeds of a `torch.Generator` (torch would remap a negative seed onto that
-            range, so that -1 and ``2**64 - 1`` gave the same stream: refused instead).
+        seed: the Philox key of this request's draws (the sampler's per-row seed; the offset is the draw's
+            number), so its samples do not depend on the batch it shares; an int in ``[0, 2**64)`` (a negative
+            seed would alias one of that range, so that -1 and ``2**64 - 1`` gave the same stream: refused).
         ignore_eos: keep generating past the model's EOS ids (``eos_token_id`` of its config); the
             ``stop_token_ids`` and ``max_new_tokens`` still end the request (vLLM's semantics).
         stop_token_ids: extra tokens that end the request (besides the model's EOS ids), with or without
@@ -111,11 +109,13 @@ class SeqStatus(enum.Enum):
 
 
 class FinishReason(enum.Enum):
-    """Why a request finished: an EOS or stop token, its length limit, or a cancellation."""
+    """Why a request finished: an EOS or stop token, its length limit, a cancellation, or an error (the reason in
+    `Sequence.error`: e.g. non-finite logits)."""
 
     EOS = "eos"
     LENGTH = "length"
     CANCELLED = "cancelled"
+    ERROR = "error"
 
 
 class Sequence:
@@ -131,8 +131,8 @@ class Sequence:
             None.
     """
 
-    __slots__ = ("block_table", "finish_reason", "generator", "id", "num_cached", "num_prompt", "params",
-                 "row", "status", "tokens")
+    __slots__ = ("block_table", "draws", "error", "finish_reason", "id", "num_cached", "num_prompt", "params",
+                 "row", "seed", "status", "tokens")
 
     def __init__(self, prompt: list[int], params: SamplingParams, request_id: int = 0) -> None:
         """A waiting request of `prompt` (token ids).
@@ -151,7 +151,9 @@ class Sequence:
         self.params = params
         self.status = SeqStatus.WAITING
         self.finish_reason: FinishReason | None = None
-        self.generator: torch.Generator | None = None
+        self.seed: int | None = None  # the sampler's Philox seed (int64 bits), set at the first sampled draw
+        self.draws = 0  # how many tokens were drawn: the sampler's Philox offset of the next one
+        self.error: str | None = None  # why the request finished with FinishReason.ERROR
 
     @property
     def output(self) -> list[int]:

@@ -121,22 +121,19 @@ class Choice:
             if event.token is None:  # ended by the server (shutdown)
                 new = text.flush()
                 reason = "stop" if text.stopped else "abort"
-                yield self._keep(Piece(new, None, finish_reason=reason,
-                                       stop_reason=self._stop_string(text.stopped, info, stop, new)))
+                yield self._keep(Piece(new, None, finish_reason=reason, stop_reason=text.stop_string))
                 return
             new = text.push(event.token)
             lp = {"logprob": event.logprob, "top_logprobs": event.top_logprobs}
             if text.stopped:
                 loop.cancel(self.handle, "stop")
-                yield self._keep(Piece(new, event.token, **lp, finish_reason="stop",
-                                       stop_reason=self._stop_string(True, info, stop, new, event.token)))
+                yield self._keep(Piece(new, event.token, **lp, finish_reason="stop", stop_reason=text.stop_string))
                 return
             if event.final:
                 new += text.flush()
-                if text.stopped:  # a stop string in the text held back
-                    why: int | str | None = self._stop_string(True, info, stop, new, event.token)
-                else:
-                    why = self._stop_token(event.token, info) if event.finish_reason == "stop" else None
+                why: int | str | None = text.stop_string  # a stop string in the text held back
+                if not text.stopped and event.finish_reason == "stop":
+                    why = self._stop_token(event.token, info)
                 reason = "stop" if text.stopped else event.finish_reason
                 yield self._keep(Piece(new, event.token, **lp, finish_reason=reason, stop_reason=why))
                 return
@@ -145,17 +142,6 @@ class Choice:
     def _keep(self, piece: Piece) -> Piece:
         self.pieces.append(piece)
         return piece
-
-    def _stop_string(self, stopped: bool, info: ModelInfo, stop: tuple[str, ...], new: str,
-                     token: int | None = None) -> str | None:
-        """The stop string that ended the output (`stopped`): the first of those that follow the text sent."""
-        if not stopped or info.tokenizer is None:
-            return None
-        ids = self.token_ids + ([] if token is None else [token])
-        decoded = info.tokenizer.decode(ids, skip_special_tokens=True)  # as `TextOutput` decodes the output
-        sent = len(self.text) + len(new)
-        found = [(i, s) for s in stop if (i := decoded.find(s, max(0, sent - len(s)))) >= 0]
-        return min(found, key=lambda f: f[0])[1] if found else None
 
     def _stop_token(self, token: int, info: ModelInfo) -> int | None:
         p = self.params

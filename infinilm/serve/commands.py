@@ -44,6 +44,8 @@ _port = _number(int, "a port number", lambda v: 0 <= v <= 65535,
                 lambda t, v: f"{v} is not in [0, 65535] (0: any free port)")
 _seconds = _number(float, "a number of seconds", lambda v: math.isfinite(v) and v >= 0,
                    lambda t, v: f"{t!r} must be a finite number >= 0")
+_timeout = _number(float, "a number of seconds", lambda v: math.isfinite(v) and v > 0,
+                   lambda t, v: f"{t!r} must be a finite number > 0")
 
 
 def _rate(text: str) -> float:
@@ -60,7 +62,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The options of ``infinilm serve`` besides the engine's (``--model``, ``--device``, ...)."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0: a free one, printed)")
-    p.add_argument("--served-model-name", default=None, help="the name clients send as `model` (default: --model)")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
     p.add_argument("--max-num-seqs", type=_positive_int, default=64, help="most requests per step (default: 64)")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
                    help="most tokens per step (default: 8192)")
@@ -68,6 +70,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="most requests waiting for their first token; more get 429 (default: 256)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="seconds running requests get to finish after SIGTERM (default: 30)")
+    p.add_argument("--read-timeout", type=_timeout, default=60.0,
+                   help="seconds a client has to send a request's headers, then its body; past them: 408 and the "
+                   "connection closes (default: 60)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"the /v1 routes need 'Authorization: Bearer KEY', else 401 (default: ${API_KEY_ENV}, "
                    "else none; the variable keeps the key out of the process list)")

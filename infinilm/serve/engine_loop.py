@@ -259,7 +259,11 @@ class EngineLoop:
             else:
                 self.metrics.itl.observe(now - req.last)
             req.num_tokens, req.last = req.num_tokens + 1, now
-            if o.finished:
+            if o.seq.finish_reason is FinishReason.ERROR:  # this request failed alone (non-finite logits)
+                del self._live[o.seq.id]
+                self.metrics.finished.labels("error").inc()
+                out.append((req, Event(error=APIError(500, o.seq.error or "the request failed in the engine"))))
+            elif o.finished:
                 del self._live[o.seq.id]
                 self._end(req, "stop" if o.seq.finish_reason is FinishReason.EOS else "length", o.token, out, o)
             else:

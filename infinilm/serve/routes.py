@@ -178,7 +178,7 @@ class Routes:
             text, special = req.prompt or "", req.add_special_tokens is not False
         if tokenizer is None:
             raise bad_request("prompt", f"model {self.info.name!r} has no tokenizer.json")
-        ids = tokenizer.encode(text, add_special_tokens=special).ids
+        ids = (await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=special)).ids  # off the loop
         strs = [tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None
         return _json(TokenizeResponse(count=len(ids), max_model_len=self.info.max_model_len, tokens=ids,
                                       token_strs=strs))
@@ -222,7 +222,8 @@ class Routes:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = parse_body(await self._read(request))
-        greq = parse_chat(body, self.info) if chat else parse_completion(body, self.info)
+        parse = parse_chat if chat else parse_completion  # in a thread: encoding a long prompt (the tokenizer lets
+        greq = await asyncio.to_thread(parse, body, self.info)  # the GIL go) must not hold up the other streams
         if self.draining:
             raise APIError(503, "the server is shutting down")
         specs = greq.choices()

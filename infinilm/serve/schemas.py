@@ -28,7 +28,12 @@ down here:
 - The prompt is checked as the engine checks it, naming the request's field (``prompt``, or ``messages`` for
   chat): at least one token, every id in the model's vocabulary (a tokenizer may hold more ids than the
   config's ``vocab_size``), room to generate.
-- ``stop``: one string or a list of at most 4 non-empty strings (OpenAI's limit); it needs a tokenizer.
+- ``stop``: one string or a list of at most 4 non-empty strings (OpenAI's limit) of at most 1024 characters each
+  (a stop string is a marker; the limit bounds the text held back while it may still begin); it needs a tokenizer.
+- A text prompt (each of completions' ``prompt`` texts, chat's rendered ``messages``) of more than
+  ``32 * max_model_len`` characters is refused before it is encoded: no text that long fits (32 characters per
+  token is several times what tokenizers reach on text, whitespace runs and code aside; the body limit allows
+  the same), and encoding it would only cost time.
 - JSON's non-standard ``NaN``/``Infinity`` literals are refused as invalid JSON, and so is a string holding a
   lone surrogate (JSON may escape one, ``"\\ud800"``; no UTF-8 text can hold it), naming where it is.
 """
@@ -57,6 +62,8 @@ __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "Detoken
 _SEED_MAX: Final = 2**64 - 1  # SamplingParams.seed's range is [0, 2**64)
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of U+D800..U+DFFF
 _MAX_STOP: Final = 4
+_MAX_STOP_CHARS: Final = 1024
+_PROMPT_CHARS_PER_TOKEN: Final = 32  # the prompt's characters allowed per token of max_model_len
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 # fields of the API the engine does not implement: accepted at these values only (None is every field's default)
 _NEUTRAL: Final[Mapping[str, tuple[object, ...]]] = types.MappingProxyType({
@@ -184,6 +191,9 @@ class _Sampling(_Body):
             raise ValueError(f"must be a non-empty string or a list of them, got {show(value)}")
         if isinstance(items, list) and len(items) > _MAX_STOP:
             raise ValueError(f"{len(items)} stop strings; at most {_MAX_STOP}")
+        longest = max((len(s) for s in items), default=0) if isinstance(items, list) else 0
+        if longest > _MAX_STOP_CHARS:
+            raise ValueError(f"a stop string of {longest} characters; at most {_MAX_STOP_CHARS}")
         return value
 
 
@@ -479,6 +489,7 @@ def render_messages(messages: list[ChatMessage], info: ModelInfo) -> list[int]:
             not a prompt the engine can run.
     """
     text = render_text(messages, info)  # first: it refuses a model without a tokenizer
+    _check_length(text, info, "messages", "the messages rendered by the chat template")
     prompt = info.tokenizer.encode(text, add_special_tokens=False).ids  # type: ignore[union-attr]
     check_prompt(prompt, info, "messages", "the messages rendered by the chat template")
     return prompt
@@ -505,6 +516,7 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]], info: ModelI
             if info.tokenizer is None:
                 raise bad_request("prompt", f"model {info.name!r} has no tokenizer.json: send token ids (a list "
                                   "of integers)")
+            _check_length(p, info, "prompt", what)
             ids = info.tokenizer.encode(p).ids
             what = f"the tokenizer's encoding of {what}"
         else:
@@ -512,6 +524,18 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]], info: ModelI
         check_prompt(ids, info, "prompt", what)
         out.append(ids)
     return out
+
+
+def _check_length(text: str, info: ModelInfo, name: str, what: str) -> None:
+    """Refuse a prompt text too long to fit `info.max_model_len` before it is encoded (see the module's notes).
+
+    Raises:
+        APIError: 400 naming `name`: more than ``32 * max_model_len`` characters.
+    """
+    limit = _PROMPT_CHARS_PER_TOKEN * info.max_model_len
+    if len(text) > limit:
+        raise bad_request(name, f"{what} has {len(text)} characters; at most {limit} ({_PROMPT_CHARS_PER_TOKEN} per "
+                          f"token of max_model_len={info.max_model_len}) are encoded")
 
 
 def check_prompt(ids: list[int], info: ModelInfo, name: str, what: str) -> None:

@@ -4,7 +4,8 @@ Startup: load the engine (`Engine.from_pretrained`: gates, weights, cache), read
 template, listen, then print one line ``infinilm serve: <model> on http://HOST:PORT ...`` (with ``--port 0``
 the port the system chose) and serve until SIGTERM or SIGINT. Shutdown: new requests get 503, requests in
 the engine have ``--shutdown-timeout`` seconds to finish, the rest are cancelled (``finish_reason: abort``),
-connections close, the engine thread ends, and `serve` returns 0.
+connections close, the engine thread ends, and `serve` returns 0. The connections' limits (JSON answers to
+protocol errors, half-close, read timeouts, the body limit) are `infinilm.serve.connection`'s.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from infinilm.config import ConfigError, EngineOptions
 from infinilm.engine import Engine
 from infinilm.engine.state_pool import StatePool
 from infinilm.serve.chat_template import load_chat_template
+from infinilm.serve.connection import Runner, body_limits
 from infinilm.serve.engine_loop import EngineLoop
 from infinilm.serve.metrics import ServerMetrics
 from infinilm.serve.routes import Routes
@@ -34,6 +36,7 @@ from infinilm.tokenizer import load_tokenizer
 __all__ = ["create_app", "model_info", "serve"]
 
 _DRAIN_POLL: Final = 0.05  # seconds between checks for the last request while draining
+_KEEPALIVE: Final = 75.0  # seconds an idle keep-alive connection stays open (aiohttp's run_app and nginx's)
 
 
 def model_info(engine: Engine, model: str, name: str | None = None) -> ModelInfo:
@@ -50,12 +53,15 @@ def model_info(engine: Engine, model: str, name: str | None = None) -> ModelInfo
                      render_chat=load_chat_template(model), eos_token_ids=tuple(sorted(engine.scheduler.eos_token_ids)))
 
 
-def create_app(loop: EngineLoop, info: ModelInfo, api_keys: Sequence[str] = ()) -> tuple[web.Application, Routes]:
-    """The aiohttp application serving `loop`'s engine; the request body limit fits a full-length prompt;
-    with `api_keys`, the ``/v1`` routes need one of them (`infinilm.serve.middleware`)."""
+def create_app(loop: EngineLoop, info: ModelInfo, api_keys: Sequence[str] = (),
+               read_timeout: float = 60.0) -> tuple[web.Application, Routes]:
+    """The aiohttp application serving `loop`'s engine; the request body limit fits a full-length prompt, and a
+    body has `read_timeout` seconds to arrive (`infinilm.serve.connection.body_limits`); with `api_keys`, the
+    ``/v1`` routes need one of them (`infinilm.serve.middleware`)."""
     app = web.Application(client_max_size=max(1 << 20, 32 * info.max_model_len))
     routes = Routes(loop, info, loop.metrics, api_keys=api_keys)
     routes.install(app)
+    app.middlewares.append(body_limits(read_timeout))  # innermost: after the API key, inside the error middleware
     return app, routes
 
 
@@ -85,9 +91,12 @@ async def _serve(engine: Engine, info: ModelInfo, sock: socket.socket, args: arg
     kind = "state_row" if isinstance(engine.cache, StatePool) else "kv_block"
     loop = EngineLoop(engine, ServerMetrics(kind, engine.cache.allocator.num_blocks), max_waiting=args.max_waiting)
     loop.start()
-    app, routes = create_app(loop, info, [args.api_key] if getattr(args, "api_key", None) else [])
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=args.shutdown_timeout + 5.0)
+    app, routes = create_app(loop, info, [args.api_key] if getattr(args, "api_key", None) else [],
+                             read_timeout=args.read_timeout)
+    rejected = loop.metrics.rejected
+    runner = Runner(app, read_timeout=args.read_timeout, on_error=lambda status: rejected.labels(str(status)).inc(),
+                    handler_cancellation=True, access_log=None, keepalive_timeout=_KEEPALIVE,
+                    shutdown_timeout=args.shutdown_timeout + 5.0)
     await runner.setup()
     await web.SockSite(runner, sock).start()
     stop = asyncio.Event()

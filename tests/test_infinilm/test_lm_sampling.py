@@ -138,3 +138,70 @@ def test_logprobs_are_the_raw_log_softmax() -> None:
 def test_new_sampling_fields_are_range_checked(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def _poisoned_engine(checkpoint, bad_token: int):  # type: ignore[no-untyped-def]
+    """The tiny llama engine with the embedding row of `bad_token` set to inf: a request whose prompt holds it
+    gets non-finite logits (NaN after the attention and norms), the others are untouched."""
+    from infinilm import Engine, EngineOptions
+
+    path, _ = checkpoint("llama")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32))
+    with torch.no_grad():
+        engine.model.embed.weight[bad_token] = float("inf")
+    return engine
+
+
+def test_non_finite_logits_finish_their_request_with_an_error_and_leave_the_others(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """Issue #30 item 2: a sampled request with non-finite logits raised `probability tensor contains inf/nan`
+    out of `Engine.step`, failing every request of the step."""
+    from infinilm import FinishReason
+
+    engine = _poisoned_engine(checkpoint, bad_token=3)
+    greedy_prompt = [5, 6, 7]
+    solo = engine.generate([greedy_prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))[0]
+    bad = engine.add_request([9, 3, 4], SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=4, seed=1))
+    good = engine.add_request(greedy_prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    hot = engine.add_request([8, 8], SamplingParams(temperature=1.0, max_new_tokens=4, seed=2, ignore_eos=True))
+    outputs = list(engine.stream())
+    assert bad.finished and bad.finish_reason is FinishReason.ERROR and bad.output == []
+    assert "non-finite" in (bad.error or "")
+    assert [o.finished for o in outputs if o.seq is bad] == [True]
+    assert good.output == solo and good.finish_reason is FinishReason.LENGTH
+    assert len(hot.output) == 4 and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch_of_32(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    """Issue #24: per-row seeds (the request's Philox key, its draw number the offset) whatever shares the step."""
+    import random
+
+    from infinilm import Engine, EngineOptions
+
+    path, _ = checkpoint("llama")
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=160))
+    rng = random.Random(5)
+    prompts = [[rng.randrange(1, 255) for _ in range(rng.randint(2, 12))] for _ in range(32)]
+    hot = SamplingParams(max_new_tokens=10, temperature=0.9, top_k=50, top_p=0.95, seed=2**64 - 3, ignore_eos=True)
+    alone = engine.generate([prompts[7]], hot)[0]
+    others = [SamplingParams(max_new_tokens=10, temperature=1.2, seed=i, ignore_eos=True, presence_penalty=0.5)
+              if i % 2 else SamplingParams(max_new_tokens=6, ignore_eos=True) for i in range(32)]
+    seqs = [engine.add_request(p, hot if i == 7 else others[i]) for i, p in enumerate(prompts)]
+    for _ in engine.stream():
+        pass
+    assert seqs[7].output == alone and len(set(alone)) > 1
+
+
+def test_infinilm_generate_reports_non_finite_logits_and_exits_1(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue #30 item 2: `infinilm generate` with a sampled prompt of non-finite logits ended in a traceback."""
+    from lm_helpers import hf_model
+
+    from infinilm.cli import main
+
+    model = hf_model("llama", tied=False)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[3] = float("inf")
+    model.save_pretrained(str(tmp_path))
+    code = main(["generate", "--model", str(tmp_path), "--prompt", "9 3 4", "--max-new-tokens", "4",
+                 "--temperature", "0.8", "--max-model-len", "64"])
+    assert code == 1
+    assert "non-finite" in capsys.readouterr().err

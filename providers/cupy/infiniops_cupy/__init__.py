@@ -14,7 +14,8 @@ from infiniops_py.registry import provider_from_modules
 
 __all__ = ["MODULES", "infiniops_provider"]
 
-# no FlashAttention, decode fusions nor AllReduce (the torch provider's torch.distributed serves the collective)
+# no FlashAttention, decode fusions, sampling nor AllReduce (the torch provider's torch.distributed serves
+# the collective)
 MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "causal_conv1d", "selective_scan")
 
 

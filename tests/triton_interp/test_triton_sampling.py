@@ -1,0 +1,63 @@
+"""Triton sampling on the CPU under the Triton interpreter: the conformance suite (chi-square verdicts), then the
+same tokens as the torch provider draw for draw (one Philox stream), over several column blocks with a ragged
+last one, with penalties, argmax rows and non-finite rows."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from interp_helpers import assert_conformant, randn
+
+import infiniops_py
+from infiniops_py import top_k_top_p_sampling_from_logits
+
+OP = "top_k_top_p_sampling_from_logits"
+
+
+def test_conformance() -> None:
+    assert_conformant(OP, 3)
+
+
+def _draw(provider: str, logits: torch.Tensor, **kw: object) -> torch.Tensor:
+    with infiniops_py.use(provider):
+        return top_k_top_p_sampling_from_logits(logits, torch.tensor([0, 5, 40, 1, 0, 2000], dtype=torch.int32),
+                                                torch.tensor([1.0, 0.9, 0.5, 1.0, 0.3, 0.8]), **kw)  # type: ignore[arg-type]
+
+
+def test_the_same_tokens_as_the_torch_provider_over_ragged_column_blocks() -> None:
+    v = 2 * 1024 + 300  # three blocks per pass, the last one masked
+    logits = randn(6, v, seed=1, scale=2.0)
+    kw = {"temperature": torch.tensor([1.0, 0.7, 1.3, 0.0, 0.5, 1.0]), "min_p": torch.tensor([0.0, 0.0, 0.05, 0, 0, 0]),
+          "seed": torch.arange(6) * 1_000_003 - 2**40, "offset": torch.arange(6) + 2**35,
+          "repetition_penalty": torch.full((6,), 1.2), "frequency_penalty": torch.full((6,), 0.3),
+          "presence_penalty": torch.full((6,), 0.1),
+          "output_token_counts": torch.randint(0, 3, (6, v), generator=torch.Generator().manual_seed(2),
+                                               dtype=torch.int32),
+          "prompt_token_mask": torch.rand(6, v, generator=torch.Generator().manual_seed(3)) < 0.2}
+    for dtype in (torch.bfloat16, torch.float32):
+        x = logits.to(dtype)
+        got, want = _draw("triton", x, **kw), _draw("torch", x, **kw)
+        assert got.tolist() == want.tolist()
+        assert int(got[3]) == int(_draw("reference", x.double(), **kw)[3])  # the argmax row
+
+
+def test_non_finite_rows_give_minus_one() -> None:
+    logits = randn(6, 40, seed=4)
+    logits[1, 3], logits[2, 5], logits[4] = math.nan, math.inf, -math.inf
+    got = _draw("triton", logits, seed=torch.arange(6))
+    assert [got[i] == -1 for i in range(6)] == [False, True, True, False, True, False]
+    assert got.tolist() == _draw("torch", logits, seed=torch.arange(6)).tolist()
+
+
+def test_per_row_values_out_of_range_are_clamped_alike() -> None:
+    """min_p above 1 and top_p at or below 0 keep the maxima; a negative temperature is the argmax."""
+    logits = randn(4, 50, seed=5)
+    logits[:, 7] = logits.max() + 1
+    kw = {"temperature": torch.tensor([1.0, 1.0, -2.0, 1.0]), "min_p": torch.tensor([3.0, 0.0, 0.0, 0.0]),
+          "seed": torch.arange(4)}
+    top_p = torch.tensor([1.0, -1.0, 1.0, 0.0])
+    for provider in ("triton", "torch"):
+        with infiniops_py.use(provider):
+            got = top_k_top_p_sampling_from_logits(logits, 0, top_p, **kw)  # type: ignore[arg-type]
+        assert got.tolist() == [7, 7, 7, 7], provider
