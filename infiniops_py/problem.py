@@ -22,8 +22,9 @@ so `SPECS` is complete before any call.
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, final
 
@@ -67,35 +68,43 @@ SPECS: Final[Mapping[str, OpSpec]] = MappingProxyType(_SPECS)
 which module was imported first); a read-only view: specs register themselves when they are made."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class OpSpec:
     """An operator as the framework sees it; making one registers it in `SPECS` (see `__post_init__`).
 
     Attributes:
         name: the public entry point's name (``flash_attn_varlen``).
         fields: the problem fields after ``device_type`` and ``dtype``, with their defaults, in key order.
-        function: the public function (checks, then dispatch).
+        function: the public function (checks, then dispatch); None until the operator module defines it
+            (``infiniops_py.operators._declare.Operator.define``).
         reference: the literal PyTorch reference, with the implementation calling convention.
         doc: one line for the matrix.
         buckets: the names of the size-bucket entries, appended to the dispatch key after the fields, in order;
             each is the `size_class` of one size of the call (the operator module documents which). Empty:
             the operator's speed has no size bucket.
+        key: made from `fields` and `buckets`: ``key(device_type, dtype, *, <field>=..., <bucket>=...)`` returns
+            the dispatch key ``(device_type, dtype, *field values, *size classes)``; each field and bucket is a
+            keyword (a missing or unknown one is a `TypeError`), and each bucket takes the raw size (its
+            `size_class` is taken here).
     """
 
     name: str
     fields: Mapping[str, Any]
-    function: Callable[..., Any]
+    function: Callable[..., Any] | None = None
     reference: Callable[..., Any]
     doc: str = ""
     buckets: tuple[str, ...] = ()
+    key: Callable[..., tuple[Any, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        """Register the spec in `SPECS` under its name.
+        """Make `key` and register the spec in `SPECS` under its name.
 
         Raises:
             ValueError: a spec of that name is already registered (an operator name is defined once), naming the
-                module of the spec that holds it.
+                module of the spec that holds it; a field or bucket name that is not a Python identifier, is a
+                keyword, repeats, or is ``device_type``/``dtype``.
         """
+        object.__setattr__(self, "key", _key_function(self.name, tuple(self.fields), self.buckets))
         taken = _SPECS.get(self.name)
         if taken is not None:
             raise ValueError(f"OpSpec name {self.name!r} is already taken by the spec of {_where(taken.function)}: "
@@ -138,6 +147,27 @@ class OpSpec:
         n = len(self.fields)
         return Problem(self.name, device_type, dtype_name(dtype), dict(zip(self.fields, rest[:n], strict=True)),
                        dict(zip(self.buckets, rest[n:], strict=True)))
+
+
+def _key_function(op: str, fields: tuple[str, ...], buckets: tuple[str, ...]) -> Callable[..., tuple[Any, ...]]:
+    """The ``key`` of an `OpSpec`: a function of one keyword per field and bucket, made from their names, so
+    a key is built by name at the cost of a plain call (a bucket's `size_class` written inline)."""
+    names = (*fields, *buckets)
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name) or name in ("device_type", "dtype"):
+            raise ValueError(f"{op}: problem field or bucket {name!r} must be an identifier, not a keyword nor "
+                             "device_type/dtype")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{op}: a field and a bucket share a name: {names}")
+    values = [*fields, *(f"{b} and 1 << ({b} - 1).bit_length()" for b in buckets)]
+    params = "".join(f", {n}" for n in names)
+    source = (f"def key(device_type, dtype{', *' if names else ''}{params}):\n"
+              f"    return (device_type, dtype{''.join(f', {v}' for v in values)})\n")
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # the source is made of the identifiers checked above
+    key = namespace["key"]
+    key.__qualname__ = f"OpSpec({op!r}).key"
+    return key
 
 
 def _where(fn: Callable[..., Any]) -> str:

@@ -66,8 +66,8 @@ def provider_from_modules(name: str, package: str, modules: Sequence[str], *, ap
                           distribution: str | None = None) -> Provider:
     """The `Provider` named `name` holding the ``IMPLEMENTATIONS`` of each module `package`.`m` of `modules`.
 
-    The modules are imported in the order given (a provider usually passes ``infiniops_py.operators.FAMILIES``
-    or a part of it) and their implementations kept in that order. The version is the installed version of the
+    The modules are imported in the order given (the provider's own list: a family it has no module for is
+    just not served) and their implementations kept in that order. The version is the installed version of the
     distribution `distribution` (``infiniops-provider-<name>`` when None), ``0+unknown`` when it is not
     installed (a source checkout on ``sys.path``). `api_version` is the provider API the plugin was built for
     (``Provider.api_version``); it is never defaulted to the framework's current one, so that an old plugin

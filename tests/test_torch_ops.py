@@ -52,6 +52,10 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     ops.rms_norm(i["a"], i["nw"], 1e-5, out=n2)
     x2, r2 = i["a"] * 0.5, i["a"] * 2.0
     ops.fused_add_rms_norm(x2, r2, i["nw"], 1e-6)
+    gn = ops.rms_norm_gated(i["a"], i["nw"], None, r2, 1e-6, 8, False)
+    gn2 = torch.empty_like(gn)
+    ops.rms_norm_gated(i["a"], i["nw"], i["nw"], None, 1e-5, out=gn2)
+    tok = ops.top_k_top_p_sampling_from_logits(i["a"], 5, 0.9, temperature=0.7, seed=i["pos"], offset=3)
     qkv = ops.fused_qk_norm(i["qkv"].clone(), i["qw"], i["kw"], num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
     q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
     q, k, v = q.reshape(T, HQ, D), k.reshape(T, HKV, D), v.reshape(T, HKV, D)
@@ -72,8 +76,8 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     st = i["st"].clone()
     su = ops.selective_state_update(st, i["ux"], i["udt"], i["sA"], i["uB"], i["uC"], dt_softplus=True,
                                     state_batch_indices=i["sidx"])
-    return [h, h2, s, s2, n, n2, x2, r2, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf, st, su,
-            *decode_fusions(i, q, k, HQ, HKV, D)]
+    return [h, h2, s, s2, n, n2, x2, r2, gn, gn2, tok, qkv, kc, vc, o, kc2, vc2, o2, y, y2, fs, cs, u, sy, sy2, sf,
+            st, su, *decode_fusions(i, q, k, HQ, HKV, D)]
 
 
 def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, hq: int, hkv: int,

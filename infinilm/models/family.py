@@ -1,6 +1,6 @@
 """What a model family declares, and what the gates hand back to the model it builds.
 
-A `Family` is data: its ``model_type``, the `ConfigLimits` of its ``config.json`` fields, the translation of
+A `ModelFamily` is data: its ``model_type``, the `ConfigLimits` of its ``config.json`` fields, the translation of
 a transformers config into a `ModelConfig`, the operator problems its models call (its gate), its model
 class, and whether it keeps recurrent state (a state pool and the recurrent runner) instead of a paged KV
 cache. `infinilm.models.registry` lists the families; the engine, the gates and the CLI ask it and hold no
@@ -21,7 +21,7 @@ from infinilm.config_checks import ConfigLimits
 from infinilm.distributed.parallel import TensorParallel
 from infiniops_py import Implementation, Problem
 
-__all__ = ["GEMM_FIELDS", "CausalLM", "Family", "GatePlan", "GateRequest", "ModelClass", "linear_problems"]
+__all__ = ["GEMM_FIELDS", "CausalLM", "GatePlan", "GateRequest", "ModelClass", "ModelFamily", "linear_problems"]
 
 GateRequest = tuple[str, dict[str, Any]]  # (operator, problem fields), as `infiniops_py.make_problem` takes them
 # the problem fields every linear layer's Gemm shares: x [T, K] @ weight [N, K].T
@@ -113,7 +113,7 @@ class ModelClass(Protocol):
 
 
 @dataclass(frozen=True)
-class Family:
+class ModelFamily:
     """One model family: everything the engine, the gates and the CLI need to know about it.
 
     Attributes:

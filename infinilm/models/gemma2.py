@@ -32,7 +32,7 @@ from infinilm.layers.derived import Derived
 from infinilm.layers.norm import RMSNorm
 from infinilm.models.decoder import DecoderModel, SandwichLayer
 from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import Family, GatePlan, GateRequest
+from infinilm.models.family import GatePlan, GateRequest, ModelFamily
 from infiniops_py import fused_add_rms_norm, rms_norm
 
 __all__ = ["GEMMA2", "Gemma2Config", "Gemma2Layer", "Gemma2Model", "OffsetRMSNorm"]
@@ -157,4 +157,4 @@ class Gemma2Model(DecoderModel):
         return logits
 
 
-GEMMA2: Final = Family("gemma2", _LIMITS, _translate, _gate, Gemma2Model)
+GEMMA2: Final = ModelFamily("gemma2", _LIMITS, _translate, _gate, Gemma2Model)

@@ -20,7 +20,7 @@ from infinilm.config import EngineOptions, ModelConfig
 from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.decoder import DecoderModel, SandwichLayer
 from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import Family, GatePlan, GateRequest
+from infinilm.models.family import GatePlan, GateRequest, ModelFamily
 
 __all__ = ["GLM4", "Glm4Config", "Glm4Layer", "Glm4Model", "InterleavedRotary"]
 
@@ -85,4 +85,4 @@ def _gate(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any],
                               is_neox=False)
 
 
-GLM4: Final = Family("glm4", _LIMITS, _translate, _gate, Glm4Model)
+GLM4: Final = ModelFamily("glm4", _LIMITS, _translate, _gate, Glm4Model)

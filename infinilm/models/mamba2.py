@@ -28,7 +28,7 @@ from infinilm.layers.embedding import Embedding, LMHead, ParallelLMHead, VocabPa
 from infinilm.layers.norm import RMSNorm
 from infinilm.layers.ssm import NO_TIME_STEP_LIMIT, Mamba2Mixer, SsmContext, StateRows
 from infinilm.models.decoder_config import MAX_LAYERS
-from infinilm.models.family import Family, GatePlan, GateRequest, linear_problems
+from infinilm.models.family import GatePlan, GateRequest, ModelFamily, linear_problems
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
 
 __all__ = ["MAMBA2", "NO_POSITION_LIMIT", "Mamba2Model", "gate_problems", "mamba2_config"]
@@ -206,4 +206,4 @@ class Mamba2Model:
         return self.lm_head(hidden)
 
 
-MAMBA2: Final = Family("mamba2", _LIMITS, mamba2_config, gate_problems, Mamba2Model, recurrent=True)
+MAMBA2: Final = ModelFamily("mamba2", _LIMITS, mamba2_config, gate_problems, Mamba2Model, recurrent=True)

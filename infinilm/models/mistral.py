@@ -16,7 +16,7 @@ from infinilm.config import EngineOptions, ModelConfig
 from infinilm.layers.attention import Attention
 from infinilm.models.decoder import DecoderModel
 from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import Family, GatePlan, GateRequest
+from infinilm.models.family import GatePlan, GateRequest, ModelFamily
 
 __all__ = ["MISTRAL", "MistralConfig", "MistralModel"]
 
@@ -50,4 +50,4 @@ class MistralModel(DecoderModel):
                          sliding_window=cast(MistralConfig, config).sliding_window)
 
 
-MISTRAL: Final = Family("mistral", _LIMITS, _translate, _gate, MistralModel)
+MISTRAL: Final = ModelFamily("mistral", _LIMITS, _translate, _gate, MistralModel)

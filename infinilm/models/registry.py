@@ -16,7 +16,7 @@ import torch
 
 from infinilm.config import ConfigError, ModelConfig, parse_dtype
 from infinilm.config_checks import field_problems, hf_error_reason, raise_problems, read_config_json
-from infinilm.models.family import Family
+from infinilm.models.family import ModelFamily
 from infinilm.models.gemma2 import GEMMA2
 from infinilm.models.glm4 import GLM4
 from infinilm.models.llama import LLAMA, QWEN2, QWEN3
@@ -25,7 +25,7 @@ from infinilm.models.mistral import MISTRAL
 
 __all__ = ["FAMILIES", "config_from_hf", "family_of", "model_types", "read_config"]
 
-FAMILIES: Final[tuple[Family, ...]] = (
+FAMILIES: Final[tuple[ModelFamily, ...]] = (
     LLAMA,
     QWEN2,
     QWEN3,
@@ -41,7 +41,7 @@ def model_types() -> tuple[str, ...]:
     return tuple(f.model_type for f in FAMILIES)
 
 
-def family_of(model_type: object) -> Family:
+def family_of(model_type: object) -> ModelFamily:
     """The family serving `model_type`.
 
     Raises:

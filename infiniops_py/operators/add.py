@@ -15,7 +15,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     byte_extent,
     check_device,
     check_dtype,
@@ -26,9 +25,8 @@ from infiniops_py.operators._base import (
     device_type,
     overlaps,
     same_view,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload
 
 __all__ = ["SPECS", "add"]
 
@@ -39,6 +37,29 @@ _STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor
 _grad_enabled = torch.is_grad_enabled
 
 
+def reference(input: torch.Tensor, other: torch.Tensor, alpha: float, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference: ``out = input + alpha * other``."""
+    out.copy_(input + alpha * other)
+    return out
+
+
+def _fake(input: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tensor:
+    return input.new_empty(torch.broadcast_shapes(input.shape, other.shape))
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"broadcast": False, "inplace": False},
+    buckets=("numel",),
+    reference=reference,
+    doc="out = input + alpha * other, broadcasting, optionally in place",
+    overloads=(Overload(when={"out": None}, fake=_fake),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+)
+
+
+@SPEC.define
 def add(
     input: torch.Tensor, other: torch.Tensor, *, alpha: float = 1.0, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -62,13 +83,8 @@ def add(
         ContractError: a non-tensor, non-broadcastable shapes, a dtype or device mismatch, a bad `alpha`
             or `out`, or a tensor that requires grad while grad mode is on (there is no backward).
     """
-    if lowered(input):  # torch.compile / torch.export / FakeTensor: the custom operator
-        if out is None:
-            return torch.ops.infiniops.add(input, other, alpha)
-        torch.ops.infiniops.add.out(input, other, alpha, out)
-        return out
-    # The checks run on every call (benchmarks/dispatch.py keeps them under 2 us): each attribute is read
-    # once, and a helper is only called to raise.
+    # The checks run on every call (benchmarks/dispatch.py times them): each attribute is read once, and a
+    # helper is only called to raise.
     if not (isinstance(input, _Tensor) and isinstance(other, _Tensor) and input.layout is _STRIDED
             and other.layout is _STRIDED):
         check_tensor(_OP, "input", input)
@@ -100,8 +116,9 @@ def add(
     if (input.requires_grad or other.requires_grad or out.requires_grad) and _grad_enabled():  # cheap test first
         check_no_grad(_OP, {"input": input, "other": other, "out": out})
     # The implementation writes `out`; what it returns is not the result (it may be None or another tensor).
-    dispatch(SPEC, ("cpu" if on_cpu else device_type(input), dtype, broadcast, inplace, size_class(out.numel())), input,
-             other, alpha, out)
+    key = SPEC.key("cpu" if on_cpu else device_type(input), dtype, broadcast=broadcast, inplace=inplace,
+                   numel=out.numel())
+    dispatch(SPEC, key, input, other, alpha, out)
     return out
 
 
@@ -143,18 +160,4 @@ def _shares(name: str, t: torch.Tensor, out: torch.Tensor) -> bool:
     return False
 
 
-def reference(input: torch.Tensor, other: torch.Tensor, alpha: float, out: torch.Tensor) -> torch.Tensor:
-    """Literal reference: ``out = input + alpha * other``."""
-    out.copy_(input + alpha * other)
-    return out
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"broadcast": False, "inplace": False},
-    function=add,
-    reference=reference,
-    doc="out = input + alpha * other, broadcasting, optionally in place",
-    buckets=("numel",),
-)
 SPECS = (SPEC,)

@@ -27,13 +27,12 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_dtype,
     check_no_grad,
     check_tensor,
     device_type,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload, Param
 
 __all__ = ["SPECS", "all_reduce", "default_group", "group_name", "group_of"]
 
@@ -113,6 +112,35 @@ def group_of(name: str) -> Any:
         raise ContractError(_OP, "group", f"no process group of this process is named {name!r} ({err})") from None
 
 
+def reference(tensor: torch.Tensor, group: Any) -> None:
+    """Literal reference: gather every rank's tensor (``torch.distributed.all_gather``), then
+    ``tensor <- sum over ranks r of gathered[r]``, accumulated in float64 in rank order and rounded once to the
+    tensor's dtype; world size 1 is the identity (nothing is communicated)."""
+    if group.size() == 1:
+        return
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(tensor) for _ in range(group.size())]
+    dist.all_gather(parts, tensor, group=group)
+    total = torch.zeros(tensor.shape, dtype=torch.float64, device=tensor.device)
+    for part in parts:
+        total += part.double()
+    tensor.copy_(total)
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"backend": "gloo", "world_size": 1},
+    reference=reference,
+    doc="tensor <- sum of tensor over the ranks of a torch.distributed process group, in place",
+    overloads=(Overload(outputs=0, returns=("tensor",)),),
+    mutates=("tensor",),
+    params={"group": Param("str", name="group_name", to_schema=lambda group, _: group_name(group),
+                           to_public=lambda name: group_of(name))},
+)
+
+
+@SPEC.define
 def all_reduce(tensor: torch.Tensor, *, group: object = None) -> torch.Tensor:
     """Sum `tensor` across the ranks of `group`, in place: afterwards every rank holds the same sum.
 
@@ -134,9 +162,6 @@ def all_reduce(tensor: torch.Tensor, *, group: object = None) -> torch.Tensor:
     """
     if not isinstance(tensor, torch.Tensor):
         check_tensor(_OP, "tensor", tensor)
-    if lowered(tensor):  # torch.compile / torch.export / FakeTensor: the custom operator (by the group's name)
-        torch.ops.infiniops.all_reduce(tensor, group_name(group))
-        return tensor
     if tensor.dtype not in FLOAT_DTYPES:
         check_dtype(_OP, "tensor", tensor, FLOAT_DTYPES, "all_reduce sums floating-point activations")
     if not tensor.is_contiguous():
@@ -147,31 +172,10 @@ def all_reduce(tensor: torch.Tensor, *, group: object = None) -> torch.Tensor:
     pg = _resolve(group)
     if tensor.numel() == 0:
         return tensor
-    dispatch(SPEC, ("cpu" if tensor.is_cpu else device_type(tensor), tensor.dtype, pg.name(), pg.size()), tensor, pg)
+    key = SPEC.key("cpu" if tensor.is_cpu else device_type(tensor), tensor.dtype, backend=pg.name(),
+                   world_size=pg.size())
+    dispatch(SPEC, key, tensor, pg)
     return tensor
 
 
-def reference(tensor: torch.Tensor, group: Any) -> None:
-    """Literal reference: gather every rank's tensor (``torch.distributed.all_gather``), then
-    ``tensor <- sum over ranks r of gathered[r]``, accumulated in float64 in rank order and rounded once to the
-    tensor's dtype; world size 1 is the identity (nothing is communicated)."""
-    if group.size() == 1:
-        return
-    import torch.distributed as dist
-
-    parts = [torch.empty_like(tensor) for _ in range(group.size())]
-    dist.all_gather(parts, tensor, group=group)
-    total = torch.zeros(tensor.shape, dtype=torch.float64, device=tensor.device)
-    for part in parts:
-        total += part.double()
-    tensor.copy_(total)
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"backend": "gloo", "world_size": 1},
-    function=all_reduce,
-    reference=reference,
-    doc="tensor <- sum of tensor over the ranks of a torch.distributed process group, in place",
-)
 SPECS = (SPEC,)

@@ -16,7 +16,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_device,
     check_dtype,
     check_no_grad,
@@ -24,9 +23,8 @@ from infiniops_py.operators._base import (
     check_real,
     check_tensor,
     check_writable,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
 
 __all__ = ["SPECS", "fused_qk_norm", "reference"]
@@ -34,6 +32,34 @@ __all__ = ["SPECS", "fused_qk_norm", "reference"]
 _OP = "fused_qk_norm"
 
 
+def reference(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
+    """Literal reference: the RmsNorm reference on each Q head, then on each K head; V is not touched."""
+    t = qkv.shape[0]
+    for first, count, weight in ((0, num_q_heads, q_weight), (num_q_heads, num_kv_heads, k_weight)):
+        heads = qkv[:, first * head_dim : (first + count) * head_dim].view(t, count, head_dim)
+        _rms_norm_reference(heads, weight, eps, heads)
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8},
+    buckets=("tokens",),
+    reference=reference,
+    doc="per-head RmsNorm of Q and K in a packed QKV, in place, V untouched",
+    overloads=(Overload(outputs=0, returns=("qkv",)),),
+    mutates=("qkv",),
+)
+
+
+@SPEC.define
 def fused_qk_norm(
     qkv: torch.Tensor,
     q_weight: torch.Tensor,
@@ -68,9 +94,6 @@ def fused_qk_norm(
             `eps`, an expanded `qkv`, a weight sharing its memory, or a tensor that requires grad while
             grad mode is on.
     """
-    if lowered(qkv):  # torch.compile / torch.export / FakeTensor: the custom operator
-        torch.ops.infiniops.fused_qk_norm(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
-        return qkv
     check_tensor(_OP, "qkv", qkv)
     check_tensor(_OP, "q_weight", q_weight)
     check_tensor(_OP, "k_weight", k_weight)
@@ -101,33 +124,10 @@ def fused_qk_norm(
     check_writable(_OP, "qkv", qkv)
     check_no_overlap(_OP, "q_weight", q_weight, "qkv", qkv)
     check_no_overlap(_OP, "k_weight", k_weight, "qkv", qkv)
-    key = (qkv.device.type, qkv.dtype, head_dim, num_q_heads, num_kv_heads, size_class(qkv.shape[0]))
+    key = SPEC.key(qkv.device.type, qkv.dtype, head_dim=head_dim, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                   tokens=qkv.shape[0])
     dispatch(SPEC, key, qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
     return qkv
 
 
-def reference(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-) -> None:
-    """Literal reference: the RmsNorm reference on each Q head, then on each K head; V is not touched."""
-    t = qkv.shape[0]
-    for first, count, weight in ((0, num_q_heads, q_weight), (num_q_heads, num_kv_heads, k_weight)):
-        heads = qkv[:, first * head_dim : (first + count) * head_dim].view(t, count, head_dim)
-        _rms_norm_reference(heads, weight, eps, heads)
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8},
-    function=fused_qk_norm,
-    reference=reference,
-    doc="per-head RmsNorm of Q and K in a packed QKV, in place, V untouched",
-    buckets=("tokens",),
-)
 SPECS = (SPEC,)

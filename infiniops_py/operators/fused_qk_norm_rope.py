@@ -21,7 +21,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -31,9 +30,8 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
     device_type,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.fused_qk_norm import reference as _qk_norm_reference
 from infiniops_py.operators.rotary_embedding import check_apart, check_cos_sin_cache, check_positions
 from infiniops_py.operators.rotary_embedding import reference as _rotary_reference
@@ -43,6 +41,38 @@ __all__ = ["SPECS", "fused_qk_norm_rope", "reference"]
 _OP = "fused_qk_norm_rope"
 
 
+def reference(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    is_neox: bool,
+) -> None:
+    """Literal reference: the FusedQkNorm reference, then the RoPE reference on the Q and K head views."""
+    _qk_norm_reference(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
+    t, q_cols = qkv.shape[0], num_q_heads * head_dim
+    q = qkv[:, :q_cols].view(t, num_q_heads, head_dim)
+    k = qkv[:, q_cols : q_cols + num_kv_heads * head_dim].view(t, num_kv_heads, head_dim)
+    _rotary_reference(positions, q, k, cos_sin_cache, is_neox)
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, "rotary_dim": 128, "is_neox": True},
+    buckets=("tokens",),
+    reference=reference,
+    doc="per-head RmsNorm then RoPE of Q and K in a packed QKV, in place, V untouched",
+    overloads=(Overload(outputs=0, returns=("qkv",)),),
+    mutates=("qkv",),
+)
+
+
+@SPEC.define
 def fused_qk_norm_rope(
     qkv: torch.Tensor,
     q_weight: torch.Tensor,
@@ -101,10 +131,6 @@ def fused_qk_norm_rope(
             tensor that requires grad while grad mode is on, or (in checked mode) a position outside
             ``[0, max_position)``.
     """
-    if lowered(qkv):  # torch.compile / torch.export / FakeTensor: the custom operator
-        torch.ops.infiniops.fused_qk_norm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads,
-                                               num_kv_heads, head_dim, eps, is_neox)
-        return qkv
     tensors = {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight, "cos_sin_cache": cos_sin_cache,
                "positions": positions}
     for name, t in tensors.items():
@@ -137,39 +163,11 @@ def fused_qk_norm_rope(
     check_writable(_OP, "qkv", qkv)
     check_apart(_OP, {"qkv": qkv}, {name: t for name, t in tensors.items() if name != "qkv"})
     check_index_range(_OP, "positions", positions, cos_sin_cache.shape[0], allow_negative=False)
-    key = (device_type(qkv), qkv.dtype, head_dim, num_q_heads, num_kv_heads, rotary_dim, is_neox,
-           size_class(qkv.shape[0]))
+    key = SPEC.key(device_type(qkv), qkv.dtype, head_dim=head_dim, num_q_heads=num_q_heads,
+                   num_kv_heads=num_kv_heads, rotary_dim=rotary_dim, is_neox=is_neox, tokens=qkv.shape[0])
     dispatch(SPEC, key, qkv, q_weight, k_weight, cos_sin_cache, positions, num_q_heads, num_kv_heads, head_dim, eps,
              is_neox)
     return qkv
 
 
-def reference(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    is_neox: bool,
-) -> None:
-    """Literal reference: the FusedQkNorm reference, then the RoPE reference on the Q and K head views."""
-    _qk_norm_reference(qkv, q_weight, k_weight, num_q_heads, num_kv_heads, head_dim, eps)
-    t, q_cols = qkv.shape[0], num_q_heads * head_dim
-    q = qkv[:, :q_cols].view(t, num_q_heads, head_dim)
-    k = qkv[:, q_cols : q_cols + num_kv_heads * head_dim].view(t, num_kv_heads, head_dim)
-    _rotary_reference(positions, q, k, cos_sin_cache, is_neox)
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, "rotary_dim": 128, "is_neox": True},
-    function=fused_qk_norm_rope,
-    reference=reference,
-    doc="per-head RmsNorm then RoPE of Q and K in a packed QKV, in place, V untouched",
-    buckets=("tokens",),
-)
 SPECS = (SPEC,)

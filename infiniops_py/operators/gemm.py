@@ -18,7 +18,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -27,15 +26,57 @@ from infiniops_py.operators._base import (
     check_tensor,
     overlaps,
     same_view,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload
 
 __all__ = ["SPECS", "gemm", "reference"]
 
 _OP = "gemm"
 
 
+def reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    trans_a: bool,
+    trans_b: bool,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Literal reference, in float32 (float64 for float64 inputs), rounded once into `out`."""
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    op_a = a.to(acc).transpose(-1, -2) if trans_a else a.to(acc)
+    op_b = b.to(acc).transpose(-1, -2) if trans_b else b.to(acc)
+    y = alpha * torch.matmul(op_a, op_b)
+    if c is not None:
+        y = y + beta * c.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    out.copy_(y)
+    return out
+
+
+def _fake(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, **_: object) -> torch.Tensor:
+    m = a.shape[-1] if trans_a else a.shape[-2]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    return a.new_empty((*a.shape[:-2], m, n))
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"batched": False, "trans_a": False, "trans_b": False, "has_bias": False, "has_c": False},
+    buckets=("m", "n", "k"),
+    reference=reference,
+    doc="y = alpha * op(a) @ op(b) + beta * c + bias, fp32 accumulation, optional batch dim",
+    overloads=(Overload(when={"out": None}, fake=_fake),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+)
+
+
+@SPEC.define
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -74,11 +115,6 @@ def gemm(
             above, or a tensor that requires grad while grad mode is on (there is no backward), naming the
             argument.
     """
-    if lowered(a):  # torch.compile / torch.export / FakeTensor: the custom operator
-        if out is None:
-            return torch.ops.infiniops.gemm(a, b, c, bias, alpha, beta, trans_a, trans_b)
-        torch.ops.infiniops.gemm.out(a, b, c, bias, alpha, beta, trans_a, trans_b, out)
-        return out
     check_tensor(_OP, "a", a)
     check_tensor(_OP, "b", b)
     for name, t in (("c", c), ("bias", bias), ("out", out)):
@@ -124,8 +160,8 @@ def gemm(
         _check_out(out, shape, a, b, bias, c_full)
     if out.numel() == 0:
         return out
-    key = (dev.type, dt, batched, trans_a, trans_b, bias is not None, c is not None, size_class(m), size_class(n),
-           size_class(ka))
+    key = SPEC.key(dev.type, dt, batched=batched, trans_a=trans_a, trans_b=trans_b, has_bias=bias is not None,
+                   has_c=c is not None, m=m, n=n, k=ka)
     dispatch(SPEC, key, a, b, c, bias, alpha, beta, trans_a, trans_b, out)
     return out
 
@@ -168,36 +204,4 @@ def _check_out(
         raise ContractError(_OP, "out", f"shares memory with {name}; only out=c (the same full view) may alias")
 
 
-def reference(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    alpha: float,
-    beta: float,
-    trans_a: bool,
-    trans_b: bool,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """Literal reference, in float32 (float64 for float64 inputs), rounded once into `out`."""
-    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
-    op_a = a.to(acc).transpose(-1, -2) if trans_a else a.to(acc)
-    op_b = b.to(acc).transpose(-1, -2) if trans_b else b.to(acc)
-    y = alpha * torch.matmul(op_a, op_b)
-    if c is not None:
-        y = y + beta * c.to(acc)
-    if bias is not None:
-        y = y + bias.to(acc)
-    out.copy_(y)
-    return out
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"batched": False, "trans_a": False, "trans_b": False, "has_bias": False, "has_c": False},
-    function=gemm,
-    reference=reference,
-    doc="y = alpha * op(a) @ op(b) + beta * c + bias, fp32 accumulation, optional batch dim",
-    buckets=("m", "n", "k"),
-)
 SPECS = (SPEC,)

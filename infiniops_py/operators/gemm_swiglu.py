@@ -14,6 +14,9 @@ Size bucket: m, n, k, the `size_class` of T, d and K.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -21,21 +24,56 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_device,
     check_dtype,
     check_no_grad,
     check_no_overlap,
     check_tensor,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_tensor
 
 __all__ = ["SPECS", "gemm_swiglu", "reference"]
 
 _OP = "gemm_swiglu"
 
 
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference: the projection in float32 (float64 for float64), rounded to the dtype, then
+    ``F.silu(gate) * up`` in the dtype, as `gemm` then `silu_and_mul` compute it."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    projected = F.linear(x.to(acc), weight.to(acc), None if bias is None else bias.to(acc)).to(x.dtype)
+    d = out.shape[1]
+    out.copy_(F.silu(projected[:, :d]) * projected[:, d:])
+    return out
+
+
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``x [m, k]``, the packed weight ``[2n, k]`` scaled by ``k ** -0.5`` and, with ``has_bias``, a ``[2n]``
+    bias (the tuner's call)."""
+    m, n, k = values["m"], values["n"], values["k"]
+    x = sample_tensor(generator, m, k, dtype=dtype, device=device)
+    weight = sample_tensor(generator, 2 * n, k, dtype=dtype, device=device, scale=k ** -0.5)
+    bias = sample_tensor(generator, 2 * n, dtype=dtype, device=device) if values["has_bias"] else None
+    return (x, weight, bias), {}
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"has_bias": False},
+    buckets=("m", "n", "k"),
+    reference=reference,
+    doc="silu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up): the packed gate/up projection and SwiGLU in one",
+    overloads=(Overload(when={"out": None},
+                        fake=lambda x, weight, bias: x.new_empty((x.shape[0], weight.shape[0] // 2))),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+    sizes={"m": (1, 7, 64), "n": (16, 256, 1024), "k": (16, 256, 1024)},
+    sample_inputs=sample_inputs,
+)
+
+
+@SPEC.define
 def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(x @ weight[:d].T + bias[:d]) * (x @ weight[d:].T + bias[d:])`` for the packed gate/up weight.
@@ -57,11 +95,6 @@ def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             stride other than the above (an odd ``weight.shape[0]``, a K that differs from x's); a bad `out`; a
             tensor that requires grad while grad mode is on (there is no backward).
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        if out is None:
-            return torch.ops.infiniops.gemm_swiglu(x, weight, bias)
-        torch.ops.infiniops.gemm_swiglu.out(x, weight, bias, out)
-        return out
     for name, t in (("x", x), ("weight", weight)):
         check_tensor(_OP, name, t)
     check_tensor(_OP, "bias", bias, optional=True)
@@ -94,8 +127,7 @@ def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return out
     if k == 0:  # no product: silu(bias_gate) * bias_up, or zeros
         return reference(x, weight, bias, out)
-    dispatch(SPEC, (x.device.type, x.dtype, bias is not None, size_class(t), size_class(d), size_class(k)),
-             x, weight, bias, out)
+    dispatch(SPEC, SPEC.key(x.device.type, x.dtype, has_bias=bias is not None, m=t, n=d, k=k), x, weight, bias, out)
     return out
 
 
@@ -117,22 +149,4 @@ def _check_out(out: torch.Tensor, shape: tuple[int, int], x: torch.Tensor, weigh
             check_no_overlap(_OP, "out", out, name, t)
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    """Literal reference: the projection in float32 (float64 for float64), rounded to the dtype, then
-    ``F.silu(gate) * up`` in the dtype, as `gemm` then `silu_and_mul` compute it."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    projected = F.linear(x.to(acc), weight.to(acc), None if bias is None else bias.to(acc)).to(x.dtype)
-    d = out.shape[1]
-    out.copy_(F.silu(projected[:, :d]) * projected[:, d:])
-    return out
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"has_bias": False},
-    function=gemm_swiglu,
-    reference=reference,
-    doc="silu(x @ w_gate.T + b_gate) * (x @ w_up.T + b_up): the packed gate/up projection and SwiGLU in one",
-    buckets=("m", "n", "k"),
-)
 SPECS = (SPEC,)

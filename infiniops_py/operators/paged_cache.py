@@ -22,7 +22,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_device,
     check_dtype,
     check_index_range,
@@ -31,9 +30,8 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_unique_indices,
     check_writable,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 
 __all__ = ["FP8_MAX", "SPECS", "quantize", "reference", "reshape_and_cache_flash"]
 
@@ -43,6 +41,42 @@ _FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype names of float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn: quotients beyond it saturate (CUDA's __NV_SATFINITE)
 
 
+def reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Literal reference: a Python loop over the tokens, skipping padding and out-of-range slots (it reads
+    `slot_mapping` on the host: one synchronization on CUDA; of tokens sharing a slot, the last lands);
+    fp8 caches get `quantize` of each row."""
+    num_blocks, block_size = key_cache.shape[:2]
+    for i, s in enumerate(slot_mapping.tolist()):
+        if 0 <= s < num_blocks * block_size:
+            k, v = key[i], value[i]
+            if k_scale is not None and v_scale is not None:
+                k, v = quantize(k, k_scale), quantize(v, v_scale)
+            key_cache[s // block_size, s % block_size] = k
+            value_cache[s // block_size, s % block_size] = v
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"head_dim": 128, "block_size": 16, "num_kv_heads": 8, "fp8_kv": False},
+    buckets=("tokens",),
+    reference=reference,
+    doc="write key/value rows into a paged KV cache at slot_mapping (negative slots skipped), or quantize them into "
+        "an fp8 cache",
+    overloads=(Overload(outputs=0),),
+    mutates=("key_cache", "value_cache"),
+)
+
+
+@SPEC.define
 def reshape_and_cache_flash(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -87,10 +121,6 @@ def reshape_and_cache_flash(
             or overlapping cache, a tensor that requires grad while grad mode is on, or (in checked mode) a
             slot ``>= num_blocks * block_size`` or a repeated slot.
     """
-    if lowered(key):  # torch.compile / torch.export / FakeTensor: the custom operator
-        torch.ops.infiniops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                                    k_scale, v_scale)
-        return None
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
         check_tensor(_OP, name, t)
@@ -160,8 +190,9 @@ def reshape_and_cache_flash(
     check_unique_indices(_OP, "slot_mapping", slot_mapping, "slot")
     if slot_mapping.shape[0] == 0 or key_cache.numel() == 0:
         return
-    dispatch(SPEC, (dev.type, dt, d, block_size, hkv, fp8, size_class(slot_mapping.shape[0])), key, value, key_cache,
-             value_cache, slot_mapping, **scales)
+    problem = SPEC.key(dev.type, dt, head_dim=d, block_size=block_size, num_kv_heads=hkv, fp8_kv=fp8,
+                       tokens=slot_mapping.shape[0])
+    dispatch(SPEC, problem, key, value, key_cache, value_cache, slot_mapping, **scales)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -170,36 +201,4 @@ def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.to(torch.float32) / scale.reshape(()).to(torch.float32)).clamp(-FP8_MAX, FP8_MAX).to(_FP8)
 
 
-def reference(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> None:
-    """Literal reference: a Python loop over the tokens, skipping padding and out-of-range slots (it reads
-    `slot_mapping` on the host: one synchronization on CUDA; of tokens sharing a slot, the last lands);
-    fp8 caches get `quantize` of each row."""
-    num_blocks, block_size = key_cache.shape[:2]
-    for i, s in enumerate(slot_mapping.tolist()):
-        if 0 <= s < num_blocks * block_size:
-            k, v = key[i], value[i]
-            if k_scale is not None and v_scale is not None:
-                k, v = quantize(k, k_scale), quantize(v, v_scale)
-            key_cache[s // block_size, s % block_size] = k
-            value_cache[s // block_size, s % block_size] = v
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"head_dim": 128, "block_size": 16, "num_kv_heads": 8, "fp8_kv": False},
-    function=reshape_and_cache_flash,
-    reference=reference,
-    doc="write key/value rows into a paged KV cache at slot_mapping (negative slots skipped), or quantize them into "
-        "an fp8 cache",
-    buckets=("tokens",),
-)
 SPECS = (SPEC,)

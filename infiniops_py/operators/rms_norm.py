@@ -15,6 +15,8 @@ Size bucket (both): tokens, the `size_class` (power of two at or above) of the n
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -22,7 +24,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     byte_extent,
     check_device,
     check_dtype,
@@ -34,9 +35,8 @@ from infiniops_py.operators._base import (
     device_type,
     overlaps,
     same_view,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_tensor
 
 __all__ = ["SPECS", "fused_add_rms_norm", "fused_reference", "reference", "rms_norm"]
 
@@ -49,6 +49,67 @@ _STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor
 _grad_enabled = torch.is_grad_enabled
 
 
+def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    variance = xf.pow(2).mean(dim=-1, keepdim=True)
+    return (xf * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference: the mean square in max(float32, dtype), cast to the dtype, times weight."""
+    out.copy_(_normalize(x, weight, eps))
+    return out
+
+
+def fused_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """Literal reference: ``residual <- x + residual``; ``x <- rms_norm(residual)``."""
+    residual.copy_(x + residual)
+    x.copy_(_normalize(residual, weight, eps))
+
+
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``tokens`` rows of ``hidden_size`` values, a weight near 1 (the tuner's call)."""
+    t, h = values["tokens"], values["hidden_size"]
+    x = sample_tensor(generator, t, h, dtype=dtype, device=device)
+    return (x, 1 + sample_tensor(generator, h, dtype=dtype, device=device, scale=0.1), 1e-6), {}
+
+
+def fused_sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                        generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``x`` and ``residual`` of ``tokens`` rows of ``hidden_size`` values, a weight near 1 (the tuner's call)."""
+    t, h = values["tokens"], values["hidden_size"]
+    x, residual = (sample_tensor(generator, t, h, dtype=dtype, device=device) for _ in range(2))
+    return (x, residual, 1 + sample_tensor(generator, h, dtype=dtype, device=device, scale=0.1), 1e-6), {}
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"hidden_size": 4096},
+    buckets=("tokens",),
+    reference=reference,
+    doc="RmsNorm over the last dim, fp32 variance, weight applied in the input dtype",
+    overloads=(Overload(when={"out": None}, fake=lambda x, weight, eps: x.new_empty(x.shape)),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+    sizes={"tokens": (1, 5, 128)},
+    sample_inputs=sample_inputs,
+)
+FUSED_SPEC = Operator(
+    name=_FUSED,
+    fields={"hidden_size": 4096},
+    buckets=("tokens",),
+    reference=fused_reference,
+    doc="in place: residual += x, then x = rms_norm(residual)",
+    overloads=(Overload(outputs=0, returns=("x", "residual")),),
+    mutates=("x", "residual"),
+    sizes={"tokens": (1, 5, 128)},
+    sample_inputs=fused_sample_inputs,
+)
+
+
+@SPEC.define
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -73,12 +134,7 @@ def rms_norm(
             1, a bad `eps` or `out`, or a tensor that requires grad while grad mode is on (there is no
             backward).
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        if out is None:
-            return torch.ops.infiniops.rms_norm(x, weight, eps)
-        torch.ops.infiniops.rms_norm.out(x, weight, eps, out)
-        return out
-    # The checks run on every call (benchmarks/dispatch.py keeps them near 2 us, as add.py's): each
+    # The checks run on every call (benchmarks/dispatch.py times them, as add.py's): each
     # attribute is read once, and a helper is only called to raise. A non-tensor fails an attribute read
     # (the try costs nothing when nothing is raised) or, duck-typed, a helper's `check_tensor`.
     if type(eps) is not float or not 0.0 < eps < _INF:
@@ -128,16 +184,18 @@ def rms_norm(
     if len(shape) == 2:
         n = shape[0]
         if n and h:
-            dispatch(SPEC, ("cpu" if on_cpu else device_type(x), dtype, h, size_class(n)), x, weight, eps, out)
+            key = SPEC.key("cpu" if on_cpu else device_type(x), dtype, hidden_size=h, tokens=n)
+            dispatch(SPEC, key, x, weight, eps, out)
         return out
     if 0 in shape:
         return out
-    key = ("cpu" if on_cpu else device_type(x), dtype, h, size_class(x.numel() // h))
+    key = SPEC.key("cpu" if on_cpu else device_type(x), dtype, hidden_size=h, tokens=x.numel() // h)
     x2 = x.view(-1, h) if _viewable(x) else x.reshape(-1, h)
     dispatch(SPEC, key, x2, weight, eps, out.view(-1, h))
     return out
 
 
+@FUSED_SPEC.define
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,9 +220,6 @@ def fused_add_rms_norm(
             `eps`, an expanded `x` or `residual`, any two of the tensors sharing memory, or a tensor that
             requires grad while grad mode is on.
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        torch.ops.infiniops.fused_add_rms_norm(x, residual, weight, eps)
-        return x, residual
     check_tensor(_FUSED, "x", x)
     check_tensor(_FUSED, "residual", residual)
     check_tensor(_FUSED, "weight", weight)
@@ -188,7 +243,7 @@ def fused_add_rms_norm(
     check_no_overlap(_FUSED, "residual", residual, "x", x)
     check_no_overlap(_FUSED, "weight", weight, "x", x)
     check_no_overlap(_FUSED, "weight", weight, "residual", residual)
-    key = (x.device.type, x.dtype, h, size_class(x.numel() // h))
+    key = FUSED_SPEC.key(x.device.type, x.dtype, hidden_size=h, tokens=x.numel() // h)
     if x.dim() == 2:
         dispatch(FUSED_SPEC, key, x, residual, weight, eps)
         return x, residual
@@ -246,39 +301,4 @@ def _viewable(x: torch.Tensor) -> bool:
     return all(stride[i] == stride[i + 1] * x.shape[i + 1] or x.shape[i] == 1 for i in range(x.dim() - 2))
 
 
-def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xf = x.to(acc)
-    variance = xf.pow(2).mean(dim=-1, keepdim=True)
-    return (xf * torch.rsqrt(variance + eps)).to(x.dtype) * weight
-
-
-def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
-    """Literal reference: the mean square in max(float32, dtype), cast to the dtype, times weight."""
-    out.copy_(_normalize(x, weight, eps))
-    return out
-
-
-def fused_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """Literal reference: ``residual <- x + residual``; ``x <- rms_norm(residual)``."""
-    residual.copy_(x + residual)
-    x.copy_(_normalize(residual, weight, eps))
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"hidden_size": 4096},
-    function=rms_norm,
-    reference=reference,
-    doc="RmsNorm over the last dim, fp32 variance, weight applied in the input dtype",
-    buckets=("tokens",),
-)
-FUSED_SPEC = OpSpec(
-    name=_FUSED,
-    fields={"hidden_size": 4096},
-    function=fused_add_rms_norm,
-    reference=fused_reference,
-    doc="in place: residual += x, then x = rms_norm(residual)",
-    buckets=("tokens",),
-)
 SPECS = (SPEC, FUSED_SPEC)

@@ -22,7 +22,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -31,15 +30,44 @@ from infiniops_py.operators._base import (
     check_real,
     check_tensor,
     device_type,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload
 
 __all__ = ["SPECS", "reference", "rms_norm_gated"]
 
 _OP = "rms_norm_gated"
 
 
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor | None, eps: float,
+              group_size: int, norm_before_gate: bool, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference (mamba_ssm's ``rms_norm_ref`` with ``upcast=True``): fp32 (fp64) throughout, one rounding."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    g = x.to(acc)
+    if z is not None and not norm_before_gate:
+        g = g * F.silu(z.to(acc))
+    grouped = g.unflatten(-1, (-1, group_size))
+    y = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight.to(acc)
+    if bias is not None:
+        y = y + bias.to(acc)
+    if z is not None and norm_before_gate:
+        y = y * F.silu(z.to(acc))
+    out.copy_(y)
+    return out
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"hidden_size": 4096, "group_size": 4096, "has_z": True, "has_bias": False, "norm_before_gate": True},
+    buckets=("tokens",),
+    reference=reference,
+    doc="per-group RmsNorm gated by silu(z) before or after (Mamba-2's output norm), fp32 throughout",
+    overloads=(Overload(when={"out": None}, fake=lambda x, **_: x.new_empty(x.shape)),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+)
+
+
+@SPEC.define
 def rms_norm_gated(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -78,11 +106,6 @@ def rms_norm_gated(
             stride other than 1, a `group_size` that does not divide H, a bad `eps`, `norm_before_gate` or
             `out`, or a tensor that requires grad while grad mode is on (there is no backward).
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        if out is None:
-            return torch.ops.infiniops.rms_norm_gated(x, weight, bias, z, eps, group_size, norm_before_gate)
-        torch.ops.infiniops.rms_norm_gated.out(x, weight, bias, z, eps, group_size, norm_before_gate, out)
-        return out
     check_tensor(_OP, "x", x)
     check_tensor(_OP, "weight", weight)
     for name, t in (("bias", bias), ("z", z), ("out", out)):
@@ -112,8 +135,8 @@ def rms_norm_gated(
         _check_out(x, out, {"x": x, "weight": weight, "bias": bias, "z": z})
     if out.numel() == 0:
         return out
-    key = (device_type(x), x.dtype, h, group, z is not None, bias is not None, bool(norm_before_gate),
-           size_class(x.numel() // h))
+    key = SPEC.key(device_type(x), x.dtype, hidden_size=h, group_size=group, has_z=z is not None,
+                   has_bias=bias is not None, norm_before_gate=bool(norm_before_gate), tokens=x.numel() // h)
     dispatch(SPEC, key, _rows(x, h), weight, bias, None if z is None else _rows(z, h), float(eps), group,
              bool(norm_before_gate), out.view(-1, h))
     return out
@@ -165,29 +188,4 @@ def _rows(t: torch.Tensor, h: int) -> torch.Tensor:
     return t.view(-1, h) if viewable else t.reshape(-1, h)
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor | None, eps: float,
-              group_size: int, norm_before_gate: bool, out: torch.Tensor) -> torch.Tensor:
-    """Literal reference (mamba_ssm's ``rms_norm_ref`` with ``upcast=True``): fp32 (fp64) throughout, one rounding."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    g = x.to(acc)
-    if z is not None and not norm_before_gate:
-        g = g * F.silu(z.to(acc))
-    grouped = g.unflatten(-1, (-1, group_size))
-    y = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight.to(acc)
-    if bias is not None:
-        y = y + bias.to(acc)
-    if z is not None and norm_before_gate:
-        y = y * F.silu(z.to(acc))
-    out.copy_(y)
-    return out
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"hidden_size": 4096, "group_size": 4096, "has_z": True, "has_bias": False, "norm_before_gate": True},
-    function=rms_norm_gated,
-    reference=reference,
-    doc="per-group RmsNorm gated by silu(z) before or after (Mamba-2's output norm), fp32 throughout",
-    buckets=("tokens",),
-)
 SPECS = (SPEC,)

@@ -24,7 +24,6 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     byte_extent,
     check_bool,
     check_device,
@@ -35,15 +34,53 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
     device_type,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 
 __all__ = ["SPECS", "check_apart", "check_cos_sin_cache", "check_positions", "reference", "rotary_embedding"]
 
 _OP = "rotary_embedding"
 
 
+def reference(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """Literal reference, vLLM's ``forward_native``: each token's cache row split into cos and sin, the rotated
+    pairs put back with ``torch.cat`` (NeoX) or stacked and flattened (GPT-J); tokens at out-of-range positions
+    keep their values (and read row 0, which nothing uses)."""
+    max_position, rotary_dim = cos_sin_cache.shape
+    valid = ((positions >= 0) & (positions < max_position))[:, None, None]
+    rows = cos_sin_cache.index_select(0, torch.where(valid[:, 0, 0], positions, 0))
+    for x in (query, key):
+        if x is None:
+            continue
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = rows.to(acc)[:, None, :].chunk(2, dim=-1)
+        turned = x[..., :rotary_dim].to(acc)
+        x1, x2 = turned.chunk(2, dim=-1) if is_neox else (turned[..., 0::2], turned[..., 1::2])
+        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        rotated = torch.cat((o1, o2), dim=-1) if is_neox else torch.stack((o1, o2), dim=-1).flatten(-2)
+        x[..., :rotary_dim] = torch.where(valid, rotated.to(x.dtype), x[..., :rotary_dim])
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"head_dim": 128, "rotary_dim": 128, "is_neox": True},
+    buckets=("tokens",),
+    reference=reference,
+    doc="RoPE in place on query and key heads from a cos/sin cache at int64 positions (NeoX or GPT-J pairs, "
+        "partial rotary)",
+    overloads=(Overload(outputs=0, returns=("query", "key")),),
+    mutates=("query", "key"),
+    lowered_by="query",
+)
+
+
+@SPEC.define
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -88,9 +125,6 @@ def rotary_embedding(
             cache, an expanded or overlapping query or key, a tensor that requires grad while grad mode is
             on, or (in checked mode) a position outside ``[0, max_position)``.
     """
-    if lowered(query):  # torch.compile / torch.export / FakeTensor: the custom operator
-        torch.ops.infiniops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-        return query, key
     check_tensor(_OP, "positions", positions)
     check_tensor(_OP, "query", query)
     check_tensor(_OP, "key", key, optional=True)
@@ -122,8 +156,9 @@ def rotary_embedding(
     check_apart(_OP, {"query": query} if key is None else {"query": query, "key": key},
                 {"positions": positions, "cos_sin_cache": cos_sin_cache})
     check_index_range(_OP, "positions", positions, cos_sin_cache.shape[0], allow_negative=False)
-    dispatch(SPEC, (device_type(query), query.dtype, head_size, rotary_dim, is_neox, size_class(tokens)), positions,
-             q3, k3, cos_sin_cache, is_neox)
+    problem = SPEC.key(device_type(query), query.dtype, head_dim=head_size, rotary_dim=rotary_dim, is_neox=is_neox,
+                       tokens=tokens)
+    dispatch(SPEC, problem, positions, q3, k3, cos_sin_cache, is_neox)
     return query, key
 
 
@@ -223,38 +258,4 @@ def check_cos_sin_cache(op: str, cache: torch.Tensor, dtype: torch.dtype, device
     return rotary_dim
 
 
-def reference(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor | None,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool,
-) -> None:
-    """Literal reference, vLLM's ``forward_native``: each token's cache row split into cos and sin, the rotated
-    pairs put back with ``torch.cat`` (NeoX) or stacked and flattened (GPT-J); tokens at out-of-range positions
-    keep their values (and read row 0, which nothing uses)."""
-    max_position, rotary_dim = cos_sin_cache.shape
-    valid = ((positions >= 0) & (positions < max_position))[:, None, None]
-    rows = cos_sin_cache.index_select(0, torch.where(valid[:, 0, 0], positions, 0))
-    for x in (query, key):
-        if x is None:
-            continue
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = rows.to(acc)[:, None, :].chunk(2, dim=-1)
-        turned = x[..., :rotary_dim].to(acc)
-        x1, x2 = turned.chunk(2, dim=-1) if is_neox else (turned[..., 0::2], turned[..., 1::2])
-        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-        rotated = torch.cat((o1, o2), dim=-1) if is_neox else torch.stack((o1, o2), dim=-1).flatten(-2)
-        x[..., :rotary_dim] = torch.where(valid, rotated.to(x.dtype), x[..., :rotary_dim])
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"head_dim": 128, "rotary_dim": 128, "is_neox": True},
-    function=rotary_embedding,
-    reference=reference,
-    doc="RoPE in place on query and key heads from a cos/sin cache at int64 positions (NeoX or GPT-J pairs, "
-        "partial rotary)",
-    buckets=("tokens",),
-)
 SPECS = (SPEC,)

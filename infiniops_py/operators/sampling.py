@@ -31,7 +31,8 @@ The semantics, per output row b of logits row r = rows[b] (vLLM's order):
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import torch
 
@@ -40,7 +41,6 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     ContractError,
-    OpSpec,
     check_device,
     check_dtype,
     check_index_range,
@@ -49,9 +49,8 @@ from infiniops_py.operators._base import (
     check_shape,
     check_tensor,
     device_type,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload, Param, sample_tensor
 
 __all__ = ["SPECS", "filter_mask", "philox_uniform", "reference", "sample_rows", "top_k_top_p_sampling_from_logits"]
 
@@ -62,6 +61,71 @@ _PHILOX_M: Final = (0xD2511F53, 0xCD9E8D57)
 Penalties = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+_REAL: Final = (torch.float32, torch.float64)
+# per-output option -> (its default for None, the tensor dtypes it may have, its dtype as a scalar, its bounds)
+_PER_ROW: Final[dict[str, tuple[Any, tuple[torch.dtype, ...], torch.dtype, tuple[float, float] | None]]] = {
+    "top_k": (None, INDEX_DTYPES, torch.int32, None),
+    "top_p": (None, _REAL, torch.float32, (0.0, 1.0)),
+    "temperature": (1.0, _REAL, torch.float32, (0.0, math.inf)),
+    "min_p": (0.0, _REAL, torch.float32, (0.0, 1.0)),
+    "seed": (None, (torch.int64,), torch.int64, None),
+    "offset": (0, (torch.int64,), torch.int64, None),
+}
+
+
+def _row_tensor(name: str, value: object, n: int, device: torch.device) -> torch.Tensor:
+    """The per-output option `name` as a tensor ``[n]`` on `device` (None: its default; a None seed: fresh)."""
+    default, dtypes, dtype, bounds = _PER_ROW[name]
+    if value is None:
+        value = _fresh_seeds(n, device) if name == "seed" else default
+    return _per_row(name, value, n, device, dtypes, dtype, bounds)
+
+
+def _schema_row(name: str) -> Param:
+    """The schema form of a per-output option: the int32/int64/float32 ``[N]`` tensor the body makes of it."""
+    def to_schema(value: object, call: Mapping[str, Any]) -> torch.Tensor:
+        logits, indices = call["logits"], call["indices"]
+        return _row_tensor(name, value, logits.shape[0] if indices is None else indices.shape[0], logits.device)
+
+    return Param("Tensor", to_schema=to_schema)
+
+
+def reference(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+              temperature: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
+              penalties: Penalties | None, out: torch.Tensor) -> torch.Tensor:
+    """The pipeline of the module docstring in float64 (`sample_rows`)."""
+    return sample_rows(logits, rows, top_k, top_p, temperature, min_p, seed, offset, penalties, out, torch.float64)
+
+
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``batch`` rows of ``vocab`` logits, top-k 50, top-p 0.9, temperature 0.8, fixed seeds; with
+    ``penalized``, vLLM's three penalties over random output counts (the tuner's call)."""
+    b, v = values["batch"], values["vocab"]
+    logits = sample_tensor(generator, b, v, dtype=dtype, device=device, scale=3.0)
+    kwargs: dict[str, Any] = {"temperature": 0.8, "seed": torch.arange(b, device=device), "offset": 0}
+    if values["penalized"]:
+        counts = torch.randint(0, 3, (b, v), generator=generator).to(device=device, dtype=torch.int32)
+        kwargs.update(repetition_penalty=torch.full((b,), 1.1, device=device),
+                      frequency_penalty=torch.full((b,), 0.2, device=device),
+                      presence_penalty=torch.full((b,), 0.1, device=device), output_token_counts=counts)
+    return (logits, 50, 0.9), kwargs
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"penalized": False},
+    buckets=("batch",),
+    reference=reference,
+    doc="one token per row from temperature/min-p/top-k/top-p-filtered, penalized logits, per-row seeds",
+    overloads=(Overload(fake=lambda logits, top_k, **_: logits.new_empty(top_k.shape, dtype=torch.int32)),),
+    params={name: _schema_row(name) for name in _PER_ROW},
+    sizes={"batch": (1, 7, 64), "vocab": (17, 1000, 32000)},
+    sample_inputs=sample_inputs,
+)
+
+
+@SPEC.define
 def top_k_top_p_sampling_from_logits(
     logits: torch.Tensor,
     top_k: torch.Tensor | int,
@@ -127,25 +191,12 @@ def top_k_top_p_sampling_from_logits(
         check_shape(_OP, "indices", indices, (None,), " (one logits row per output)")
         check_device(_OP, "indices", indices, dev)
     n = r if indices is None else indices.shape[0]
-    real = (torch.float32, torch.float64)
-    per_row = {
-        "top_k": _per_row("top_k", top_k, n, dev, INDEX_DTYPES, torch.int32, None),
-        "top_p": _per_row("top_p", top_p, n, dev, real, torch.float32, (0.0, 1.0)),
-        "temperature": _per_row("temperature", 1.0 if temperature is None else temperature, n, dev, real,
-                                torch.float32, (0.0, math.inf)),
-        "min_p": _per_row("min_p", 0.0 if min_p is None else min_p, n, dev, real, torch.float32, (0.0, 1.0)),
-        "seed": _per_row("seed", _fresh_seeds(n, dev) if seed is None else seed, n, dev, (torch.int64,), torch.int64,
-                         None),
-        "offset": _per_row("offset", 0 if offset is None else offset, n, dev, (torch.int64,), torch.int64, None),
-    }
+    call = {"top_k": top_k, "top_p": top_p, "temperature": temperature, "min_p": min_p, "seed": seed,
+            "offset": offset}
+    per_row = {name: _row_tensor(name, value, n, dev) for name, value in call.items()}
     penalties = _penalties(logits, repetition_penalty, frequency_penalty, presence_penalty, output_token_counts,
                            prompt_token_mask)
     check_no_grad(_OP, {"logits": logits, **per_row})
-    if lowered(logits):  # torch.compile / torch.export / FakeTensor: the custom operator
-        return torch.ops.infiniops.top_k_top_p_sampling_from_logits(
-            logits, per_row["top_k"], per_row["top_p"], indices, per_row["temperature"], per_row["min_p"],
-            per_row["seed"], per_row["offset"], repetition_penalty, frequency_penalty, presence_penalty,
-            output_token_counts, prompt_token_mask)
     out = torch.empty(n, dtype=torch.int32, device=dev)
     if n == 0:
         return out
@@ -156,7 +207,7 @@ def top_k_top_p_sampling_from_logits(
     else:
         check_index_range(_OP, "indices", indices, r, allow_negative=False)
         rows = indices.long().clamp(0, r - 1)  # unchecked: an out-of-range index reads a valid row
-    key = (device_type(logits), logits.dtype, penalties is not None, size_class(n))
+    key = SPEC.key(device_type(logits), logits.dtype, penalized=penalties is not None, batch=n)
     dispatch(SPEC, key, logits, rows, per_row["top_k"], per_row["top_p"], per_row["temperature"], per_row["min_p"],
              per_row["seed"], per_row["offset"], penalties, out)
     return out
@@ -307,19 +358,4 @@ def filter_mask(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p
     return z >= floor[:, None]
 
 
-def reference(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-              temperature: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor,
-              penalties: Penalties | None, out: torch.Tensor) -> torch.Tensor:
-    """The pipeline of the module docstring in float64 (`sample_rows`)."""
-    return sample_rows(logits, rows, top_k, top_p, temperature, min_p, seed, offset, penalties, out, torch.float64)
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"penalized": False},
-    function=top_k_top_p_sampling_from_logits,
-    reference=reference,
-    doc="one token per row from temperature/min-p/top-k/top-p-filtered, penalized logits, per-row seeds",
-    buckets=("batch",),
-)
 SPECS = (SPEC,)

@@ -10,6 +10,9 @@ Size bucket: tokens, the `size_class` (power of two at or above) of the number o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -17,22 +20,49 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    OpSpec,
     check_device,
     check_dtype,
     check_no_grad,
     check_no_overlap,
     check_tensor,
     device_type,
-    size_class,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_tensor
 
 __all__ = ["SPECS", "reference", "silu_and_mul"]
 
 _OP = "silu_and_mul"
 
 
+def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Literal reference: ``F.silu(gate)`` (``gate * sigmoid(gate)``, rounded to the dtype) times ``up``."""
+    d = x.shape[-1] // 2
+    gate, up = x[:, :d], x[:, d:]
+    out.copy_(F.silu(gate) * up)
+    return out
+
+
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``tokens`` rows of ``2 * d`` values (the tuner's call)."""
+    return (sample_tensor(generator, values["tokens"], 2 * values["d"], dtype=dtype, device=device),), {}
+
+
+SPEC = Operator(
+    name=_OP,
+    fields={"d": 4096},
+    buckets=("tokens",),
+    reference=reference,
+    doc="silu(x[..., :d]) * x[..., d:], the SwiGLU activation of a packed gate/up projection",
+    overloads=(Overload(when={"out": None}, fake=lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2))),
+               Overload("out", when={"out": GIVEN}, outputs=0, returns=("out",))),
+    mutates=("out",),
+    sizes={"tokens": (1, 7, 64, 128)},
+    sample_inputs=sample_inputs,
+)
+
+
+@SPEC.define
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for x ``[..., 2d]``: the gate half through SiLU, times the up half.
 
@@ -56,11 +86,6 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
             (shape, dtype, device, layout, or memory shared with `x`), or a tensor that requires grad while
             grad mode is on (there is no backward).
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        if out is None:
-            return torch.ops.infiniops.silu_and_mul(x)
-        torch.ops.infiniops.silu_and_mul.out(x, out)
-        return out
     check_tensor(_OP, "x", x)
     check_tensor(_OP, "out", out, optional=True)
     check_no_grad(_OP, {"x": x, "out": out})
@@ -81,7 +106,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     if out.numel() == 0:
         return out
     x2 = x.view(-1, width) if _viewable(x) else x.reshape(-1, width)
-    dispatch(SPEC, (device_type(x), x.dtype, d, size_class(x2.shape[0])), x2, out.view(-1, d))
+    dispatch(SPEC, SPEC.key(device_type(x), x.dtype, d=d, tokens=x2.shape[0]), x2, out.view(-1, d))
     return out
 
 
@@ -103,20 +128,4 @@ def _viewable(x: torch.Tensor) -> bool:
     return all(stride[i] == stride[i + 1] * x.shape[i + 1] or x.shape[i] == 1 for i in range(x.dim() - 2))
 
 
-def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Literal reference: ``F.silu(gate)`` (``gate * sigmoid(gate)``, rounded to the dtype) times ``up``."""
-    d = x.shape[-1] // 2
-    gate, up = x[:, :d], x[:, d:]
-    out.copy_(F.silu(gate) * up)
-    return out
-
-
-SPEC = OpSpec(
-    name=_OP,
-    fields={"d": 4096},
-    function=silu_and_mul,
-    reference=reference,
-    doc="silu(x[..., :d]) * x[..., d:], the SwiGLU activation of a packed gate/up projection",
-    buckets=("tokens",),
-)
 SPECS = (SPEC,)

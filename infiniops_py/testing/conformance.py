@@ -59,6 +59,7 @@ from infiniops_py.testing.lookup import (
     serves_nothing,
 )
 from infiniops_py.testing.report import NOTHING_RAN, Failure, OpReport, Report
+from infiniops_py.testing.strategies import strategy as strategy_of
 from infiniops_py.testing.tolerances import tolerance
 
 __all__ = [
@@ -111,8 +112,6 @@ def run_conformance(
         says why when the provider serves nothing there, or when `device` is cuda and the machine has no
         CUDA device). Nothing raises for a failing provider.
     """
-    from infiniops_py.testing.strategies import STRATEGIES
-
     report = Report(provider, device)
     ref_device = torch.device(reference_device or ("cuda" if device == "cuda" else "cpu"))
     scale = _Scale(device == "cuda" if large is None else large, ref_device)
@@ -130,7 +129,7 @@ def run_conformance(
             if dtypes is None or dtype in dtypes:
                 op_report = OpReport(impl.op, dtype, impl.name)
                 report.ops.append(op_report)
-                strategy = STRATEGIES.get(impl.op)
+                strategy = strategy_of(impl.op)
                 if strategy is None:
                     op_report.fail("", f"no conformance strategy for {impl.op} (infiniops_py/testing/strategies)")
                     continue

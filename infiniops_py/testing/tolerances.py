@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from infiniops_py.operators import OPERATORS
+
 __all__ = ["EXACT", "TOLERANCES", "Allclose", "LowPrecisionRule", "tolerance"]
 
 
@@ -121,12 +123,16 @@ TOLERANCES: Final[dict[tuple[str, str], Allclose | LowPrecisionRule]] = {
 
 
 def tolerance(op: str, dtype: str) -> Allclose | LowPrecisionRule:
-    """The tolerance for `op` outputs in `dtype`.
+    """The tolerance for `op` outputs in `dtype`: its own entry, or that of the operator its declaration names
+    (``Operator.tolerance_as``: an operator declared outside the core borrows a neighbour's).
 
     Raises:
         KeyError: the table has no entry (every operator and float dtype a provider may declare has one).
     """
+    spec = OPERATORS.get(op)
+    borrowed = getattr(spec, "tolerance_as", None)
+    key = (op, dtype) if (op, dtype) in TOLERANCES or borrowed is None else (borrowed, dtype)
     try:
-        return TOLERANCES[(op, dtype)]
+        return TOLERANCES[key]
     except KeyError:
         raise KeyError(f"no tolerance for {op} in {dtype}; add one to infiniops_py/testing/tolerances.py") from None

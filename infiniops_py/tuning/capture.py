@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from infiniops_py.dispatch import Dispatched, observing
 from infiniops_py.problem import OpSpec, Problem
 
 __all__ = ["CapturedCall", "recording"]
@@ -45,8 +46,6 @@ class CapturedCall:
 def recording() -> Iterator[list[CapturedCall]]:
     """Record the first call of each dispatch key made inside the block, in this context, into the list it yields
     (each call once its implementation has returned)."""
-    from infiniops_py.dispatch import Dispatched, observing  # it imports the resolver, which imports this package
-
     calls: list[CapturedCall] = []
     seen: set[tuple[str, tuple[Any, ...]]] = set()
 

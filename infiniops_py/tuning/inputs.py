@@ -7,7 +7,9 @@ strategies lay them out (``infiniops_py/testing/strategies``): those draw random
 they cannot be asked for one size; these builders take the sizes.
 
 `SIZES` names, per operator, the sizes a builder takes and their defaults: the bucket's sizes (``OpSpec.buckets``)
-and the extra ones that fix the shape (the attention's KV heads, the conv's channels, the rotary's heads).
+and the extra ones that fix the shape (the attention's KV heads, the conv's channels, the rotary's heads). An
+operator whose declaration has ``sample_inputs`` (``Operator.sizes``: the default is the largest drawn value)
+is built by it; the others by the builders here.
 Every problem field of every operator with a size bucket has a builder (an fp8 cache comes with its scales,
 ALiBi with its slopes, a packed conv or scan with its sequence boundaries); ``all_reduce`` has no bucket (a
 collective is timed on every rank together or not at all), so `build` refuses it with a `ValueError`.
@@ -22,15 +24,26 @@ from typing import Any, Final
 
 import torch
 
+from infiniops_py.operators import OPERATORS
+from infiniops_py.operators.add import add
+from infiniops_py.operators.causal_conv1d import causal_conv1d, causal_conv1d_update
+from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with_kvcache
+from infiniops_py.operators.fused_qk_norm import fused_qk_norm
+from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
+from infiniops_py.operators.gemm import gemm
+from infiniops_py.operators.paged_cache import reshape_and_cache_flash
+from infiniops_py.operators.rms_norm_gated import rms_norm_gated
+from infiniops_py.operators.rotary_embedding import rotary_embedding
+from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
+from infiniops_py.problem import dtype_name
+
 __all__ = ["SIZES", "SyntheticCall", "build"]
 
 FP8: Final = torch.float8_e4m3fn
 
-SIZES: Final[dict[str, dict[str, int]]] = {
+_BUILT_HERE: Final[dict[str, dict[str, int]]] = {
     "gemm": {"m": 1, "n": 4096, "k": 4096},
     "add": {"numel": 1 << 20},
-    "rms_norm": {"tokens": 128},
-    "fused_add_rms_norm": {"tokens": 128},
     "fused_qk_norm": {"tokens": 128},
     "reshape_and_cache_flash": {"tokens": 128},
     "flash_attn_varlen": {"q_tokens": 1024, "k_len": 1024, "num_kv_heads": 8},
@@ -39,11 +52,13 @@ SIZES: Final[dict[str, dict[str, int]]] = {
     "causal_conv1d_update": {"batch": 16, "dim": 1792},
     "selective_scan": {"tokens": 2048, "num_heads": 24},
     "selective_state_update": {"batch": 16, "num_heads": 24},
-    "silu_and_mul": {"tokens": 128},
     "rms_norm_gated": {"tokens": 16},
     "rotary_embedding": {"tokens": 128, "num_q_heads": 16, "num_kv_heads": 8},
     "fused_qk_norm_rope": {"tokens": 128},
 }
+SIZES: Final[dict[str, dict[str, int]]] = {
+    name: _BUILT_HERE.get(name) or {size: max(drawn) for size, drawn in spec.sizes.items()}
+    for name, spec in OPERATORS.items() if name in _BUILT_HERE or getattr(spec, "sample_inputs", None) is not None}
 
 
 @dataclass
@@ -91,9 +106,6 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
             that cannot be allocated (naming the sizes).
         ContractError: fields that cannot go together (the operator's own checks name them).
     """
-    from infiniops_py import OPERATORS
-    from infiniops_py.problem import dtype_name
-
     if op not in OPERATORS:
         raise KeyError(f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
     if op not in SIZES:
@@ -123,10 +135,15 @@ def build(op: str, *, device: str, dtype: str | torch.dtype, sizes: Mapping[str,
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {device!r} (cpu, cuda, cuda:1, ...)") from None
     try:
-        function, args, kwargs = _BUILDERS[op](_Draw(device, dt), values, full)
+        if op in _BUILDERS:
+            function, args, kwargs = _BUILDERS[op](_Draw(device, dt), values, full)
+        else:  # the declaration's own (a size it draws may be a field: one given by name wins)
+            function = spec.function
+            args, kwargs = spec.sample_inputs({**values, **SIZES[op], **fields, **sizes}, dt, torch.device(device),
+                                              torch.Generator().manual_seed(0))
     except (RuntimeError, MemoryError) as err:  # an allocation the device refuses
         raise ValueError(f"{op}: cannot make the inputs of sizes {full} on {device}: {err}") from None
-    return SyntheticCall(function, args, kwargs, full)
+    return SyntheticCall(function, tuple(args), dict(kwargs), full)
 
 
 def _is_size(value: Any) -> bool:
@@ -136,8 +153,6 @@ def _is_size(value: Any) -> bool:
 
 
 def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import gemm
-
     m, n, k = s["m"], s["n"], s["k"]
     lead = (2,) if f["batched"] else ()
     a = r(*lead, *((k, m) if f["trans_a"] else (m, k)))
@@ -151,8 +166,6 @@ def _gemm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callabl
 
 
 def _add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import add
-
     numel = s["numel"]
     if f["broadcast"]:  # the bias add of a linear layer: [rows, cols] + [cols]
         cols = min(numel, 1024)
@@ -162,23 +175,7 @@ def _add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable
     return add, (x, other), {"out": x} if f["inplace"] else {}
 
 
-def _rms_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import rms_norm
-
-    h = f["hidden_size"]
-    return rms_norm, (r(s["tokens"], h), 1 + r(h, scale=0.1), 1e-6), {}
-
-
-def _fused_add(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import fused_add_rms_norm
-
-    h = f["hidden_size"]
-    return fused_add_rms_norm, (r(s["tokens"], h), r(s["tokens"], h), 1 + r(h, scale=0.1), 1e-6), {}
-
-
 def _qk_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import fused_qk_norm
-
     d, hq, hkv = f["head_dim"], f["num_q_heads"], f["num_kv_heads"]
     qkv = r(s["tokens"], (hq + 2 * hkv) * d)
     return fused_qk_norm, (qkv, 1 + r(d, scale=0.1), 1 + r(d, scale=0.1)), {
@@ -186,8 +183,6 @@ def _qk_norm(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Call
 
 
 def _cache_write(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import reshape_and_cache_flash
-
     t, bs, hkv, d = s["tokens"], f["block_size"], f["num_kv_heads"], f["head_dim"]
     blocks = math.ceil(t / bs) + 1
     slots = torch.arange(t, dtype=torch.int64, device=r.device)
@@ -225,8 +220,6 @@ def _paged(r: _Draw, f: Mapping[str, Any], lengths: list[int], hkv: int, d: int
 
 
 def _varlen(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import flash_attn_varlen
-
     q_tokens, k_len, hkv, d = s["q_tokens"], s["k_len"], s["num_kv_heads"], f["head_dim"]
     hq = hkv * f["gqa_ratio"]
     # q_tokens <= k_len: one sequence whose last q_tokens query rows see k_len keys (a chunked prefill);
@@ -249,8 +242,6 @@ def _varlen(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Calla
 
 
 def _kvcache(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import flash_attn_with_kvcache
-
     batch, k_len, hkv, d = s["q_tokens"], s["k_len"], s["num_kv_heads"], f["head_dim"]
     hq = hkv * f["gqa_ratio"]
     kwargs = _attention_kwargs(r, f, k_len, batch, hq, hkv)
@@ -276,8 +267,6 @@ def _kvcache(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Call
 
 
 def _conv(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import causal_conv1d
-
     tokens, dim, width = s["tokens"], s["dim"], f["width"]
     weight = r(dim, width, scale=width ** -0.5)
     kwargs: dict[str, Any] = {"activation": "silu" if f["silu"] else None}
@@ -301,8 +290,6 @@ def _conv(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callabl
 
 
 def _conv_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import causal_conv1d_update
-
     batch, dim, width = s["batch"], s["dim"], f["width"]
     slots = 2 * batch if f["has_indices"] else batch
     kwargs: dict[str, Any] = {"activation": "silu" if f["silu"] else None}
@@ -334,8 +321,6 @@ def _scan_inputs(r: _Draw, f: Mapping[str, Any], rows: int, length: int, heads: 
 
 
 def _scan(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import selective_scan
-
     tokens, heads = s["tokens"], s["num_heads"]
     args, kwargs = _scan_inputs(r, f, 1, tokens, heads)
     kwargs["chunk_size"] = f["chunk_size"]
@@ -353,8 +338,6 @@ def _scan(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callabl
 
 
 def _state_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import selective_state_update
-
     batch, heads, p, n = s["batch"], s["num_heads"], f["head_dim"], f["d_state"]
     (x, dt, a, b, c), kwargs = _scan_inputs(r, f, batch, 0, heads)
     if f["untied"]:  # mamba's own layouts, one value per channel: dt [B, H, P], A [H, P, N], dt_bias and D [H, P]
@@ -372,15 +355,7 @@ def _state_update(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple
     return selective_state_update, (state, x, dt, a, b, c), kwargs
 
 
-def _silu_and_mul(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import silu_and_mul
-
-    return silu_and_mul, (r(s["tokens"], 2 * f["d"]),), {}
-
-
 def _rms_norm_gated(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import rms_norm_gated
-
     t, h = s["tokens"], f["hidden_size"]
     kwargs = {"z": r(t, h) if f["has_z"] else None, "group_size": f["group_size"],
               "norm_before_gate": f["norm_before_gate"]}
@@ -395,8 +370,6 @@ def _cos_sin(r: _Draw, rotary_dim: int, positions: int) -> torch.Tensor:
 
 
 def _rotary(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import rotary_embedding
-
     t, hq, hkv, d = s["tokens"], s["num_q_heads"], s["num_kv_heads"], f["head_dim"]
     qkv = r(t, (hq + 2 * hkv) * d)  # query and key as column views of one packed projection, as in a model
     positions = torch.arange(t, dtype=torch.int64, device=r.device)
@@ -405,8 +378,6 @@ def _rotary(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Calla
 
 
 def _qk_norm_rope(r: _Draw, f: Mapping[str, Any], s: Mapping[str, int]) -> tuple[Callable[..., Any], tuple, dict]:
-    from infiniops_py import fused_qk_norm_rope
-
     t, hq, hkv, d = s["tokens"], f["num_q_heads"], f["num_kv_heads"], f["head_dim"]
     positions = torch.arange(t, dtype=torch.int64, device=r.device)
     return fused_qk_norm_rope, (r(t, (hq + 2 * hkv) * d), 1 + r(d, scale=0.1), 1 + r(d, scale=0.1),
@@ -418,8 +389,6 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
                                     tuple[Callable[..., Any], tuple, dict]]]] = {
     "gemm": _gemm,
     "add": _add,
-    "rms_norm": _rms_norm,
-    "fused_add_rms_norm": _fused_add,
     "fused_qk_norm": _qk_norm,
     "reshape_and_cache_flash": _cache_write,
     "flash_attn_varlen": _varlen,
@@ -428,7 +397,6 @@ _BUILDERS: Final[dict[str, Callable[[_Draw, Mapping[str, Any], Mapping[str, int]
     "causal_conv1d_update": _conv_update,
     "selective_scan": _scan,
     "selective_state_update": _state_update,
-    "silu_and_mul": _silu_and_mul,
     "rms_norm_gated": _rms_norm_gated,
     "rotary_embedding": _rotary,
     "fused_qk_norm_rope": _qk_norm_rope,

@@ -29,8 +29,10 @@ from typing import Any, Final
 
 import torch
 
+from infiniops_py import runtime
 from infiniops_py.problem import Problem
 from infiniops_py.registry import Implementation
+from infiniops_py.tuning import inputs
 from infiniops_py.tuning.capture import CapturedCall, recording
 from infiniops_py.tuning.ranking import format_time
 from infiniops_py.tuning.store import Measurement, is_time
@@ -130,8 +132,6 @@ def _text(err: BaseException) -> str:
 
 
 def _resolver() -> Any:
-    from infiniops_py import runtime  # the runtime imports the resolver, which imports this package
-
     return runtime.get_resolver()
 
 
@@ -242,8 +242,6 @@ def tune_problem(op: str, *, device: str = "cpu", dtype: str = "float32", sizes:
         KeyError: an unknown operator. ValueError, TypeError: an operator without a size bucket
             (``all_reduce``), or a field or size the builder or the operator's contract refuses (naming it).
     """
-    from infiniops_py.tuning import inputs
-
     call = inputs.build(op, device=device, dtype=dtype, sizes=sizes or {}, fields=fields or {})
     with recording() as calls:
         call.run()

@@ -45,10 +45,10 @@ a call with grad mode on and parameters that require grad raises the operators' 
 from __future__ import annotations
 
 from infiniops_py.integrations.transformers._attention import ATTENTION, register
-from infiniops_py.integrations.transformers._families import FAMILIES, Family
+from infiniops_py.integrations.transformers._families import FAMILIES, SwapTargets
 from infiniops_py.integrations.transformers._kernelize import kernelize
 from infiniops_py.integrations.transformers._report import Kernelized
 
-__all__ = ["ATTENTION", "FAMILIES", "Family", "Kernelized", "kernelize"]
+__all__ = ["ATTENTION", "FAMILIES", "Kernelized", "SwapTargets", "kernelize"]
 
 register()  # transformers finds attn_implementation="infiniops" from the import on (issue #28)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["FAMILIES", "HUB_ROLES", "ROLES", "Family"]
+__all__ = ["FAMILIES", "HUB_ROLES", "ROLES", "SwapTargets"]
 
 # What a role's class is (the semantics its swap computes):
 ROLES: Final = {
@@ -29,7 +29,7 @@ HUB_ROLES: Final = {"RMSNorm": "rms_norm"}
 
 
 @dataclass(frozen=True)
-class Family:
+class SwapTargets:
     """What `kernelize` swaps in one model family.
 
     Attributes:
@@ -54,17 +54,18 @@ class Family:
 
 
 def _decoder(prefix: str, module: str, *, rope: str = "neox", extra: tuple[tuple[str, str], ...] = (),
-             norm: str = "rms_norm", layer: str = "layer", mlp: str = "mlp", left: tuple[str, ...] = ()) -> Family:
+             norm: str = "rms_norm", layer: str = "layer", mlp: str = "mlp",
+             left: tuple[str, ...] = ()) -> SwapTargets:
     classes = {f"{prefix}RMSNorm": norm, f"{prefix}Attention": "attention", f"{prefix}MLP": mlp,
                f"{prefix}RotaryEmbedding": "rotary"}
     if layer:
         classes[f"{prefix}DecoderLayer"] = layer
-    return Family(f"transformers.models.{module}.modeling_{module}", classes, rope, extra, left=left)
+    return SwapTargets(f"transformers.models.{module}.modeling_{module}", classes, rope, extra, left=left)
 
 
 _SLIDING: Final = (("sliding_window", "sliding_window"),)
 
-FAMILIES: Final[dict[str, Family]] = {
+FAMILIES: Final[dict[str, SwapTargets]] = {
     "llama": _decoder("Llama", "llama"),
     "qwen2": _decoder("Qwen2", "qwen2", extra=_SLIDING),
     "qwen3": _decoder("Qwen3", "qwen3", extra=_SLIDING),
@@ -74,7 +75,7 @@ FAMILIES: Final[dict[str, Family]] = {
                        extra=(*_SLIDING, ("softcap", "attn_logit_softcapping")), left=(
         "Gemma2DecoderLayer: its residual adds stay unfused (Gemma's norms multiply by 1 + weight in float32, "
         "fused_add_rms_norm rounds before its weight)",)),
-    "mamba2": Family("transformers.models.mamba2.modeling_mamba2", {"Mamba2RMSNorm": "rms_norm"},
+    "mamba2": SwapTargets("transformers.models.mamba2.modeling_mamba2", {"Mamba2RMSNorm": "rms_norm"},
                      float32_inputs=("norm_f",), left=(
         "MambaRMSNormGated: no operator is its float32 x * silu(gate) followed by a per-group RMSNorm "
         "(silu_and_mul rounds the product to the dtype and takes gate and x packed in one tensor)",

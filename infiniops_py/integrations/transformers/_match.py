@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from infiniops_py.integrations.transformers._families import HUB_ROLES, Family
+from infiniops_py.integrations.transformers._families import HUB_ROLES, SwapTargets
 
 __all__ = ["keeps_forward", "role_of"]
 
 
-def role_of(module: torch.nn.Module, family: Family) -> tuple[str, type] | None:
+def role_of(module: torch.nn.Module, family: SwapTargets) -> tuple[str, type] | None:
     """(role, the class that declares it) of `module`, or None when it plays none.
 
     The role comes from the first class in ``type(module).__mro__`` that declares one: transformers'

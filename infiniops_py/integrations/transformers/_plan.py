@@ -9,7 +9,7 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from infiniops_py import Problem, make_problem
-from infiniops_py.integrations.transformers._families import ROLES, Family
+from infiniops_py.integrations.transformers._families import ROLES, SwapTargets
 from infiniops_py.integrations.transformers._match import keeps_forward, role_of
 from infiniops_py.integrations.transformers._rope import rope_forward
 from infiniops_py.integrations.transformers._swaps import (
@@ -44,7 +44,7 @@ class Plan(NamedTuple):
     prepare: list[Callable[[], None]]  # run once the gates pass, before the swaps (the gate|up packing)
 
 
-def make_plan(model: torch.nn.Module, family: Family, device_type: str, kinds: frozenset[str]) -> Plan:
+def make_plan(model: torch.nn.Module, family: SwapTargets, device_type: str, kinds: frozenset[str]) -> Plan:
     """The swaps of `family` of the `kinds` asked for that `model` admits on `device_type`, the problems they
     need, and what is left (with the reason): a module whose class overrides the forward of its role's class, a
     norm without the attributes its role reads, a decoder layer whose post-attention norm is not Llama's RMSNorm,
@@ -120,7 +120,7 @@ def make_plan(model: torch.nn.Module, family: Family, device_type: str, kinds: f
     return Plan(list(problems), swaps, attention, left, prepare)
 
 
-def _plan_attention(model: torch.nn.Module, name: str, module: torch.nn.Module, declared: type, family: Family,
+def _plan_attention(model: torch.nn.Module, name: str, module: torch.nn.Module, declared: type, family: SwapTargets,
                     kinds: frozenset[str], rotary_classes: set[type], need: Callable[..., None],
                     swaps: list[Any], attention: list[str], left: list[str]) -> None:
     """The attention dispatch (`attention` kind) and the RoPE swap (`rope` kind) of one attention module."""

@@ -10,7 +10,6 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -21,7 +20,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_unique_indices,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import GIVEN, Operator, Overload
 from infiniops_py.operators.causal_conv1d._checks import (
     ConvVarlen,
     check_activation,
@@ -33,13 +32,49 @@ from infiniops_py.operators.causal_conv1d._checks import (
     empty_like_layout,
 )
 from infiniops_py.operators.causal_conv1d._reference import reference
-from infiniops_py.problem import size_class
 
 __all__ = ["SPEC", "causal_conv1d"]
 
 _CONV = "causal_conv1d"
 
 
+def _conv_out(x: torch.Tensor) -> torch.Tensor:
+    """The output of `x` ``[B, D, L]``: a channel-last view gives a channel-last output."""
+    b, d, length = x.shape
+    if x.stride(2) != 1 and length > 1:
+        return x.new_empty((b, length, d)).transpose(1, 2)
+    return x.new_empty((b, d, length))
+
+
+def _fake_final(x: torch.Tensor, weight: torch.Tensor, **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return _conv_out(x), x.new_empty((x.shape[0], x.shape[1], weight.shape[1] - 1))
+
+
+_PACKED = {"conv_states": None, "query_start_loc": None, "cache_indices": None, "has_initial_state": None}
+SPEC = Operator(
+    name=_CONV,
+    fields={"width": 4, "has_bias": True, "silu": True, "channel_last": False, "has_seq_idx": False,
+            "has_initial_states": False, "return_final_states": False, "varlen": False},
+    buckets=("tokens",),  # B * L (the packed form: its tokens)
+    reference=reference,
+    doc="depthwise causal conv1d over [B, D, L], optional silu, seq_idx packing, initial/final states, "
+        "vLLM's packed form with per-sequence state slots",
+    overloads=(
+        Overload(when={"return_final_states": False, "final_states_out": None, **_PACKED},
+                 fake=lambda x, **_: _conv_out(x)),
+        Overload("with_final_states", when={"return_final_states": True, "final_states_out": None, **_PACKED},
+                 outputs=2, fake=_fake_final),
+        Overload("final_states_out", when={"return_final_states": True, "final_states_out": GIVEN, **_PACKED},
+                 returns=("final_states_out",), fake=lambda x, **_: _conv_out(x)),
+        Overload("varlen", when={"seq_idx": None, "initial_states": None, "return_final_states": False,
+                                 "final_states_out": None, "conv_states": GIVEN, "query_start_loc": GIVEN},
+                 fake=lambda x, **_: _conv_out(x.unsqueeze(0))[0]),  # x [D, T]: the output keeps its layout
+    ),
+    mutates=("final_states_out", "conv_states"),
+)
+
+
+@SPEC.define
 def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -93,17 +128,6 @@ def causal_conv1d(
             requires grad while grad mode is on; in checked mode bad query_start_loc or cache_indices;
             named by argument.
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        conv = torch.ops.infiniops.causal_conv1d
-        if query_start_loc is not None:
-            return conv.varlen(x, weight, bias, activation, conv_states, query_start_loc, cache_indices,
-                               has_initial_state)
-        if return_final_states is True and final_states_out is not None:
-            return conv.final_states_out(x, weight, bias, activation, seq_idx, initial_states,
-                                         final_states_out), final_states_out
-        if return_final_states is True:
-            return conv.with_final_states(x, weight, bias, activation, seq_idx, initial_states)
-        return conv.default(x, weight, bias, activation, seq_idx, initial_states)
     check_tensor(_CONV, "x", x)
     check_tensor(_CONV, "weight", weight)
     for name, t in (("bias", bias), ("seq_idx", seq_idx), ("initial_states", initial_states),
@@ -154,8 +178,10 @@ def causal_conv1d(
     if x.numel() == 0:
         _empty_final_states(final_states, initial_states)
     else:
-        key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, seq_idx is not None,
-               initial_states is not None, return_final_states, False, size_class(x.shape[0] * x.shape[-1]))
+        key = SPEC.key(x.device.type, x.dtype, width=width, has_bias=bias is not None, silu=silu,
+                       channel_last=channel_last, has_seq_idx=seq_idx is not None,
+                       has_initial_states=initial_states is not None, return_final_states=return_final_states,
+                       varlen=False, tokens=x.shape[0] * x.shape[-1])
         dispatch(SPEC, key, x, weight, bias, activation, seq_idx, initial_states, out, final_states)
     return (out, final_states) if final_states is not None else out
 
@@ -218,8 +244,9 @@ def _causal_conv1d_varlen(
         check_unique_indices(_CONV, "cache_indices", cache_indices)
     out = empty_like_layout(x3, channel_last)
     if dim and nseq:  # empty sequences still reset their slots
-        key = (x.device.type, x.dtype, width, bias is not None, silu, channel_last, False, False, False, True,
-               size_class(x3.shape[0] * x3.shape[-1]))
+        key = SPEC.key(x.device.type, x.dtype, width=width, has_bias=bias is not None, silu=silu,
+                       channel_last=channel_last, has_seq_idx=False, has_initial_states=False,
+                       return_final_states=False, varlen=True, tokens=x3.shape[0] * x3.shape[-1])
         dispatch(SPEC, key, x3, weight, bias, activation, None, None, out, None,
                  ConvVarlen(conv_states, query_start_loc, cache_indices, has_initial_state))
     return out[0]
@@ -235,13 +262,3 @@ def _empty_final_states(final_states: torch.Tensor | None, initial_states: torch
         final_states.copy_(initial_states)
 
 
-SPEC = OpSpec(
-    name=_CONV,
-    fields={"width": 4, "has_bias": True, "silu": True, "channel_last": False, "has_seq_idx": False,
-            "has_initial_states": False, "return_final_states": False, "varlen": False},
-    function=causal_conv1d,
-    reference=reference,
-    doc="depthwise causal conv1d over [B, D, L], optional silu, seq_idx packing, initial/final states, "
-        "vLLM's packed form with per-sequence state slots",
-    buckets=("tokens",),  # the size class of B * L (the packed form: its tokens)
-)

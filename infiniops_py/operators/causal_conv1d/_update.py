@@ -10,7 +10,6 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     ContractError,
-    OpSpec,
     check_device,
     check_dtype,
     check_index_range,
@@ -22,16 +21,34 @@ from infiniops_py.operators._base import (
     check_writable,
     is_checked,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.causal_conv1d._checks import check_activation, check_layout, check_weight, empty_like_layout
 from infiniops_py.operators.causal_conv1d._reference import reference_update
-from infiniops_py.problem import size_class
 
 __all__ = ["SPEC_UPDATE", "causal_conv1d_update"]
 
 _UPDATE = "causal_conv1d_update"
 
 
+def _fake(x: torch.Tensor, **_: object) -> torch.Tensor:
+    if x.dim() == 3 and x.stride(2) != 1 and x.shape[2] > 1:  # a channel-last view: the output keeps its layout
+        return x.new_empty((x.shape[0], x.shape[2], x.shape[1])).transpose(1, 2)
+    return x.new_empty(x.shape)
+
+
+SPEC_UPDATE = Operator(
+    name=_UPDATE,
+    fields={"width": 4, "state_len": 3, "has_bias": True, "silu": True, "has_indices": False,
+            "has_cache_seqlens": False},
+    buckets=("batch",),  # B
+    reference=reference_update,
+    doc="causal conv1d decode step against a rolling or circular [slots, D, S] state, gathered slots",
+    overloads=(Overload(fake=_fake),),
+    mutates=("conv_state",),
+)
+
+
+@SPEC_UPDATE.define
 def causal_conv1d_update(
     x: torch.Tensor,
     conv_state: torch.Tensor,
@@ -77,9 +94,6 @@ def causal_conv1d_update(
             written in place, a tensor that requires grad while grad mode is on; in checked mode an index
             >= slots, a repeated index or a negative cache_seqlens.
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        return torch.ops.infiniops.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
-                                                        cache_seqlens)
     check_tensor(_UPDATE, "x", x)
     check_tensor(_UPDATE, "conv_state", conv_state)
     check_tensor(_UPDATE, "weight", weight)
@@ -129,8 +143,9 @@ def causal_conv1d_update(
                                                           "number of columns written so far (>= 0)")
     out = empty_like_layout(x3, channel_last)
     if x3.numel():
-        key = (x.device.type, x.dtype, width, state_len, bias is not None, silu, conv_state_indices is not None,
-               cache_seqlens is not None, size_class(x3.shape[0]))
+        key = SPEC_UPDATE.key(x.device.type, x.dtype, width=width, state_len=state_len, has_bias=bias is not None,
+                              silu=silu, has_indices=conv_state_indices is not None,
+                              has_cache_seqlens=cache_seqlens is not None, batch=x3.shape[0])
         args = (x3, conv_state, weight, bias, activation, conv_state_indices, out)
         if cache_seqlens is None:
             dispatch(SPEC_UPDATE, key, *args)
@@ -139,12 +154,3 @@ def causal_conv1d_update(
     return out.squeeze(-1) if x.dim() == 2 else out
 
 
-SPEC_UPDATE = OpSpec(
-    name=_UPDATE,
-    fields={"width": 4, "state_len": 3, "has_bias": True, "silu": True, "has_indices": False,
-            "has_cache_seqlens": False},
-    function=causal_conv1d_update,
-    reference=reference_update,
-    doc="causal conv1d decode step against a rolling or circular [slots, D, S] state, gathered slots",
-    buckets=("batch",),  # the size class of B
-)

@@ -8,7 +8,6 @@ import torch
 from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     ContractError,
-    OpSpec,
     check_bool,
     check_index_range,
     check_no_grad,
@@ -17,7 +16,7 @@ from infiniops_py.operators._base import (
     check_unique_indices,
     is_checked,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload, Param
 from infiniops_py.operators.flash_attn._call import FIELDS, lse_dtype, set_kwargs
 from infiniops_py.operators.flash_attn._checks import (
     FP8,
@@ -41,13 +40,31 @@ from infiniops_py.operators.flash_attn._values import (
     check_rotary_positions,
     check_used_blocks,
 )
-from infiniops_py.problem import size_class
 
 __all__ = ["KVCACHE_SPEC", "flash_attn_with_kvcache"]
 
 _KVCACHE = "flash_attn_with_kvcache"
 
 
+def _fake_lse(q: torch.Tensor, **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=lse_dtype(q))
+
+
+KVCACHE_SPEC = Operator(
+    name=_KVCACHE,
+    fields={**FIELDS, "append": False, "cache_batch_idx": False, "cache_leftpad": False, "rotary": False},
+    buckets=("q_tokens", "k_len"),  # B * Sq and the cache's capacity per sequence
+    reference=reference_kvcache,
+    doc="decode attention over a contiguous or paged (or fp8) KV cache, rotating and appending new k/v in place "
+        "first",
+    overloads=(Overload(when={"return_softmax_lse": False}, fake=lambda q, **_: q.new_empty(q.shape)),
+               Overload("with_lse", when={"return_softmax_lse": True}, outputs=2, fake=_fake_lse)),
+    mutates=("k_cache", "v_cache"),
+    params={"cache_seqlens": Param("Tensor?", to_schema=lambda seqlens, call: seqlens_argument(seqlens, call["q"]))},
+)
+
+
+@KVCACHE_SPEC.define
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -120,13 +137,6 @@ def flash_attn_with_kvcache(
             the contract, caches written in place that overlap, a tensor that requires grad while grad mode
             is on, or (checked mode) two new k/v rows landing in one cache slot.
     """
-    if lowered(q):  # torch.compile / torch.export / FakeTensor: the custom operator
-        lib = torch.ops.infiniops.flash_attn_with_kvcache
-        seqlens = seqlens_argument(cache_seqlens, q)
-        args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad,
-                block_table, softmax_scale, causal, list(window_size), softcap, rotary_interleaved, alibi_slopes,
-                k_descale, v_descale)
-        return tuple(lib.with_lse(*args)) if return_softmax_lse is True else lib(*args)  # type: ignore[return-value]
     op = _KVCACHE
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(op, name, t)
@@ -196,20 +206,14 @@ def flash_attn_with_kvcache(
         extras["rotary_interleaved"] = rotary_interleaved
     if return_softmax_lse:
         extras["softmax_lse"] = torch.empty((b, hq, q.shape[1]), dtype=lse_dtype(q), device=q.device)
-    key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size,
-           slopes is not None, return_softmax_lse, fp8, k is not None, cache_batch_idx is not None,
-           cache_leftpad is not None, rotary_cos is not None, size_class(b * q.shape[1]), size_class(capacity))
+    key = KVCACHE_SPEC.key(q.device.type, q.dtype, head_dim=d, gqa_ratio=hq // hkv, causal=bool(causal),
+                           local=window != (-1, -1), softcap=softcap > 0, paged=paged, block_size=block_size,
+                           alibi=slopes is not None, return_softmax_lse=return_softmax_lse, fp8_kv=fp8,
+                           append=k is not None, cache_batch_idx=cache_batch_idx is not None,
+                           cache_leftpad=cache_leftpad is not None, rotary=rotary_cos is not None,
+                           q_tokens=b * q.shape[1], k_len=capacity)
     dispatch(KVCACHE_SPEC, key, q, k_cache, v_cache, seqlens, block_table, k, v, scale, bool(causal), window, softcap,
              out, **extras)
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
 
 
-KVCACHE_SPEC = OpSpec(
-    name=_KVCACHE,
-    fields={**FIELDS, "append": False, "cache_batch_idx": False, "cache_leftpad": False, "rotary": False},
-    buckets=("q_tokens", "k_len"),  # the size classes of B * Sq and of the cache's capacity per sequence
-    function=flash_attn_with_kvcache,
-    reference=reference_kvcache,
-    doc="decode attention over a contiguous or paged (or fp8) KV cache, rotating and appending new k/v in place "
-        "first",
-)

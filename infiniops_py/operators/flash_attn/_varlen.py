@@ -7,7 +7,6 @@ import torch
 from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -16,7 +15,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     is_checked,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload, Param
 from infiniops_py.operators.flash_attn._call import FIELDS, lse_dtype, set_kwargs
 from infiniops_py.operators.flash_attn._checks import (
     FP8,
@@ -32,13 +31,28 @@ from infiniops_py.operators.flash_attn._checks import (
 )
 from infiniops_py.operators.flash_attn._reference import reference_varlen
 from infiniops_py.operators.flash_attn._values import check_seqlens, check_seqused, check_used_blocks
-from infiniops_py.problem import size_class
 
 __all__ = ["VARLEN_SPEC", "flash_attn_varlen"]
 
 _VARLEN = "flash_attn_varlen"
 
 
+VARLEN_SPEC = Operator(
+    name=_VARLEN,
+    fields={**FIELDS, "seqused_k": False},
+    buckets=("q_tokens", "k_len"),  # total_q and max_seqlen_k
+    reference=reference_varlen,
+    doc="attention over packed variable-length sequences: causal (bottom-right), GQA, window, softcap, ALiBi, "
+        "paged or fp8 K/V, seqused_k, log-sum-exp",
+    overloads=(Overload(when={"return_softmax_lse": False}, fake=lambda q, **_: q.new_empty(q.shape)),
+               Overload("with_lse", when={"return_softmax_lse": True}, outputs=2,
+                        fake=lambda q, **_: (q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]),
+                                                                               dtype=lse_dtype(q))))),
+    params={"max_seqlen_q": Param("SymInt"), "max_seqlen_k": Param("SymInt")},
+)
+
+
+@VARLEN_SPEC.define
 def flash_attn_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -99,11 +113,6 @@ def flash_attn_varlen(
         ContractError: a non-tensor, a shape, dtype, device, stride, index or scalar argument that breaks
             the contract, or a tensor that requires grad while grad mode is on.
     """
-    if lowered(q):  # torch.compile / torch.export / FakeTensor: the custom operator
-        lib = torch.ops.infiniops.flash_attn_varlen
-        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                list(window_size), softcap, block_table, seqused_k, alibi_slopes, k_descale, v_descale)
-        return tuple(lib.with_lse(*args)) if return_softmax_lse is True else lib(*args)  # type: ignore[return-value]
     op = _VARLEN
     tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
     optional = {"block_table": block_table, "seqused_k": seqused_k, "alibi_slopes": alibi_slopes,
@@ -151,20 +160,12 @@ def flash_attn_varlen(
     extras = set_kwargs(seqused_k=seqused_k, alibi_slopes=slopes, k_descale=k_descale, v_descale=v_descale)
     if return_softmax_lse:
         extras["softmax_lse"] = torch.empty((hq, q.shape[0]), dtype=lse_dtype(q), device=q.device)
-    key = (q.device.type, q.dtype, d, hq // hkv, bool(causal), window != (-1, -1), softcap > 0, paged, block_size,
-           slopes is not None, return_softmax_lse, fp8, seqused_k is not None, size_class(q.shape[0]),
-           size_class(max_seqlen_k))
+    key = VARLEN_SPEC.key(q.device.type, q.dtype, head_dim=d, gqa_ratio=hq // hkv, causal=bool(causal),
+                          local=window != (-1, -1), softcap=softcap > 0, paged=paged, block_size=block_size,
+                          alibi=slopes is not None, return_softmax_lse=return_softmax_lse, fp8_kv=fp8,
+                          seqused_k=seqused_k is not None, q_tokens=q.shape[0], k_len=max_seqlen_k)
     dispatch(VARLEN_SPEC, key, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
              bool(causal), window, softcap, block_table, out, **extras)
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
 
 
-VARLEN_SPEC = OpSpec(
-    name=_VARLEN,
-    fields={**FIELDS, "seqused_k": False},
-    buckets=("q_tokens", "k_len"),  # the size classes of total_q and of max_seqlen_k
-    function=flash_attn_varlen,
-    reference=reference_varlen,
-    doc="attention over packed variable-length sequences: causal (bottom-right), GQA, window, softcap, ALiBi, "
-        "paged or fp8 K/V, seqused_k, log-sum-exp",
-)

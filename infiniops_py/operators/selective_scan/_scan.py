@@ -4,7 +4,8 @@ its `OpSpec`."""
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import torch
 
@@ -13,7 +14,6 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -21,7 +21,7 @@ from infiniops_py.operators._base import (
     check_shape,
     check_tensor,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.causal_conv1d import check_cu_seqlens
 from infiniops_py.operators.selective_scan._checks import (
     STATE_DTYPES,
@@ -32,7 +32,6 @@ from infiniops_py.operators.selective_scan._checks import (
 )
 from infiniops_py.operators.selective_scan._common import ScanVarlen, state_dtype
 from infiniops_py.operators.selective_scan._reference import reference
-from infiniops_py.problem import size_class
 
 __all__ = ["SPEC", "selective_scan"]
 
@@ -40,6 +39,54 @@ _SCAN = "selective_scan"
 _NO_LIMIT: Final = (0.0, math.inf)
 
 
+def _fake(x: torch.Tensor, **_: object) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _states(x: torch.Tensor, B: torch.Tensor, rows: int) -> torch.Tensor:
+    _, _, h, p = x.shape
+    return x.new_empty((rows, h, p, B.shape[-1]), dtype=state_dtype(x.dtype))
+
+
+def _fake_final(x: torch.Tensor, B: torch.Tensor, **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), _states(x, B, x.shape[0])
+
+
+def _fake_varlen(x: torch.Tensor, B: torch.Tensor, cu_seqlens: torch.Tensor, **_: object
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), _states(x, B, cu_seqlens.shape[0] - 1)
+
+
+def _with_final(outputs: tuple[torch.Tensor, ...], call: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
+    """``(out, varlen_states)``, or with `return_final_states` ``(out, final, varlen_states)``: the final state is
+    the last sequence's (one overload, as a custom operator cannot return a view of its other output)."""
+    out, varlen = outputs
+    if call["return_final_states"] is not True:
+        return out, varlen
+    final = varlen[-1:].clone() if varlen.shape[0] else varlen.new_zeros((1, *varlen.shape[1:]))
+    return out, final, varlen
+
+
+SPEC = Operator(
+    name=_SCAN,
+    fields={"head_dim": 64, "d_state": 128, "n_groups": 1, "chunk_size": 256, "has_D": True, "has_z": True,
+            "has_dt_bias": True, "dt_softplus": True, "has_seq_idx": False, "has_initial_states": False,
+            "return_final_states": False, "varlen": False, "return_varlen_states": False},
+    buckets=("tokens",),  # Bt * L
+    reference=reference,
+    doc="Mamba-2 SSD selective scan over [Bt, L, H, P], D/z/dt_bias/softplus/dt_limit, seq_idx, states, "
+        "cu_seqlens packing with per-sequence states",
+    overloads=(
+        Overload(when={"return_final_states": False, "return_varlen_states": False}, fake=_fake),
+        Overload("with_final_states", when={"return_final_states": True, "return_varlen_states": False}, outputs=2,
+                 fake=_fake_final),
+        Overload("with_varlen_states", when={"return_varlen_states": True}, drop=("return_final_states",), outputs=2,
+                 fake=_fake_varlen, finish=_with_final),
+    ),
+)
+
+
+@SPEC.define
 def selective_scan(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -99,9 +146,6 @@ def selective_scan(
             while grad mode is on, or (checked mode) a cu_seqlens that does not cut the row; named by
             argument.
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        return _lowered_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_states, seq_idx,
-                             chunk_size, cu_seqlens, return_final_states, return_varlen_states)
     for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         check_tensor(_SCAN, name, t)
     for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
@@ -169,9 +213,12 @@ def selective_scan(
             elif states is not None:
                 states.zero_()
     else:
-        key = (x.device.type, x.dtype, head_dim, d_state, groups, chunk_size, D is not None, z is not None,
-               dt_bias is not None, bool(dt_softplus), seq_idx is not None, initial_states is not None,
-               return_final_states, cu_seqlens is not None, return_varlen_states, size_class(x.shape[0] * x.shape[1]))
+        key = SPEC.key(x.device.type, x.dtype, head_dim=head_dim, d_state=d_state, n_groups=groups,
+                       chunk_size=chunk_size, has_D=D is not None, has_z=z is not None, has_dt_bias=dt_bias is not None,
+                       dt_softplus=bool(dt_softplus), has_seq_idx=seq_idx is not None,
+                       has_initial_states=initial_states is not None, return_final_states=return_final_states,
+                       varlen=cu_seqlens is not None, return_varlen_states=return_varlen_states,
+                       tokens=x.shape[0] * x.shape[1])
         args = (x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), tuple(dt_limit), initial_states, seq_idx,
                 chunk_size, out, final_states)
         if cu_seqlens is None:
@@ -202,24 +249,6 @@ def _check_cu_seqlens(x: torch.Tensor, cu_seqlens: torch.Tensor) -> int:
     return cu_seqlens.shape[0] - 1
 
 
-def _lowered_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                  D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None, dt_softplus: bool,
-                  dt_limit: tuple[float, float], initial_states: torch.Tensor | None,
-                  seq_idx: torch.Tensor | None, chunk_size: int, cu_seqlens: torch.Tensor | None,
-                  return_final_states: bool, return_varlen_states: bool) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """`selective_scan` through its custom operator, one overload per form of the result."""
-    scan = torch.ops.infiniops.selective_scan
-    args = (x, dt, A, B, C, D, z, dt_bias, dt_softplus, list(dt_limit), initial_states, seq_idx, chunk_size,
-            cu_seqlens)
-    if return_varlen_states is True:  # the final state is the last sequence's (one overload: no 3-tuple op)
-        out, varlen = scan.with_varlen_states(*args)
-        if return_final_states is not True:
-            return out, varlen
-        final = varlen[-1:].clone() if varlen.shape[0] else varlen.new_zeros((1, *varlen.shape[1:]))
-        return out, final, varlen
-    return scan.with_final_states(*args) if return_final_states is True else scan.default(*args)
-
-
 def _check_limit(dt_limit: tuple[float, float]) -> tuple[float, float]:
     """`dt_limit` as two floats (an int beyond the float range is that infinity), low <= high."""
     try:
@@ -241,14 +270,3 @@ def _as_float(v: float) -> float:
         return math.inf if v > 0 else -math.inf
 
 
-SPEC = OpSpec(
-    name=_SCAN,
-    fields={"head_dim": 64, "d_state": 128, "n_groups": 1, "chunk_size": 256, "has_D": True, "has_z": True,
-            "has_dt_bias": True, "dt_softplus": True, "has_seq_idx": False, "has_initial_states": False,
-            "return_final_states": False, "varlen": False, "return_varlen_states": False},
-    function=selective_scan,
-    reference=reference,
-    doc="Mamba-2 SSD selective scan over [Bt, L, H, P], D/z/dt_bias/softplus/dt_limit, seq_idx, states, "
-        "cu_seqlens packing with per-sequence states",
-    buckets=("tokens",),  # the size class of Bt * L
-)

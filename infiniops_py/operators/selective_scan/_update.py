@@ -9,7 +9,6 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     ContractError,
-    OpSpec,
     check_bool,
     check_device,
     check_dtype,
@@ -22,16 +21,29 @@ from infiniops_py.operators._base import (
     check_writable,
     dtype_name,
 )
-from infiniops_py.operators._torch_library import lowered
+from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.selective_scan._checks import check_groups, check_like_x, check_params, last_dense
 from infiniops_py.operators.selective_scan._reference import reference_update
-from infiniops_py.problem import size_class
 
 __all__ = ["SPEC_UPDATE", "selective_state_update"]
 
 _UPDATE = "selective_state_update"
 
 
+SPEC_UPDATE = Operator(
+    name=_UPDATE,
+    fields={"head_dim": 64, "d_state": 128, "n_groups": 1, "has_D": True, "has_z": True, "has_dt_bias": True,
+            "dt_softplus": True, "has_indices": False, "untied": False, "state_dtype": "float32"},
+    buckets=("batch",),  # B
+    reference=reference_update,
+    doc="one Mamba-2 decode step on states [slots, H, P, N] in place (no dt clamp), gathered slots, untied "
+        "dt/A/dt_bias, 16-bit states",
+    overloads=(Overload(fake=lambda x, **_: x.new_empty(x.shape)),),
+    mutates=("state",),
+)
+
+
+@SPEC_UPDATE.define
 def selective_state_update(
     state: torch.Tensor,
     x: torch.Tensor,
@@ -85,9 +97,6 @@ def selective_state_update(
             written in place, a tensor that requires grad while grad mode is on; in checked mode an index
             >= slots or a repeated index.
     """
-    if lowered(x):  # torch.compile / torch.export / FakeTensor: the custom operator
-        return torch.ops.infiniops.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                                          state_batch_indices)
     for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
         check_tensor(_UPDATE, name, t)
     for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)):
@@ -140,9 +149,10 @@ def selective_state_update(
     untied = dt.dim() == 3 or A.dim() == 3 or (dt_bias is not None and dt_bias.dim() == 2)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel():
-        key = (x.device.type, x.dtype, head_dim, d_state, groups, D is not None, z is not None,
-               dt_bias is not None, bool(dt_softplus), state_batch_indices is not None, untied,
-               dtype_name(state.dtype), size_class(x.shape[0]))
+        key = SPEC_UPDATE.key(x.device.type, x.dtype, head_dim=head_dim, d_state=d_state, n_groups=groups,
+                              has_D=D is not None, has_z=z is not None, has_dt_bias=dt_bias is not None,
+                              dt_softplus=bool(dt_softplus), has_indices=state_batch_indices is not None,
+                              untied=untied, state_dtype=dtype_name(state.dtype), batch=x.shape[0])
         dispatch(SPEC_UPDATE, key, state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices, out)
     return out
 
@@ -160,13 +170,3 @@ def _tie(dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tensor | None
     return dt, A, dt_bias
 
 
-SPEC_UPDATE = OpSpec(
-    name=_UPDATE,
-    fields={"head_dim": 64, "d_state": 128, "n_groups": 1, "has_D": True, "has_z": True, "has_dt_bias": True,
-            "dt_softplus": True, "has_indices": False, "untied": False, "state_dtype": "float32"},
-    function=selective_state_update,
-    reference=reference_update,
-    doc="one Mamba-2 decode step on states [slots, H, P, N] in place (no dt clamp), gathered slots, untied "
-        "dt/A/dt_bias, 16-bit states",
-    buckets=("batch",),  # the size class of B
-)

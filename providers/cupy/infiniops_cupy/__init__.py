@@ -10,25 +10,22 @@ from __future__ import annotations
 import dataclasses
 
 from infiniops_py import Provider, hookimpl
-from infiniops_py.operators import FAMILIES
 from infiniops_py.registry import provider_from_modules
 
-__all__ = ["infiniops_provider"]
+__all__ = ["MODULES", "infiniops_provider"]
 
-# families it has no module for (AllReduce: the torch provider's torch.distributed serves the collective)
-_UNSERVED = ("flash_attn", "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "all_reduce",
-             "rms_norm_gated", "sampling")
+# no FlashAttention, decode fusions, sampling nor AllReduce (the torch provider's torch.distributed serves
+# the collective)
+MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "causal_conv1d", "selective_scan")
 
 
 @hookimpl
 def infiniops_provider() -> Provider:
-    """The ``cupy`` provider: every family but FlashAttention, the decode fusions and sampling (``_UNSERVED``),
-    built for provider API 1.
+    """The ``cupy`` provider: the implementations of its `MODULES`, built for provider API 1.
 
     Importing its modules needs neither CuPy nor a GPU (each module defers CuPy to its first call).
     """
-    provider = provider_from_modules("cupy", "infiniops_cupy", [f for f in FAMILIES if f not in _UNSERVED],
-                                     api_version=1)
+    provider = provider_from_modules("cupy", "infiniops_cupy", MODULES, api_version=1)
     # CuPy refuses cuBLAS (and most CUDA library) calls while a stream captures a graph, and its own memory
     # pool may allocate: none of its implementations is graph-safe, so measured ranking never promotes one
     # over a capturable implementation (they serve by priority, or when forced with use("cupy")).

@@ -1,24 +1,24 @@
 """The ``triton`` provider: every operator as a Triton kernel with its launcher, one module per kernel.
 
-Each module exports ``IMPLEMENTATIONS``; this module gathers them for the ``infiniops_provider`` hook.
+Each module exports ``IMPLEMENTATIONS``; `MODULES` lists them (no AllReduce: the torch provider's
+torch.distributed serves the collective), and this module gathers them for the ``infiniops_provider`` hook.
 """
 
 from __future__ import annotations
 
 from infiniops_py import Provider, hookimpl
-from infiniops_py.operators import FAMILIES
 from infiniops_py.registry import provider_from_modules
 from infiniops_triton._common import interpreting_on_cpu
 
-__all__ = ["infiniops_provider"]
+__all__ = ["MODULES", "infiniops_provider"]
 
-_UNSERVED = ("all_reduce",)  # a collective: the torch provider's torch.distributed serves it
+MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "flash_attn", "causal_conv1d", "selective_scan",
+           "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "rms_norm_gated", "sampling")
 
 
 @hookimpl
 def infiniops_provider() -> Provider:
-    """The ``triton`` provider: the implementations of every family but the AllReduce collective, built for
-    provider API 1.
+    """The ``triton`` provider: the implementations of its `MODULES`, built for provider API 1.
 
     Under the CPU interpreter (``interpreting_on_cpu``) the interpreter is patched first, before any kernel
     module is imported.
@@ -27,5 +27,4 @@ def infiniops_provider() -> Provider:
         from infiniops_triton._interpreter import patch_interpreter
 
         patch_interpreter()
-    return provider_from_modules("triton", "infiniops_triton", [f for f in FAMILIES if f not in _UNSERVED],
-                                 api_version=1)
+    return provider_from_modules("triton", "infiniops_triton", MODULES, api_version=1)

@@ -1,9 +1,8 @@
 """Autotuned kernels launched at the cost of a plain kernel once their configuration is chosen.
 
 `triton.autotune`'s wrapper rebuilds a dict of every argument and a key with a ``hasattr`` per argument on
-each call: on the H200 machine's host (2026-12-01, triton 3.6.0) a flat ``add`` paid 32 us per call through
-its autotuner against about 10 us for the plain kernel launch. `Tuned` asks the autotuner once per key the
-launcher computes (the autotuner's own key: its key arguments and the operands' dtypes), keeps the
+each call, several times the cost of the plain launch (benchmarks/RESULTS.md). `Tuned` asks the autotuner once
+per key the launcher computes (the autotuner's own key: its key arguments and the operands' dtypes), keeps the
 configuration it chose, and from then on launches the kernel under the autotuner (its heuristics included)
 with that configuration directly.
 
