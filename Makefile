@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 #   TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 # (TORCH is passed to pip unquoted, so it may carry pip options).
 TORCH  ?= torch==2.13.0
+# The Triton the project's kernels and their sm_90 compile checks are tested with (the H200's); the provider
+# itself accepts triton>=3.6,<3.8, and a fresh install would otherwise take the newest (3.7.x).
+TRITON ?= triton==3.6.0
 # CuPy only where a CUDA device is (nvidia-smi lists one), as the provider's extra for the driver's CUDA major
 # version (12, else 13); elsewhere the cupy provider installs without it and shows as unable to run.
 CUDA_MAJOR := $(shell nvidia-smi -L >/dev/null 2>&1 && nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1)
@@ -24,7 +27,7 @@ $(STAMP): pyproject.toml providers/*/pyproject.toml Makefile
 	@echo "installing into $(VENV) (the first time takes minutes)$(if $(CUPY_EXTRA), with CuPy $(CUPY_EXTRA),)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install -qq --upgrade pip setuptools wheel
-	@$(PIP) install -qq $(TORCH)
+	@$(PIP) install -qq $(TORCH) $(TRITON)
 	@$(PIP) install -qq -e ".[dev]" $(PROVIDERS)
 	@touch $(STAMP)
 

@@ -44,7 +44,8 @@ new column, ``index_put_`` of the shifted window, multiply-sum, bias and ``F.sil
 silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``); rotary_embedding vLLM's ``forward_native``
 (``index_select``, ``chunk``, ``cat``) + ``copy_`` for the Q and the K heads; fused_qk_norm_rope ``F.rms_norm``,
 then that, for each;
-rms_norm_gated transformers' ``MambaRMSNormGated`` (per group);
+rms_norm_gated transformers' ``MambaRMSNormGated`` (per group); gemm_swiglu ``F.linear`` then SiLU-and-multiply;
+top_k_top_p_sampling_from_logits a sort-based sampler (topk, softmax, cumsum, multinomial);
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
@@ -330,6 +331,35 @@ def _silu_and_mul(e: Env) -> list[Case]:
                  lambda: F.silu(x[:, :d]) * x[:, d:], "F.silu * (vLLM forward_native)", False)]
 
 
+def _gemm_swiglu(e: Env) -> list[Case]:
+    t, k, d = e.pick(1, 1), e.pick(1024, 32), e.pick(3072, 48)  # a Qwen3-0.6B decode MLP row
+    x, w = e.randn(t, k), e.randn(2 * d, k, scale=k**-0.5)
+
+    def peer() -> torch.Tensor:
+        gu = F.linear(x, w)
+        return F.silu(gu[:, :d]) * gu[:, d:]
+
+    return [Case(f"gemm_swiglu [{t}, {k}] x [{2 * d}, {k}]", "gemm_swiglu", lambda: ops.gemm_swiglu(x, w), peer,
+                 "F.linear, F.silu * (HF's act_fn(gate) * up)", False)]
+
+
+def _sampling(e: Env) -> list[Case]:
+    b, v = e.pick(32, 4), e.pick(151936, 256)
+    logits = e.randn(b, v)
+    seed = torch.arange(b, dtype=torch.int64, device=e.device)
+
+    def peer() -> torch.Tensor:  # a sort-based sampler: temperature, top-k, top-p, one multinomial
+        z = (logits.float() / 0.8).topk(50, dim=-1)
+        probs = torch.softmax(z.values, -1)
+        keep = probs.cumsum(-1) - probs < 0.9
+        return z.indices.gather(1, torch.multinomial(probs * keep, 1))
+
+    return [Case(f"top_k_top_p_sampling_from_logits [{b}, {v}]", "top_k_top_p_sampling_from_logits",
+                 lambda: ops.top_k_top_p_sampling_from_logits(logits, 50, 0.9, temperature=0.8, seed=seed,
+                                                              offset=seed),
+                 peer, "topk, softmax, cumsum, multinomial (a sort-based sampler)", False)]
+
+
 def _native_gated_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
     """transformers' ``MambaRMSNormGated.forward`` per group (mamba_ssm's ``norm_before_gate=False``)."""
     y = (x.float() * F.silu(z.float())).unflatten(-1, (groups, -1))
@@ -418,7 +448,9 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "fused_add_rms_norm": _fused_add_rms_norm,
     "fused_qk_norm": _fused_qk_norm,
     "silu_and_mul": _silu_and_mul,
+    "gemm_swiglu": _gemm_swiglu,
     "rms_norm_gated": _rms_norm_gated,
+    "top_k_top_p_sampling_from_logits": _sampling,
     "rotary_embedding": _rotary_embedding,
     "fused_qk_norm_rope": _fused_qk_norm_rope,
     "all_reduce": _all_reduce,

@@ -176,7 +176,8 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
             "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1,
             "N": 1024, "K": 3072, "stride_xm": 3072, "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1,
             "stride_om": 1024, "stride_on": 1, "alpha": 1.0, "beta": 1.0, "HAS_C": True, "HAS_BIAS": False,
-            "PRECISION": "tf32", "BLOCK_M": 1 if one_row else 16, "EVEN_K": True, "PDL": False, **config.kwargs}
+            "PRECISION": "tf32", "BLOCK_M": 1 if one_row else 16, "EVEN_K": True, "PDL": False, "SWIGLU": False,
+            **config.kwargs}
     compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
     if one_row:  # straight to registers
         assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
@@ -197,7 +198,7 @@ def test_decode_kernels_wait_for_the_previous_kernel_under_programmatic_dependen
             "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1, "N": 1024, "K": 3072, "stride_xm": 3072,
             "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1, "stride_om": 1024, "stride_on": 1, "alpha": 1.0,
             "beta": 0.0, "HAS_C": False, "HAS_BIAS": False, "PRECISION": "tf32", "BLOCK_M": 1, "EVEN_K": True,
-            "PDL": True, **config.kwargs}
+            "PDL": True, "SWIGLU": False, **config.kwargs}
     ptx = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages).asm["ptx"]
     launch, wait = ptx.find("griddepcontrol.launch_dependents"), ptx.find("griddepcontrol.wait")
     assert 0 <= launch < wait < ptx.find("ld.global")
