@@ -1,10 +1,11 @@
 """The batched sampler on the GPU: `top_k_top_p_sampling_from_logits` per provider against a torch-native baseline.
 
-    python3 benchmarks/gpu_sampling.py [--batch 1,32,64] [--vocab 151936] [--dtype bfloat16] [--calls 50]
-                                       [--rounds 5] [--device cuda] [--json FILE]
+    python3 benchmarks/gpu_sampling.py [--batch 1,32,64] [--top-k 50,0] [--vocab 151936] [--dtype bfloat16]
+                                       [--calls 50] [--rounds 5] [--device cuda] [--json FILE]
 
 Logits ``[B, V]`` (Qwen's vocabulary by default, bf16, N(0, 1) times 4), the sampled step of issue #24
-(temperature 0.8, top_p 0.9, top_k 50 per row, per-row seeds), one batched call per step. Ways:
+(temperature 0.8, top_p 0.9, top_k 50 per row, per-row seeds) and the serving benchmark's (the same without
+top-k: ``--top-k 0``), one batched call per step. Ways:
 
 - ``triton`` and ``torch``: the public function under ``use(...)`` (checks, resolver, kernel);
 - ``native``: plain PyTorch in one batched call, vLLM's ``apply_top_k_top_p`` (one sort, the top-k and top-p
@@ -87,24 +88,26 @@ def _providers(device: str) -> list[str]:
     return ["triton", "torch"] if device == "cuda" or interpreting else ["torch"]
 
 
-def run(batches: list[int], vocab: int, dtype: torch.dtype, calls: int, rounds: int, device: str
-        ) -> tuple[list[tuple[str, int, float]], list[str]]:
-    """The timings ``(way, batch, ms)`` and the failed checks."""
+def run(batches: list[int], vocab: int, dtype: torch.dtype, calls: int, rounds: int, device: str,
+        ks: tuple[int, ...] = (TOP_K,)) -> tuple[list[tuple[str, int, float]], list[str]]:
+    """The timings ``(way, batch, ms)`` and the failed checks (a way's name says its top-k when it is not 50)."""
     time_ms = _timer(device, calls, rounds)
     gen = torch.Generator().manual_seed(0)
     rows: list[tuple[str, int, float]] = []
     failures: list[str] = []
-    for b in batches:
-        _batch(b, vocab, dtype, device, gen, time_ms, rows, failures)
+    for k in ks:
+        for b in batches:
+            _batch(b, vocab, dtype, device, gen, time_ms, rows, failures, k)
     return rows, failures
 
 
 def _batch(b: int, vocab: int, dtype: torch.dtype, device: str, gen: torch.Generator,
            time_ms: Callable[[Callable[[], Any]], float], rows: list[tuple[str, int, float]],
-           failures: list[str]) -> None:
+           failures: list[str], k: int = TOP_K) -> None:
+    tag = "" if k == TOP_K else f" k{k}"
     logits = (torch.randn(b, vocab, generator=gen) * 4).to(device, dtype)
     temperature = torch.full((b,), TEMPERATURE, device=device)
-    top_k = torch.full((b,), TOP_K, dtype=torch.int32, device=device)
+    top_k = torch.full((b,), k if k > 0 else vocab, dtype=torch.int32, device=device)
     top_p = torch.full((b,), TOP_P, device=device)
     seed = torch.randint(0, 2**62, (b,), generator=gen).to(device)
     offset = torch.zeros(b, dtype=torch.int64, device=device)
@@ -117,24 +120,27 @@ def _batch(b: int, vocab: int, dtype: torch.dtype, device: str, gen: torch.Gener
         greedy_rows = call(t=torch.zeros_like(temperature)).cpu()
         if bool(((drawn < 0) | (drawn >= vocab)).any()) or not torch.equal(
                 greedy_rows.long(), logits.float().argmax(-1).cpu()):
-            failures.append(f"{provider} B={b}: draws out of range or temperature-0 rows not the argmax")
-        rows.append((provider, b, time_ms(call)))
-    rows.append(("native", b, time_ms(lambda: native(logits, temperature, top_k, top_p))))
-    rows.append(("greedy", b, time_ms(lambda: logits.argmax(-1))))
+            failures.append(f"{provider}{tag} B={b}: draws out of range or temperature-0 rows not the argmax")
+        rows.append((provider + tag, b, time_ms(call)))
+    rows.append(("native" + tag, b, time_ms(lambda: native(logits, temperature, top_k, top_p))))
+    rows.append(("greedy" + tag, b, time_ms(lambda: logits.argmax(-1))))
 
 
 def table(rows: list[tuple[str, int, float]], vocab: int, dtype: torch.dtype) -> str:
     by = {(w, b): ms for w, b, ms in rows}
+    tag = {w: w[w.index(" "):] if " " in w else "" for w, _, _ in rows}
     lines = [f"sampling [B, {vocab}] {str(dtype).removeprefix('torch.')}, temperature {TEMPERATURE}, top_p {TOP_P}, "
-             f"top_k {TOP_K}", f"{'way':8} {'B':>4} {'ms':>9} {'vs native':>10} {'vs greedy':>10}"]
+             f"top_k {TOP_K}", f"{'way':10} {'B':>4} {'ms':>9} {'vs native':>10} {'vs greedy':>10}"]
     for way, b, ms in rows:
-        lines.append(f"{way:8} {b:>4} {ms:>9.4f} {ms / by[('native', b)]:>10.2f} {ms / by[('greedy', b)]:>10.2f}")
+        native_ms, greedy_ms = by[("native" + tag[way], b)], by[("greedy" + tag[way], b)]
+        lines.append(f"{way:10} {b:>4} {ms:>9.4f} {ms / native_ms:>10.2f} {ms / greedy_ms:>10.2f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", default="1,32,64")
+    parser.add_argument("--top-k", default="50,0", help="top-k values (0: none, top-p alone)")
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--calls", type=int, default=50)
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     dtype = getattr(torch, args.dtype)
     rows, failures = run([int(b) for b in args.batch.split(",")], args.vocab, dtype, args.calls, args.rounds,
-                         args.device)
+                         args.device, tuple(int(k) for k in args.top_k.split(",")))
     print(table(rows, args.vocab, dtype))
     for failure in failures:
         print(f"FAIL {failure}")

@@ -74,16 +74,22 @@ def _compile(kernel: Any, args: dict[str, Any], num_warps: int, num_stages: int 
                                                           "maxnreg": maxnreg})
 
 
-def _ptxas_spills(compiled: Any) -> int:
-    """Bytes of register spill stores ptxas reports for the kernel (spills happen after the PTX)."""
+def _ptxas_report(compiled: Any, pattern: str) -> int:
+    """The number `pattern` captures in what ``ptxas -v`` reports for the kernel (its registers and spills are
+    decided after the PTX)."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(compiled.asm["ptx"])
         f.flush()
         info = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
                               capture_output=True, text=True, check=True)
-    found = re.search(r"(\d+) bytes spill stores", info.stdout + info.stderr)
+    found = re.search(pattern, info.stdout + info.stderr)
     assert found is not None, info.stdout + info.stderr
     return int(found.group(1))
+
+
+def _ptxas_spills(compiled: Any) -> int:
+    """Bytes of register spill stores ptxas reports for the kernel."""
+    return _ptxas_report(compiled, r"(\d+) bytes spill stores")
 
 
 def _count(compiled: Any, pattern: str) -> int:
@@ -444,12 +450,23 @@ def test_ssd_kernels_fit_an_sm_and_multiply_on_tensor_cores() -> None:
 
 @pytest.mark.parametrize("penalized", [False, True], ids=["plain", "penalized"])
 def test_the_sampling_kernel_streams_its_row_in_vectors_without_spills(penalized: bool) -> None:
-    """One program per row over Qwen's 151936 logits: the bisection loops and Philox stay in registers, and the
-    logits and workspace move in 16-byte vectors."""
-    f32, i64 = _Ptr("*fp32"), _Ptr("*i64")
-    args = {"LOGITS": _Ptr(BF16), "stride_l": 151936, "ROWS": i64, "TOPK": _Ptr("*i32"), "TOPP": f32, "TEMP": f32,
-            "MINP": f32, "SEED": i64, "OFFSET": i64, "REP": f32, "FREQ": f32, "PRES": f32, "COUNTS": _Ptr("*i32"),
-            "stride_c": 151936, "SEEN": _Ptr("*u8"), "stride_s": 151936, "WORK": f32, "OUT": _Ptr("*i32"),
-            "V": 151936, "PENALIZED": penalized, "BLOCK": 1024, "ITERS": sampling._ITERS, "WAYS": sampling._WAYS,
-            "SEARCH": sampling._SEARCH}
-    _fast_memory(_compile(sampling._sample_kernel, args, 4))
+    """Qwen's 151936 logits of one row over 119 programs, every step in one launch: the search levels, the
+    barriers and Philox stay in registers, and the logits (and the penalized workspace) move in 16-byte
+    vectors."""
+    f32, i32, i64 = _Ptr("*fp32"), _Ptr("*i32"), _Ptr("*i64")
+    p, chunk = 119, 1280
+    args = {"LOGITS": _Ptr(BF16), "stride_l": 151936, "ROWS": i64, "TOPK": i32, "TOPP": f32, "TEMP": f32,
+            "MINP": f32, "SEED": i64, "OFFSET": i64, "REP": f32, "FREQ": f32, "PRES": f32, "COUNTS": i32,
+            "stride_c": 151936, "SEEN": _Ptr("*u8"), "stride_s": 151936, "WORK": f32, "SMAX": f32, "SARG": i32,
+            "SFLAG": i32, "PART": f32, "DBEST": f32, "DIDX": i32, "CNT": i32, "OUT": i32, "N": 1, "V": 151936,
+            "P": p, "CHUNK": chunk, "FIRST": 0, "LAST": sampling._STEPS - 1, "PENALIZED": penalized, "BLOCK": 1024,
+            "ITERS": sampling._ITERS, "WAYS": sampling._WAYS, "SEARCH": sampling._SEARCH,
+            "PP": triton.next_power_of_2(p)}
+    compiled = _compile(sampling._sample_kernel, args, sampling._WARPS)
+    assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
+    assert (_count(compiled, r"st\.global[.\w:]*\.v4") > 0) == penalized, "the workspace is not stored in vectors"
+    assert _count(compiled, r"(ld|st)\.local") == 0, "registers spill to local memory"
+    assert _count(compiled, r"\.acquire\.") > 0, "the barrier does not acquire"
+    registers = _ptxas_report(compiled, r"Used (\d+) registers")
+    assert registers * 32 * sampling._WARPS * sampling._PER_SM <= 65536, f"{registers} registers: two do not fit"
+    assert _ptxas_spills(compiled) == 0

@@ -4,8 +4,10 @@ last one, with penalties, argmax rows and non-finite rows."""
 
 from __future__ import annotations
 
+import functools
 import math
 
+import pytest
 import torch
 from interp_helpers import assert_conformant, randn
 
@@ -61,3 +63,36 @@ def test_per_row_values_out_of_range_are_clamped_alike() -> None:
         with infiniops_py.use(provider):
             got = top_k_top_p_sampling_from_logits(logits, 0, top_p, **kw)  # type: ignore[arg-type]
         assert got.tolist() == [7, 7, 7, 7], provider
+
+
+def _ragged_case() -> tuple[torch.Tensor, dict[str, object]]:
+    v = 2 * 1024 + 300
+    logits = randn(6, v, seed=6, scale=2.0)
+    kw: dict[str, object] = {"temperature": torch.tensor([1.0, 0.7, 1.3, 0.0, 0.5, 1.0]),
+                             "seed": torch.arange(6) * 977 + 5, "offset": torch.arange(6),
+                             "repetition_penalty": torch.full((6,), 1.1),
+                             "output_token_counts": torch.randint(0, 2, (6, v), dtype=torch.int32,
+                                                                  generator=torch.Generator().manual_seed(7))}
+    return logits, kw
+
+
+def test_a_row_split_over_programs_draws_what_the_torch_provider_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three programs per row (a ragged last chunk), each step its own launch: the partial counts and masses of
+    the chunks and the chunks' draws combine into the single-program answer."""
+    from infiniops_triton import sampling as triton_sampling
+
+    monkeypatch.setattr(triton_sampling, "split", lambda n, v, device: (3, 1024))
+    logits, kw = _ragged_case()
+    for dtype in (torch.bfloat16, torch.float32):
+        x = logits.to(dtype)
+        assert _draw("triton", x, **kw).tolist() == _draw("torch", x, **kw).tolist()
+
+
+def test_the_one_launch_form_with_its_barriers_draws_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's form (every step in one launch, the row's programs meeting at barriers) with one program per
+    row, the only form the interpreter can run in one launch."""
+    from infiniops_triton import sampling as triton_sampling
+
+    monkeypatch.setattr(triton_sampling, "launch", functools.partial(triton_sampling.launch, one_launch=True))
+    logits, kw = _ragged_case()
+    assert _draw("triton", logits, **kw).tolist() == _draw("torch", logits, **kw).tolist()
