@@ -12,7 +12,20 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from infiniops_triton import _fastlaunch, fused_qk_norm_rope, paged_cache, rms_norm, silu_and_mul
+from infiniops_triton import (
+    _fastlaunch,
+    _gemv,
+    add,
+    causal_conv1d,
+    flash_attn,
+    fused_qk_norm,
+    fused_qk_norm_rope,
+    paged_cache,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    state_update,
+)
 from infiniops_triton._fastlaunch import Launcher, arg_key, supported
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
@@ -101,10 +114,18 @@ def test_heuristics_are_evaluated_into_the_key() -> None:
 
 def test_the_switched_kernels_bind_as_triton_does() -> None:
     for launcher in (rms_norm._RMS_NORM, rms_norm._FUSED_ADD_RMS_NORM, silu_and_mul._SILU_AND_MUL,
-                     fused_qk_norm_rope._QK_NORM_ROPE, paged_cache._RESHAPE_AND_CACHE):
+                     fused_qk_norm_rope._QK_NORM_ROPE, paged_cache._RESHAPE_AND_CACHE, _gemv._GEMV._inner,
+                     flash_attn._DECODE._inner, flash_attn._PREFILL._inner, flash_attn._APPEND_KV,
+                     flash_attn._COMBINE, add._ADD, add._ADD_FLAT, rotary_embedding._ROTARY, fused_qk_norm._QK_NORM,
+                     causal_conv1d._UPDATE, state_update._STATE_UPDATE):
         assert not launcher._plain, launcher.kernel
-        kernel = launcher.kernel
-        assert [p.name for p in kernel.params] == list(launcher._names)
+        kernel = launcher._base
+        binder = create_function_from_signature(kernel.signature, kernel.params, _BACKEND)
+        given = {p.name: 16 if p.is_constexpr else torch.zeros(1) for p in kernel.params if not p.has_default}
+        bound, _, options = binder(**given, num_warps=4)
+        params, key = launcher._bind(**given, num_warps=4)
+        assert params == tuple(bound.values()), kernel  # every parameter, defaults applied, in order
+        assert key[len(params):] == tuple(options.items())
 
 
 def test_the_fallback_decision() -> None:
@@ -114,6 +135,8 @@ def test_the_fallback_decision() -> None:
     assert not supported("3.5.1", {})
     assert not supported("3.6.0", {"TRITON_INTERPRET": "1"})
     assert not supported("3.6.0", {"INFINIOPS_TRITON_FASTLAUNCH": "0"})
+    assert not supported("3.6.0", {"INFINIOPS_TRITON_FASTLAUNCH": " Off"})
+    assert supported("3.6.0", {"INFINIOPS_TRITON_FASTLAUNCH": "1"})
 
 
 class _Recorder:

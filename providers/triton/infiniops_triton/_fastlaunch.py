@@ -51,11 +51,13 @@ _VERIFIED: Final = ("3.6.",)
 
 def supported(version: str | None = None, environ: dict[str, str] | None = None) -> bool:
     """Whether the fast path may be used with Triton `version` (default: the installed one) under `environ`
-    (default: ``os.environ``): a verified version, not the interpreter, not ``INFINIOPS_TRITON_FASTLAUNCH=0``."""
+    (default: ``os.environ``): a verified version, not the interpreter, not ``INFINIOPS_TRITON_FASTLAUNCH=0``
+    (or ``false``, ``no``, ``off``)."""
     version = triton.__version__ if version is None else version
     environ = os.environ if environ is None else environ
+    switch = environ.get("INFINIOPS_TRITON_FASTLAUNCH", "").strip().lower()
     return (version.startswith(_VERIFIED) and environ.get("TRITON_INTERPRET") != "1"
-            and environ.get("INFINIOPS_TRITON_FASTLAUNCH") != "0")
+            and switch not in ("0", "false", "no", "off"))
 
 
 _enabled: bool = supported()
@@ -134,7 +136,7 @@ def _base(kernel: Any) -> tuple[Any, list[Heuristics]]:
 class _Bound:
     """One specialization: the C launcher and what it is called with besides the grid, stream and arguments."""
 
-    __slots__ = ("compiled", "direct", "launch", "prefix")
+    __slots__ = ("compiled", "launch", "prefix")
 
     def __init__(self, compiled: Any) -> None:
         from triton.backends.nvidia.driver import CudaLauncher
@@ -145,8 +147,7 @@ class _Bound:
         self.compiled = compiled
         # CudaLauncher.__call__ adds its flags and the scratch buffers (None when their sizes are 0) before
         # the packed metadata; with no scratch the C launch is called directly
-        self.direct = launcher.global_scratch_size == 0 and launcher.profile_scratch_size == 0
-        if self.direct:
+        if launcher.global_scratch_size == 0 and launcher.profile_scratch_size == 0:
             self.launch = launcher.launch
             self.prefix = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
                            compiled.packed_metadata)
@@ -168,7 +169,7 @@ class Launcher:
         # the interpreter's kernels (InterpretedFunction) are not JITFunctions: always the plain launch
         self._plain = not isinstance(base, JITFunction) or not supported()
         self._base = base
-        self._cache: dict[Hashable, _Bound | None] = {}
+        self._cache: dict[Hashable, _Bound] = {}
         self._bind = None
         if not self._plain:
             try:
@@ -186,8 +187,7 @@ class Launcher:
         """The specialization key of a call (device excluded), for tests."""
         if self._bind is None:
             raise RuntimeError(f"{self._base!r}: no fast path here")
-        kwargs = self._apply_heuristics(args, kwargs)
-        return self._bind(*args, **kwargs)[1]
+        return self._bind(*args, **self._apply_heuristics(args, kwargs))[1]
 
     def _apply_heuristics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         for layer in self._heuristics:  # as Heuristics.run, from the outermost in
@@ -201,14 +201,14 @@ class Launcher:
             self._kernel[grid](*args, **kwargs)
             return
         if self._heuristics:
-            kwargs = self._apply_heuristics(args, dict(kwargs))
+            kwargs = self._apply_heuristics(args, kwargs)
         try:
             params, key = self._bind(*args, **kwargs)
         except _Unkeyed:
             self._kernel[grid](*args, **kwargs)
             return
         device = torch._C._cuda_getDevice()
-        key = (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, *key)
+        key = (device, knobs.runtime.debug, knobs.compilation.instrumentation_mode, key)
         bound = self._cache.get(key)
         if bound is None:
             self._miss(key, grid, args, kwargs)

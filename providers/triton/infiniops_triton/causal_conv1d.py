@@ -55,6 +55,7 @@ from infiniops_triton._conv_kernels import (
     _conv_kernel_unit_l,
     _update_kernel,
 )
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 
@@ -207,6 +208,9 @@ def causal_conv1d(
     )
 
 
+_UPDATE = Launcher(_update_kernel)
+
+
 def causal_conv1d_update(
     x: torch.Tensor,
     conv_state: torch.Tensor,
@@ -243,7 +247,7 @@ def causal_conv1d_update(
     block_d = min(triton.next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
     index = conv_state_indices.contiguous() if conv_state_indices is not None else out  # read with unit stride
     seqlens = cache_seqlens.contiguous() if cache_seqlens is not None else out
-    _update_kernel[(batch, triton.cdiv(dim, block_d))](
+    _UPDATE((batch, triton.cdiv(dim, block_d)),
         x, conv_state, weight, bias if bias is not None else weight, index, seqlens, out, dim, length, state_len,
         slots, *x.stride(), *conv_state.stride(), *weight.stride(), *out.stride(),
         W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation == "silu",
