@@ -5,27 +5,16 @@ runs the kernels."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import operator
 from typing import Any
 
 import pytest
 import torch
 import triton
 import triton.language as tl
-from infiniops_triton import (
-    _fastlaunch,
-    _gemv,
-    add,
-    causal_conv1d,
-    flash_attn,
-    fused_qk_norm,
-    fused_qk_norm_rope,
-    paged_cache,
-    rms_norm,
-    rotary_embedding,
-    silu_and_mul,
-    state_update,
-)
+from infiniops_triton import _fastlaunch
 from infiniops_triton._fastlaunch import Launcher, arg_key, supported
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
@@ -34,6 +23,22 @@ from triton.runtime.jit import create_function_from_signature
 pytestmark = pytest.mark.skipif(not triton.__version__.startswith("3.6."), reason="the fast path is for Triton 3.6")
 
 _BACKEND = make_backend(GPUTarget("cuda", 90, 32))
+
+# every launcher switched to the fast path, as module.attribute
+SWITCHED = ("rms_norm._RMS_NORM", "rms_norm._FUSED_ADD_RMS_NORM", "silu_and_mul._SILU_AND_MUL",
+            "fused_qk_norm_rope._QK_NORM_ROPE", "paged_cache._RESHAPE_AND_CACHE", "_gemv._GEMV._inner",
+            "flash_attn._DECODE._inner", "flash_attn._PREFILL._inner", "flash_attn._APPEND_KV", "flash_attn._COMBINE",
+            "gemm._GEMM._inner", "add._ADD", "add._ADD_FLAT", "add._add_flat_tuned._inner", "rotary_embedding._ROTARY",
+            "fused_qk_norm._QK_NORM", "causal_conv1d._UPDATE", "state_update._STATE_UPDATE")
+
+
+def switched_launchers() -> list[Launcher]:
+    """The `Launcher` objects of `SWITCHED`."""
+    found = []
+    for path in SWITCHED:
+        module, attribute = path.split(".", 1)
+        found.append(operator.attrgetter(attribute)(importlib.import_module(f"infiniops_triton.{module}")))
+    return found
 
 
 @triton.jit
@@ -113,11 +118,7 @@ def test_heuristics_are_evaluated_into_the_key() -> None:
 
 
 def test_the_switched_kernels_bind_as_triton_does() -> None:
-    for launcher in (rms_norm._RMS_NORM, rms_norm._FUSED_ADD_RMS_NORM, silu_and_mul._SILU_AND_MUL,
-                     fused_qk_norm_rope._QK_NORM_ROPE, paged_cache._RESHAPE_AND_CACHE, _gemv._GEMV._inner,
-                     flash_attn._DECODE._inner, flash_attn._PREFILL._inner, flash_attn._APPEND_KV,
-                     flash_attn._COMBINE, add._ADD, add._ADD_FLAT, rotary_embedding._ROTARY, fused_qk_norm._QK_NORM,
-                     causal_conv1d._UPDATE, state_update._STATE_UPDATE):
+    for launcher in switched_launchers():
         assert not launcher._plain, launcher.kernel
         kernel = launcher._base
         binder = create_function_from_signature(kernel.signature, kernel.params, _BACKEND)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.test_triton_fastlaunch import switched_launchers
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 if torch.cuda.is_available():
@@ -316,18 +318,11 @@ def misses(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         miss(self, key, *rest)
 
     monkeypatch.setattr(_fastlaunch.Launcher, "_miss", counted)
-    for launcher in _launchers():  # every test starts with no kernel kept
+    for launcher in switched_launchers():  # every test starts with no kernel kept
         launcher._cache.clear()
     previous = _fastlaunch.set_enabled(True)
     yield seen
     _fastlaunch.set_enabled(previous)
-
-
-def _launchers() -> list[Any]:
-    return [rms_norm._RMS_NORM, rms_norm._FUSED_ADD_RMS_NORM, silu_and_mul._SILU_AND_MUL,
-            fused_qk_norm_rope._QK_NORM_ROPE, paged_cache._RESHAPE_AND_CACHE, _gemv._GEMV._inner,
-            flash_attn._DECODE._inner, flash_attn._APPEND_KV, flash_attn._COMBINE, add._ADD, add._ADD_FLAT,
-            rotary_embedding._ROTARY, fused_qk_norm._QK_NORM, causal_conv1d._UPDATE, state_update._STATE_UPDATE]
 
 
 def _plain(run: Case) -> list[torch.Tensor]:

@@ -39,6 +39,7 @@ from typing import Any, Final
 import torch
 import triton
 from triton import knobs
+from triton.knobs import HookChain
 from triton.runtime.autotuner import Heuristics
 from triton.runtime.jit import JITFunction
 
@@ -222,7 +223,8 @@ class Launcher:
         stream = torch._C._cuda_getCurrentRawStream(device)
         runtime = knobs.runtime
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if _hooked(enter) or _hooked(leave):
+        if (enter.__class__ is not HookChain or enter.calls or leave.__class__ is not HookChain
+                or leave.calls) and (_hooked(enter) or _hooked(leave)):  # the common case: empty chains
             metadata = bound.compiled.launch_metadata(grid, stream, *params)
         else:
             metadata = enter = leave = None
