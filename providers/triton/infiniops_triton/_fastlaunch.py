@@ -2,9 +2,9 @@
 
 ``kernel[grid](...)`` in Triton 3.6 (``JITFunction.run``) binds every argument through a generated function,
 specializes each one, turns the options into a string for its cache key, checks the kernel's globals, builds
-a launch-metadata dict for the launch hooks and goes through two Python wrappers before the C launcher: a
-small kernel pays several times its GPU time on the host. `Launcher` keys each call on what decides the
-compiled binary, computed in Python from the arguments themselves:
+a launch-metadata dict for the launch hooks and goes through two Python wrappers before the C launcher, all
+of it on every call. `Launcher` keys each call on what decides the compiled binary, computed in Python from
+the arguments themselves:
 
 - each tensor: its dtype and whether ``data_ptr()`` is a multiple of 16 (Triton's pointer alignment);
 - each int: 1 (Triton makes it a constant), otherwise whether it is a multiple of 16 and whether it fits
@@ -16,12 +16,16 @@ The first call of a key launches through Triton (``kernel[grid](...)``, which co
 the `CompiledKernel` it returns; later calls pass the arguments, in the kernel's parameter order, constexprs
 included (the 3.6 launcher skips them), straight to the C launcher with the current raw stream. The key is
 finer than Triton's own (a parameter marked ``do_not_specialize`` still splits keys: one more compile at
-worst, never a wrong binary). Heuristics (``triton.heuristics``) are evaluated on every call, as Triton does.
+worst, never a wrong binary); constexprs compare by value, as in Triton's own cache (``True == 1``).
+Heuristics (``triton.heuristics``) are evaluated on every call, as Triton does. Chosen over
+`CompiledKernel.__getitem__` (Triton's own direct launch), which builds a closure and the hooks' metadata on
+every call (3.6's hook chains are never None, so ``launch_metadata`` always builds its dict), and over
+binding with Triton's generated binder, which needs ``str(options)`` for its cache key on every call.
 
 Launch hooks (``knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``) run as in Triton: with metadata
-when a hook is registered, skipped (None) when the chains are empty. Not repeated on the fast path:
-``pre_run_hooks`` (a kernel that has any always launches through Triton) and the check that the kernel's
-global variables have not changed since it was compiled (ours read module constants).
+when a hook is registered, skipped (None) when the chains are empty. A kernel with ``pre_run_hooks`` always
+launches through Triton. Not repeated on the fast path: the check that the kernel's global variables have
+not changed since it was compiled (ours read module constants).
 
 The fast path exists only where its calling convention was read in Triton's source: Triton 3.6.x with the
 CUDA launcher. Everywhere else, under the interpreter (``TRITON_INTERPRET=1``), with
