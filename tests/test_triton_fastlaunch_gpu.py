@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import infiniops_py as ops
 from tests.test_triton_fastlaunch import switched_launchers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -31,6 +32,7 @@ if torch.cuda.is_available():
         gemm_swiglu,
         paged_cache,
         rms_norm,
+        rms_norm_gated,
         rotary_embedding,
         silu_and_mul,
         state_update,
@@ -298,12 +300,63 @@ def _state_update(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Cas
     return run
 
 
+def _conv(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
+    """The prefill convolution's paths: channel-first, channel-last, and with ``seq_idx`` (both layouts)."""
+    batch, dim, length, width = (1, 64, 1, 4) if variant == "one" else (2, 128, 37, 4)
+    off = 1 if variant == "misaligned" else 0
+    first = _rand(batch, dim, length, dtype=dtype, gen=gen, offset=off)
+    last = _rand(batch, length, dim, dtype=dtype, gen=gen, offset=off).transpose(1, 2)
+    weight, bias = _rand(dim, width, dtype=dtype, gen=gen), _rand(dim, dtype=dtype, gen=gen)
+    seq_idx = (torch.arange(length, dtype=torch.int32, device="cuda") >= length // 2).to(torch.int32)
+    seq_idx = seq_idx.expand(batch, length).contiguous()
+
+    def run() -> list[torch.Tensor]:
+        outs = []
+        for x, seq in ((first, None), (last, None), (first, seq_idx), (last, seq_idx)):
+            out = torch.full_like(x, float("nan"))
+            final = torch.full((batch, dim, width - 1), float("nan"), dtype=dtype, device="cuda")
+            causal_conv1d.causal_conv1d(x, weight, bias, "silu", seq, None, out, final)
+            outs += [out, final]
+        return outs
+
+    return run
+
+
+def _rms_norm_gated(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
+    t = 1 if variant == "one" else 10
+    h, group = 1024, 256
+    off = 1 if variant == "misaligned" else 0
+    x, z = _rand(t, h, dtype=dtype, gen=gen, offset=off), _rand(t, h, dtype=dtype, gen=gen)
+    w, b = _rand(h, dtype=dtype, gen=gen), _rand(h, dtype=dtype, gen=gen)
+
+    def run() -> list[torch.Tensor]:
+        out = torch.full((t, h), float("nan"), dtype=dtype, device="cuda")
+        return [rms_norm_gated.rms_norm_gated(x, w, b, z, 1e-5, group, variant != "one", out)]
+
+    return run
+
+
+def _sampling(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
+    rows = 1 if variant == "one" else 5
+    off = 1 if variant == "misaligned" else 0
+    logits = _rand(rows, 1000, dtype=dtype, gen=gen, offset=off)
+    seed = torch.arange(rows, dtype=torch.int64, device="cuda") + 7
+
+    def run() -> list[torch.Tensor]:
+        with ops.use("triton"):
+            ids = ops.top_k_top_p_sampling_from_logits(logits, 50, 0.9, temperature=0.8, seed=seed, offset=3)
+        return [ids]
+
+    return run
+
+
 CASES: dict[str, Callable[[torch.dtype, str, torch.Generator], Case]] = {
     "rms_norm": _rms_norm, "fused_add_rms_norm": _fused_add_rms_norm, "silu_and_mul": _silu_and_mul,
     "fused_qk_norm_rope": _qk_norm_rope, "reshape_and_cache_flash": _reshape_and_cache, "gemv": _gemv,
     "gemm_swiglu": _gemm_swiglu, "flash_attn_with_kvcache": _decode, "decode_append_combine": _decode_separate,
     "add": _add, "rotary_embedding": _rotary, "fused_qk_norm": _qk_norm, "causal_conv1d_update": _conv_update,
-    "selective_state_update": _state_update,
+    "selective_state_update": _state_update, "causal_conv1d": _conv, "rms_norm_gated": _rms_norm_gated,
+    "top_k_top_p_sampling_from_logits": _sampling,
 }
 
 

@@ -110,6 +110,12 @@ class ChannelLastTile:
 CHANNEL_LAST_TILE = ChannelLastTile()
 
 
+_CHANNEL_LAST = Launcher(_conv_channel_last_kernel)
+_CHANNEL_FIRST = Launcher(_conv_channel_first_kernel)
+_CONV = Launcher(_conv_kernel)
+_CONV_UNIT_L = Launcher(_conv_kernel_unit_l)
+
+
 def channel_last_launch(tile: ChannelLastTile, batch: int, dim: int, length: int,
                         sm_count: int) -> tuple[int, int, int]:
     """(rows, channels, warps) per program for `tile` on a ``[batch, dim, length]`` input: channels at most
@@ -184,7 +190,7 @@ def causal_conv1d(
     bias_arg = bias if bias is not None else weight
     if channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
         rows, block_d, warps = channel_last_launch(CHANNEL_LAST_TILE, batch, dim, length, _sm_count(x.device))
-        _conv_channel_last_kernel[(triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch)](
+        _CHANNEL_LAST((triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch),
             x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
             BLOCK_D=block_d, BLOCK_W=blocks["BLOCK_W"], num_warps=warps,
         )
@@ -197,12 +203,12 @@ def causal_conv1d(
                                                     triton.cdiv(dim, meta["BLOCK_D"]), batch)](
                 *args, **flags, BLOCK_W=blocks["BLOCK_W"])
         else:
-            _conv_channel_first_kernel[grid](*args, **flags, **blocks)
+            _CHANNEL_FIRST(grid, *args, **flags, **blocks)
         return
     seq = seq_idx if seq_idx is not None else dummy
     seq_strides = seq.stride()[:2] if seq_idx is not None else (0, 0)
-    kernel = _conv_kernel_unit_l if x.stride(2) == 1 else _conv_kernel
-    kernel[grid](
+    launcher = _CONV_UNIT_L if x.stride(2) == 1 else _CONV
+    launcher(grid,
         x, weight, bias_arg, seq, init, out, final, dim, length, *x.stride(), *common[:2], *seq_strides,
         *common[2:], *final_strides, HAS_SEQ=seq_idx is not None, **flags, **blocks,
     )

@@ -20,6 +20,7 @@ import triton.language as tl
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_py.operators.sampling import Penalties
 from infiniops_triton._common import base_constraints
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "top_k_top_p_sampling_from_logits"]
 
@@ -160,6 +161,9 @@ def _sample_kernel(
     tl.store(OUT + b, result.to(tl.int32))
 
 
+_SAMPLE = Launcher(_sample_kernel)
+
+
 def top_k_top_p_sampling_from_logits(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor,
                                      top_p: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor,
                                      seed: torch.Tensor, offset: torch.Tensor, penalties: Penalties | None,
@@ -174,7 +178,7 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, rows: torch.Tensor, t
         rep, freq, pres, counts, seen = penalties
         counts, seen = counts.contiguous(), seen.contiguous().view(torch.uint8)
         stride_c, stride_s = counts.stride(0), seen.stride(0)
-    _sample_kernel[(n,)](
+    _SAMPLE((n,),
         logits, logits.stride(0), rows, top_k, top_p, temperature, min_p, seed, offset,
         rep, freq, pres, counts, stride_c, seen, stride_s, work, out, v,
         PENALIZED=penalties is not None, BLOCK=min(_BLOCK, triton.next_power_of_2(v)), ITERS=_ITERS, WAYS=_WAYS,
