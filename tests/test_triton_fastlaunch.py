@@ -262,3 +262,9 @@ def test_a_disabled_launcher_and_an_unkeyed_argument_launch_through_triton(fake_
     monkeypatch.setattr(_fastlaunch, "_enabled", True)
     launcher((2,), x, x, 3, 0.5, torch.tensor(1.0).numpy(), MODE=1)  # a numpy scalar: not keyed
     assert len(recorder.calls) == 3
+
+
+def test_raw_stream_off_cuda_is_zero() -> None:
+    from infiniops_triton._common import raw_stream
+
+    assert raw_stream(torch.device("cpu")) == 0

@@ -460,3 +460,14 @@ def test_another_specialization_compiles_its_own_kernel(misses: list[Any]) -> No
         assert len(launcher._cache) == count
     assert len({key for who, key in misses if who is launcher}) == 3
     assert len({id(b.compiled) for b in launcher._cache.values()}) == 3  # not one binary for three keys
+
+
+def test_raw_stream_is_the_current_streams_handle() -> None:
+    from infiniops_triton._common import raw_stream
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert raw_stream(device) == torch.cuda.current_stream().cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert raw_stream(device) == side.cuda_stream != 0
+        assert raw_stream(torch.device("cuda")) == side.cuda_stream  # no index: the current device
