@@ -12,6 +12,9 @@ each timed three ways:
   takes to return, i.e. its issue cost;
 - b2b us: CUDA events around `calls` back-to-back calls, per call: the throughput a caller gets (the issue
   cost where that is longer than the kernels);
+- host us, plain launch: the host column again with the Triton provider's fast launch path off
+  (``infiniops_triton._fastlaunch.set_enabled(False)``: every kernel through ``kernel[grid](...)``), so one
+  run shows that path's gain ("-" where the path is not in use, e.g. ``INFINIOPS_TRITON_FASTLAUNCH=0``);
 - graph us: the call captured once in a ``torch.cuda.CUDAGraph``, CUDA events around `calls` replays, per
   replay: the device time without launch overhead.
 
@@ -65,7 +68,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +153,7 @@ class Row:
     checked: float = math.nan
     checked_sync: str = "-"
     provider: str = "-"
+    plain_host: float = math.nan
 
 
 # --- the cases ------------------------------------------------------------------------------------------------
@@ -599,6 +603,23 @@ def _checked(fn: Callable[[], Any]) -> Callable[[], Any]:
     return call
 
 
+@contextlib.contextmanager
+def plain_launch() -> Iterator[bool]:
+    """Within: the Triton provider's fast launch path (``infiniops_triton._fastlaunch``) off. Yields whether
+    that path was in use (False: not installed, the interpreter, ``INFINIOPS_TRITON_FASTLAUNCH=0``, another
+    Triton), so that the comparison means something."""
+    try:
+        from infiniops_triton import _fastlaunch
+    except ImportError:
+        yield False
+        return
+    previous = _fastlaunch.set_enabled(False)
+    try:
+        yield previous
+    finally:
+        _fastlaunch.set_enabled(previous)
+
+
 def measure_case(case: Case, device: str, calls: int, rounds: int) -> Row:
     """Every column of one case: ours, the peer's, and for an indexed case the checked wall time (fewer
     calls: each one synchronizes) and whether the checked call synchronizes."""
@@ -606,6 +627,15 @@ def measure_case(case: Case, device: str, calls: int, rounds: int) -> Row:
     if math.isfinite(row.ours.host):  # it ran
         provider = _attempt(row.ours, "provider", lambda: served_by(case.ours))
         row.provider = provider if isinstance(provider, str) else "?"
+        if device == "cuda":  # the same call through Triton's own launch path (issue #25)
+            with plain_launch() as compared:
+                if compared:
+                    gc.disable()
+                    try:
+                        row.plain_host = _attempt(row.ours, "plain launch",
+                                                  lambda: host_us(case.ours, device, calls, rounds))
+                    finally:
+                        gc.enable()
         if case.indexed:
             checked = _checked(case.ours)
             row.checked = _attempt(row.ours, "checked", lambda: wall_us(checked, device, checked_calls(calls), rounds))
@@ -686,7 +716,8 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if math.isfinite(a) and math.isfinite(b) and b > 0 else "-"
 
 
-COLUMNS = ("case", "peer", "host us ours", "host us peer", "host ours/peer", "host target", "b2b us ours",
+COLUMNS = ("case", "peer", "host us ours", "host us ours, plain launch", "host us peer", "host ours/peer",
+           "host target", "b2b us ours",
            "b2b us peer", "b2b ours/peer", "graph us ours", "graph us peer", "b2b/graph ours", "b2b target",
            "checked us", "sync-free ours / peer", "served by", "notes")
 
@@ -698,7 +729,8 @@ def cells(row: Row) -> list[str]:
     if row.case.peer_error:
         notes.append(row.case.peer_error)
     checked = "-" if not row.case.indexed else f"{_us(row.checked)} ({row.checked_sync})"
-    return [row.case.name, row.case.peer_name, _us(o.host), _us(p.host), _ratio(o.host, p.host),
+    return [row.case.name, row.case.peer_name, _us(o.host), _us(row.plain_host), _us(p.host),
+            _ratio(o.host, p.host),
             host_target(o.host, p.host, row.case.peer_one_op), _us(o.b2b), _us(p.b2b), _ratio(o.b2b, p.b2b),
             _us(o.graph), _us(p.graph), _ratio(o.b2b, o.graph), b2b_target(o.b2b, o.graph), checked,
             f"{o.sync_free} / {p.sync_free if row.peer else '-'}", str(row.provider), "; ".join(notes)[:300]]
@@ -743,7 +775,9 @@ def report(rows: list[Row], device: str, calls: int, rounds: int, seconds: float
         versions(device),
         f"Medians of {rounds} rounds of {calls} calls (checked: {checked_calls(calls)}); {seconds:.0f} s in all.",
         format_table(rows),
-        "host: CPU time for a call to return (no synchronization inside the timed calls). b2b: CUDA events "
+        "host: CPU time for a call to return (no synchronization inside the timed calls); plain launch: the "
+        "same with the Triton provider's fast launch path off (every kernel through `kernel[grid](...)`). "
+        "b2b: CUDA events "
         "around back-to-back calls. graph: one call captured in a CUDA graph, per replay. checked: wall time "
         "per call under `checked_indices()`, and whether `set_sync_debug_mode(\"error\")` saw its "
         "synchronization. sync-free: one warm call under `set_sync_debug_mode(\"error\")` raised nothing. "

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 from typing import Final
 
+import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Constraint, OneOf, Requires
 
-__all__ = ["PDL", "PRIORITY", "base_constraints", "interpreting_on_cpu", "pdl", "pdl_start"]
+__all__ = ["PDL", "PRIORITY", "base_constraints", "interpreting_on_cpu", "pdl", "pdl_start", "raw_stream"]
 
 PRIORITY: Final = 20
 
@@ -32,6 +33,15 @@ def base_constraints() -> tuple[Constraint, ...]:
         OneOf("device_type", devices, fix="move the tensors to a CUDA device, or use the torch provider"),
         Requires("triton"),
     )
+
+
+def raw_stream(device: torch.device) -> int:
+    """The current stream of `device` as the integer Triton's driver launches on (0 off CUDA), without the
+    ``torch.cuda.Stream`` object ``torch.cuda.current_stream`` builds (issue #25: host cost per call)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
 
 
 # Programmatic dependent launch (sm90): a kernel launched with it may be scheduled while the kernel before it

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._common import pdl, pdl_start
+from infiniops_triton._common import pdl, pdl_start, raw_stream
 from infiniops_triton._launch import Tuned
 
 __all__ = ["MAX_ROWS", "gemv", "serves"]
@@ -206,8 +206,7 @@ def serves(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
 def _scratch(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The fp32 partial sums and zeroed int32 counters of a split-K product of `n` columns on `device` and its
     current stream (the kernel leaves the counters at 0), grown as needed; enough for every configuration."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
+    key = (device, raw_stream(device))
     tiles = triton.cdiv(n + 64, 8)  # the narrowest configuration's column tiles, past the edge of the widest
     found = _SCRATCH.get(key)
     if found is None or found[1].numel() < tiles:

@@ -4,7 +4,7 @@
 each call, several times the cost of the plain launch (benchmarks/RESULTS.md). `Tuned` asks the autotuner once
 per key the launcher computes (the autotuner's own key: its key arguments and the operands' dtypes), keeps the
 configuration it chose, and from then on launches the kernel under the autotuner (its heuristics included)
-with that configuration directly.
+with that configuration through `infiniops_triton._fastlaunch.Launcher` (Triton's own binding skipped too).
 
 Only for autotuned kernels whose configurations have no ``pre_hook`` (the hook would be skipped) and whose
 ``restore_value`` only matters while timing.
@@ -16,6 +16,8 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
+
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["Tuned"]
 
@@ -29,7 +31,7 @@ class Tuned:
         if any(c.pre_hook is not None for c in tuned.configs):
             raise ValueError(f"{tuned.base_fn.__name__}: Tuned cannot skip a configuration's pre_hook")
         self._tuned = tuned
-        self._inner = tuned.fn  # the heuristics or the jitted kernel under the autotuner
+        self._inner = Launcher(tuned.fn)  # the heuristics or the jitted kernel under the autotuner
         self._chosen: dict[Hashable, dict[str, Any]] = {}
 
     def launch(self, key: Hashable, grid: Callable[[dict[str, Any]], tuple[int, ...]] | tuple[int, ...],
@@ -40,4 +42,4 @@ class Tuned:
             self._tuned[grid](*args, **kwargs)
             self._chosen[key] = self._tuned.best_config.all_kwargs()
             return
-        self._inner[grid](*args, **kwargs, **config)
+        self._inner(grid, *args, **kwargs, **config)

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._launch import Tuned
 
 __all__ = ["IMPLEMENTATIONS", "add"]
@@ -125,6 +126,10 @@ _add_flat_tuned = Tuned(triton.autotune(list(_FLAT_CANDIDATES), key=["size_class
 _add_flat_fixed = _even(_add_flat_kernel)
 
 
+_ADD = Launcher(_add_kernel)
+_ADD_FLAT = Launcher(_add_flat_fixed)
+
+
 def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float) -> None:
     numel = out.numel()
     args = (a, b, out, numel, alpha, numel.bit_length())
@@ -134,8 +139,8 @@ def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: flo
                                WIDE=wide)
         return
     block = _FLAT.kwargs["BLOCK"]
-    _add_flat_fixed[(triton.cdiv(numel, block),)](*args, WIDE=wide, BLOCK=block, EVICT=_FLAT.kwargs["EVICT"],
-                                                  num_warps=_FLAT.num_warps)
+    _ADD_FLAT((triton.cdiv(numel, block),), *args, WIDE=wide, BLOCK=block, EVICT=_FLAT.kwargs["EVICT"],
+              num_warps=_FLAT.num_warps)
 
 
 def _merge_dims(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
@@ -177,7 +182,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float) -
     span = max(sum((n - 1) * st for n, st in zip(sizes, strides)) for strides in (sa, sb, so))
     sizes, sa, sb, so = (_kernel_slots(v, fill) for v, fill in ((sizes, 1), (sa, 0), (sb, 0), (so, 0)))
     wide = max(numel, span + 1) >= 2**31
-    _add_kernel[(triton.cdiv(numel, _BLOCK),)](
+    _ADD((triton.cdiv(numel, _BLOCK),),
         a, b, out, numel, alpha, sizes[1], sizes[2], sizes[3], *sa, *sb, *so,
         NDIM=ndim, WIDE=wide, BLOCK=_BLOCK, num_warps=_NUM_WARPS,
     )

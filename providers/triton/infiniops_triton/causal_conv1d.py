@@ -55,6 +55,7 @@ from infiniops_triton._conv_kernels import (
     _conv_kernel_unit_l,
     _update_kernel,
 )
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 
@@ -107,6 +108,12 @@ class ChannelLastTile:
 
 # The tile the launcher uses; benchmarks/gpu_sweep_conv.py assigns other tiles here to time them.
 CHANNEL_LAST_TILE = ChannelLastTile()
+
+
+_CHANNEL_LAST = Launcher(_conv_channel_last_kernel)
+_CHANNEL_FIRST = Launcher(_conv_channel_first_kernel)
+_CONV = Launcher(_conv_kernel)
+_CONV_UNIT_L = Launcher(_conv_kernel_unit_l)
 
 
 def channel_last_launch(tile: ChannelLastTile, batch: int, dim: int, length: int,
@@ -183,7 +190,7 @@ def causal_conv1d(
     bias_arg = bias if bias is not None else weight
     if channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
         rows, block_d, warps = channel_last_launch(CHANNEL_LAST_TILE, batch, dim, length, _sm_count(x.device))
-        _conv_channel_last_kernel[(triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch)](
+        _CHANNEL_LAST((triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch),
             x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
             BLOCK_D=block_d, BLOCK_W=blocks["BLOCK_W"], num_warps=warps,
         )
@@ -196,15 +203,18 @@ def causal_conv1d(
                                                     triton.cdiv(dim, meta["BLOCK_D"]), batch)](
                 *args, **flags, BLOCK_W=blocks["BLOCK_W"])
         else:
-            _conv_channel_first_kernel[grid](*args, **flags, **blocks)
+            _CHANNEL_FIRST(grid, *args, **flags, **blocks)
         return
     seq = seq_idx if seq_idx is not None else dummy
     seq_strides = seq.stride()[:2] if seq_idx is not None else (0, 0)
-    kernel = _conv_kernel_unit_l if x.stride(2) == 1 else _conv_kernel
-    kernel[grid](
+    launcher = _CONV_UNIT_L if x.stride(2) == 1 else _CONV
+    launcher(grid,
         x, weight, bias_arg, seq, init, out, final, dim, length, *x.stride(), *common[:2], *seq_strides,
         *common[2:], *final_strides, HAS_SEQ=seq_idx is not None, **flags, **blocks,
     )
+
+
+_UPDATE = Launcher(_update_kernel)
 
 
 def causal_conv1d_update(
@@ -243,7 +253,7 @@ def causal_conv1d_update(
     block_d = min(triton.next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
     index = conv_state_indices.contiguous() if conv_state_indices is not None else out  # read with unit stride
     seqlens = cache_seqlens.contiguous() if cache_seqlens is not None else out
-    _update_kernel[(batch, triton.cdiv(dim, block_d))](
+    _UPDATE((batch, triton.cdiv(dim, block_d)),
         x, conv_state, weight, bias if bias is not None else weight, index, seqlens, out, dim, length, state_len,
         slots, *x.stride(), *conv_state.stride(), *weight.stride(), *out.stride(),
         W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation == "silu",

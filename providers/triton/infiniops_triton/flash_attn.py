@@ -33,8 +33,9 @@ import torch
 import triton
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl
+from infiniops_triton._common import PRIORITY, base_constraints, pdl, raw_stream
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
+from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 from infiniops_triton._launch import Tuned
 
@@ -61,6 +62,8 @@ SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
 _DECODE = Tuned(decode_split_tuned)
+_APPEND_KV = Launcher(append_kv_kernel)  # the decode path's plain kernels
+_COMBINE = Launcher(combine_kernel)
 
 
 def _interpreting() -> bool:
@@ -184,8 +187,7 @@ def split_counters(device: torch.device, programs: int) -> torch.Tensor:
 
     A first allocation during CUDA-graph capture is captured with its zero fill, which then runs at each
     replay: harmless, the counters are 0 already."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
+    key = (device, raw_stream(device))
     found = _COUNTERS.get(key)
     if found is None or found.numel() < programs:
         found = _COUNTERS[key] = torch.zeros(triton.next_power_of_2(max(programs, 1024)), dtype=torch.int32,
@@ -240,7 +242,7 @@ def flash_attn_with_kvcache(
     folded = (FOLD_APPEND and paged and cache_batch_idx is None and k is not None and v is not None
               and batch * new_len > 0 and batch * q_len > 0)
     if k is not None and v is not None and batch * new_len > 0 and not folded:
-        append_kv_kernel[(batch * new_len,)](
+        _APPEND_KV((batch * new_len,),
             k, v, k_cache, v_cache, cache_seqlens, table, cache_rows, *k.stride()[:3], *v.stride()[:3],
             *k_cache.stride()[:3], *v_cache.stride()[:3], stride_btb, new_len, num_heads_kv, capacity, max_blocks,
             num_pages, k_cache.shape[0], HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads_kv),
@@ -290,7 +292,7 @@ def flash_attn_with_kvcache(
                cache_batch_idx is not None, softmax_lse is not None, fused, folded, tune_size)
         _DECODE.launch(key, grid, *args, **meta | pdl())
     if splits > 1 and not fused:
-        combine_kernel[(batch * q_len * num_heads_q,)](
+        _COMBINE((batch * q_len * num_heads_q,),
             o_part, lse_part, out, lse, *out.stride()[:3], lse_b, lse_h, q_len, num_heads_q, splits, HEAD_DIM=head_dim,
             BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(splits), HAS_LSE=softmax_lse is not None,
         )

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "fused_qk_norm"]
 
@@ -47,6 +48,9 @@ def _qk_norm_kernel(
     w = tl.where((heads < num_q_heads)[:, None], qw[None, :], kw[None, :])
     y = (x * rstd[:, None]).to(QKV.dtype.element_ty).to(tl.float32) * w
     tl.store(ptrs, y.to(QKV.dtype.element_ty), mask=mask)
+
+
+_QK_NORM = Launcher(_qk_norm_kernel)
 
 
 def fused_qk_norm(
@@ -82,7 +86,7 @@ def fused_qk_norm(
     block_h = min(triton.next_power_of_2(qk_heads), max(1, _ELEMS_PER_PROGRAM // block_d))
     num_warps = min(8, max(2, block_h * block_d // 256))
     grid = (tokens, triton.cdiv(qk_heads, block_h))
-    _qk_norm_kernel[grid](
+    _QK_NORM(grid,
         qkv, q_weight, k_weight, qkv.stride(0), num_q_heads, qk_heads, head_dim, eps,
         BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps,
     )

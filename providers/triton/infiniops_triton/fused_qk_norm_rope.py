@@ -18,6 +18,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "fused_qk_norm_rope"]
 
@@ -102,6 +103,9 @@ def _qk_norm_rope_kernel(
         tl.store(rows + channels[None, :], turned.to(dtype), mask=mask)
 
 
+_QK_NORM_ROPE = Launcher(_qk_norm_rope_kernel)
+
+
 def fused_qk_norm_rope(
     qkv: torch.Tensor,
     q_weight: torch.Tensor,
@@ -137,7 +141,7 @@ def fused_qk_norm_rope(
     max_position, rotary_dim = cos_sin_cache.shape
     half = rotary_dim // 2
     block_h, block_r, block_p, num_warps = launch_params(qk_heads, head_dim, rotary_dim)
-    _qk_norm_rope_kernel[(tokens, triton.cdiv(qk_heads, block_h))](
+    _QK_NORM_ROPE((tokens, triton.cdiv(qk_heads, block_h)),
         qkv, q_weight, k_weight, cos_sin_cache, positions, qkv.stride(0), positions.stride(0), num_q_heads, qk_heads,
         head_dim, eps, max_position, half, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
         num_warps=num_warps, **pdl(),

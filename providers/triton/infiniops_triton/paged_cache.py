@@ -14,6 +14,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "reshape_and_cache_flash"]
 
@@ -57,6 +58,9 @@ def _reshape_and_cache_kernel(
     tl.store(vc, v, mask=mask)
 
 
+_RESHAPE_AND_CACHE = Launcher(_reshape_and_cache_kernel)
+
+
 def reshape_and_cache_flash(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -85,7 +89,7 @@ def reshape_and_cache_flash(
     block_h = min(triton.next_power_of_2(num_heads), max(1, _ELEMS_PER_PROGRAM // block_d))
     num_warps = min(8, max(1, block_h * block_d // 256))
     grid = (tokens, triton.cdiv(num_heads, block_h))
-    _reshape_and_cache_kernel[grid](
+    _RESHAPE_AND_CACHE(grid,
         key, value, key_cache, value_cache, slot_mapping, slot_mapping.stride(0), num_blocks * block_size,
         block_size, num_heads, head_dim, *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
         BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps,

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "fused_add_rms_norm", "rms_norm"]
 
@@ -77,6 +78,10 @@ def _fused_add_rms_norm_kernel(
     tl.store(x_ptrs, y.to(X.dtype.element_ty), mask=mask)
 
 
+_RMS_NORM = Launcher(_rms_norm_kernel)
+_FUSED_ADD_RMS_NORM = Launcher(_fused_add_rms_norm_kernel)
+
+
 def _launch_params(rows: int, hidden: int) -> tuple[int, int, int]:
     """(ROWS, BLOCK, num_warps) for `rows` rows of `hidden` elements."""
     if hidden > MAX_HIDDEN:
@@ -107,7 +112,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     if t == 0 or h == 0:
         return out
     rows, block, num_warps = _launch_params(t, h)
-    _rms_norm_kernel[(triton.cdiv(t, rows),)](
+    _RMS_NORM((triton.cdiv(t, rows),),
         x, weight, out, t, h, x.stride(0), out.stride(0), eps, ROWS=rows, BLOCK=block, num_warps=num_warps,
         **pdl(),
     )
@@ -129,7 +134,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     if t == 0 or h == 0:
         return
     rows, block, num_warps = _launch_params(t, h)
-    _fused_add_rms_norm_kernel[(triton.cdiv(t, rows),)](
+    _FUSED_ADD_RMS_NORM((triton.cdiv(t, rows),),
         x, residual, weight, t, h, x.stride(0), residual.stride(0), eps, ROWS=rows, BLOCK=block,
         num_warps=num_warps, **pdl(),
     )

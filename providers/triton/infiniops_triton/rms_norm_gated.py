@@ -14,6 +14,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "rms_norm_gated"]
 
@@ -57,6 +58,9 @@ def _rms_norm_gated_kernel(
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
+_RMS_NORM_GATED = Launcher(_rms_norm_gated_kernel)
+
+
 def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor | None,
                    eps: float, group_size: int, norm_before_gate: bool, out: torch.Tensor) -> torch.Tensor:
     """``out = rms_norm_gated(x, weight, bias, z, eps, group_size, norm_before_gate)`` row by row, group by group.
@@ -80,7 +84,7 @@ def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         return out
     block = triton.next_power_of_2(group_size)
     num_warps = min(32, max(1, block // 256))
-    _rms_norm_gated_kernel[(t, h // group_size)](
+    _RMS_NORM_GATED((t, h // group_size),
         x, x if z is None else z, weight, weight if bias is None else bias, out, group_size, x.stride(0),
         0 if z is None else z.stride(0), out.stride(0), eps, BLOCK=block, HAS_Z=z is not None,
         HAS_BIAS=bias is not None, NORM_BEFORE_GATE=norm_before_gate, num_warps=num_warps, **pdl(),

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "rotary_embedding"]
 
@@ -68,6 +69,9 @@ def _rotary_kernel(
         tl.store(rows + channels[None, :], turned.to(Q.dtype.element_ty), mask=mask)
 
 
+_ROTARY = Launcher(_rotary_kernel)
+
+
 def launch_params(heads: int, half: int) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_R, num_warps) for turning `heads` heads of `half` pairs each."""
     block_r = triton.next_power_of_2(half)
@@ -103,7 +107,7 @@ def rotary_embedding(
     num_heads = num_q_heads + (0 if key is None else key.shape[1])
     block_h, block_r, num_warps = launch_params(num_heads, rotary_dim // 2)
     k = query if key is None else key
-    _rotary_kernel[(tokens, triton.cdiv(num_heads, block_h))](
+    _ROTARY((tokens, triton.cdiv(num_heads, block_h)),
         positions, query, k, cos_sin_cache, positions.stride(0), query.stride(0), query.stride(1), k.stride(0),
         k.stride(1), num_q_heads, num_heads, max_position, rotary_dim // 2,
         IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_R=block_r, num_warps=num_warps,

@@ -30,6 +30,7 @@ import triton.language as tl
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_py.operators.sampling import Penalties
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "launch", "split", "top_k_top_p_sampling_from_logits"]
 
@@ -254,6 +255,7 @@ def _sample_kernel(
         tl.store(OUT + b, result.to(tl.int32))
 
 
+_SAMPLE = Launcher(_sample_kernel)
 _STEPS = 2 * _ITERS + 3  # statistics, the search levels, the chunks' draws, the rows' draws
 _MIN_CHUNK = 1024  # columns per program at least
 _INTERPRETER_SMS = 0  # under the interpreter a row is one program (tests split it on purpose)
@@ -310,7 +312,7 @@ def launch(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, top_p:
         work = torch.empty((n, v), dtype=torch.float32, device=dev)
     steps = [(0, _STEPS - 1)] if one_launch else [(s, s) for s in range(_STEPS)]
     for first, last in steps:
-        _sample_kernel[(n, p)](
+        _SAMPLE((n, p),
             logits, logits.stride(0), rows, top_k, top_p, temperature, min_p, seed, offset,
             rep, freq, pres, counts, stride_c, seen, stride_s, work, smax, sarg, sflag, part, dbest, didx, cnt,
             out, n, v, p, chunk, first, last,

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "silu_and_mul"]
 
@@ -42,6 +43,9 @@ def _silu_and_mul_kernel(
     tl.store(OUT + row * stride_o + cols, (act.to(tl.float32) * up).to(OUT.dtype.element_ty), mask=mask)
 
 
+_SILU_AND_MUL = Launcher(_silu_and_mul_kernel)
+
+
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out = silu(x[:, :d]) * x[:, d:]`` row by row.
 
@@ -62,7 +66,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out
     block = min(_BLOCK, triton.next_power_of_2(d))
     num_warps = max(1, min(4, block // 256))
-    _silu_and_mul_kernel[(t, triton.cdiv(d, block))](
+    _SILU_AND_MUL((t, triton.cdiv(d, block)),
         x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=num_warps, **pdl(),
     )
     return out

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "launch", "selective_state_update", "update_config"]
 
@@ -125,6 +126,9 @@ def _state_update_kernel(
              y.to(out_ptr.dtype.element_ty), mask=mask_p)
 
 
+_STATE_UPDATE = Launcher(_state_update_kernel)
+
+
 def selective_state_update(
     state: torch.Tensor,
     x: torch.Tensor,
@@ -183,7 +187,7 @@ def launch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     bias = dt_bias if dt_bias is not None else A
     bias_strides = (0, 0) if dt_bias is None else (dt_bias.stride(0), dt_bias.stride(1) if dt_bias.dim() == 2 else 0)
     grid = (triton.cdiv(headdim, block_p) * nheads * batch,)
-    _state_update_kernel[grid](
+    _STATE_UPDATE(grid,
         state, x, dt, A, B, C, d, zt, bias, index, out,
         state.shape[0], nheads, headdim, dstate, nheads // ngroups,
         *state.stride(), *x.stride(), *dt_strides, *a_strides, *bias_strides, *B.stride(), *C.stride(),
