@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.distributed.launch import Ranks, join
 from infinilm.distributed.parallel import TensorParallel
 from infinilm.distributed.step import StepKind
@@ -91,7 +91,7 @@ class Engine:
         warmup: what the build's tuning and warm-up of the buckets it runs did (`infinilm.engine.warmup`).
         rows: the running sequences' persistent step inputs (`infinilm.engine.input_batch.SeqRows`).
         async_scheduling: whether steps overlap (`infinilm.engine.overlap`): ``EngineOptions.async_scheduling``,
-            by default on CUDA.
+            by default on CUDA; may be switched while the engine is idle (a benchmark compares both on one engine).
         cpu_threads / threads_status: on the CPU, the intra-op thread count the engine's calls run at (None:
             the caller's) and a line saying why (calibrated on its decode step, or the user's:
             `infinilm.engine.threads`); on CUDA, None and empty.
@@ -152,15 +152,35 @@ class Engine:
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
         self._request_ids = itertools.count()
-        self.async_scheduling = options.schedules_async(self.device) and ranks is None
-        self._host_ids = HostIds(options.max_num_seqs if self.async_scheduling else 0, self.device)
         self._in_flight: InFlight | None = None
         self._resolved_at = 0.0
+        self._async = False
+        self._host_ids = HostIds(0, self.device)
+        self.async_scheduling = options.schedules_async(self.device) and ranks is None
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether steps overlap (see the class's attributes)."""
+        return self._async
+
+    @async_scheduling.setter
+    def async_scheduling(self, on: bool) -> None:
+        """Raises: RuntimeError: the engine has work (switch it while idle). ConfigError: on, for a
+        tensor-parallel rank (`EngineOptions.async_scheduling`)."""
+        if on == self._async:
+            return
+        if self.has_work():
+            raise RuntimeError("async_scheduling: switch it while the engine is idle (requests are in flight)")
+        if on and self.ranks is not None:
+            raise ConfigError("async_scheduling: not under tensor parallelism (the ranks would need the sampled ids)")
+        self._async = bool(on)
+        if on:
+            self._host_ids = HostIds(self.options.max_num_seqs, self.device)
 
     @property
     def status(self) -> str:
-        """One line: `graph_status`, whether async scheduling is on, and `threads_status` on the CPU."""
-        overlap = f"async scheduling: {'on' if self.async_scheduling else 'off'}"
+        """One line: `graph_status`, ``async scheduling: on`` when it is, and `threads_status` on the CPU."""
+        overlap = "async scheduling: on" if self.async_scheduling else ""
         return "; ".join(filter(None, (self.graph_status, overlap, self.threads_status)))
 
     @classmethod

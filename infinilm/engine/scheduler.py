@@ -11,7 +11,8 @@ Under async scheduling (`infinilm.engine.overlap`) the next step is scheduled wh
 sampled ids not yet read: ``schedule(pending=True)`` counts one more token for every running sequence (vLLM's
 output placeholders). A sequence that finishes, or is cancelled, while a step that computes it is in flight
 leaves the running set at once but keeps its blocks and row until that step's ids are read
-(`release_deferred`: one step late, as vLLM frees them), and `postprocess` gives it no token of that step.
+(`release_deferred`: one step late, as vLLM frees them; its row still counts against ``max_num_seqs``), and
+`postprocess` gives it no token of that step.
 
 The scheduler tells the engine's `infinilm.engine.input_batch.SeqRows` (when it has one) what changes a running
 sequence's row: a row is given at admission, a block table grows, a row is taken back at finish, preemption
@@ -121,7 +122,8 @@ class Scheduler:
             decodes.append(seq)
             i += 1
         tokens = len(batch.decodes)
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        held = len(self.deferred)  # finished, their rows not yet free (async scheduling)
+        while self.waiting and len(self.running) + held < self.max_num_seqs:
             seq = self.waiting[0]
             if tokens + len(seq) > self.max_num_batched_tokens:
                 break

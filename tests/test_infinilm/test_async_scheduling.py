@@ -243,3 +243,22 @@ def test_a_finished_request_keeps_its_blocks_until_the_step_in_flight_is_read(ch
     # async: the second call reads the token that ends it while the step after it is in flight, which computes
     # one more token for it: its blocks are freed (and that token dropped) by the third call, which emits nothing
     assert counts[True] == [(1, False, left), (1, True, left), (0, True, total)]
+
+
+def test_a_full_set_of_rows_admits_a_request_once_a_finished_one_frees_its_row(checkpoint: CheckpointFactory) -> None:
+    make = _llama(checkpoint, max_num_seqs=2)  # two rows: a request waits until a finished one's row is free
+    p = _prompts(5, seed=12)
+    reqs = [Req(q, _hot(i, 2 + i % 3)) for i, q in enumerate(p)]
+    reqs[2].cancel_after = 1
+    _both(make, reqs)
+
+
+def test_the_mode_switches_only_while_the_engine_is_idle(checkpoint: CheckpointFactory) -> None:
+    engine = _llama(checkpoint)(async_scheduling=False)
+    seq = engine.add_request([1, 2, 3], GREEDY)
+    with pytest.raises(RuntimeError, match="while the engine is idle"):
+        engine.async_scheduling = True
+    engine.cancel(seq)
+    engine.async_scheduling = True
+    assert engine.async_scheduling and "async scheduling: on" in engine.status
+    assert engine.generate([[1, 2, 3]], GREEDY)[0] == _llama(checkpoint)().generate([[1, 2, 3]], GREEDY)[0]
