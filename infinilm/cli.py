@@ -217,6 +217,7 @@ def _bench(args: argparse.Namespace) -> int:
         import json
 
         status = {"graph_status": engine.graph_status, "threads_status": engine.threads_status,
+                  "async_scheduling": engine.async_scheduling,
                   "warmup": engine.warmup.summary(),
                   "providers": engine.plan.providers_by_op(), "decode_step_count": count.as_dict()}
         with open(args.json, "w") as f:

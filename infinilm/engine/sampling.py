@@ -75,6 +75,13 @@ def _seed(seq: Sequence) -> int:
     return seq.seed
 
 
+def _to(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """`host` on `dev`: on CUDA through pinned memory (torch's caching host allocator), so that the copy never
+    waits for the work queued before it (a copy from pageable memory may: async scheduling queues the next step
+    while the device runs this one)."""
+    return host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
+
+
 def _penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> dict[str, torch.Tensor]:
     """The operator's penalty inputs for `seqs` (empty when none is penalized): the factors ``[B]``, the output
     counts ``[B, V]`` and the prompt mask, each by one ``scatter_add_`` over the padded ids."""
@@ -125,10 +132,10 @@ def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
     if not seqs:
         return torch.empty(0, dtype=torch.int32, device=dev)
     tiny = torch.finfo(torch.float32).tiny  # a positive temperature below it would round to 0 (greedy)
-    options = torch.tensor([[s.params.temperature and max(s.params.temperature, tiny), s.params.top_p,
-                             s.params.min_p] for s in seqs], dtype=torch.float32).to(dev, non_blocking=True)
-    ints = torch.tensor([[s.params.top_k, _seed(s) if s.params.temperature > 0 else 0, s.draws] for s in seqs],
-                        dtype=torch.int64).to(dev, non_blocking=True)
+    options = _to(torch.tensor([[s.params.temperature and max(s.params.temperature, tiny), s.params.top_p,
+                                 s.params.min_p] for s in seqs], dtype=torch.float32), dev)
+    ints = _to(torch.tensor([[s.params.top_k, _seed(s) if s.params.temperature > 0 else 0, s.draws] for s in seqs],
+                            dtype=torch.int64), dev)
     for s in seqs:
         s.draws += 1
     return top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1], temperature=options[:, 0],
