@@ -173,6 +173,8 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch_of_32(check
     while engine.has_work():
         engine.step()
     assert together.output == alone and len(alone) == 10
+    sync = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=256))
+    assert sync.generate([prompts[17]], _hot(42, 10))[0] == alone  # and the synchronous engine's tokens
     assert all(s.num_output == 4 + i % 7 for i, s in zip((i for i in range(32) if i != 17), others))
 
 
