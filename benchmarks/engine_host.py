@@ -17,7 +17,10 @@ graph's path: `DecodeGraphs` over a stand-in capture whose replay runs nothing, 
 the host one launch, so the step copies its rows into the static buffers and "replays"). The last column times,
 on the same sequences, the inputs the graph path built before #24 (`legacy_graph_inputs`: per-sequence Python
 lists, block tables padded to ``max_model_len / block_size``, then two tensors): the alternative measured in the
-same run. ``--breakdown`` adds where the graph path's time goes.
+same run. ``eager async`` and ``graphs async`` are the same two paths with ``async_scheduling=True``
+(`infinilm.engine.overlap`: the next step launched before this one's ids are read, its input ids gathered from
+them on the device), which decides the option's default on the CPU. ``--breakdown`` adds where the graph path's
+time goes.
 """
 
 from __future__ import annotations
@@ -83,15 +86,17 @@ def _capture_nothing(self: DecodeGraphs, size: int, pool: object) -> tuple[NoGra
     return NoGraph(), self._forward(size)
 
 
-def engine(max_model_len: int, context: int, batch: int, steps: int, graphs: bool = False) -> Engine:
+def engine(max_model_len: int, context: int, batch: int, steps: int, graphs: bool = False,
+           async_scheduling: bool = False) -> Engine:
     """An engine over `StandIn` whose `batch` requests have prefilled `context` tokens (one step each done); with
-    `graphs`, its decode steps go through `DecodeGraphs` over `NoGraph` captures."""
+    `graphs`, its decode steps go through `DecodeGraphs` over `NoGraph` captures; `async_scheduling`: the
+    engine option."""
     cfg = config()
     block_size = 16
     blocks = batch * math.ceil((context + steps + 8) / block_size) + 1
     options = EngineOptions(block_size=block_size, num_blocks=max(blocks, max_model_len // block_size),
                             max_num_seqs=batch, max_num_batched_tokens=batch * context + batch,
-                            max_model_len=max_model_len)
+                            max_model_len=max_model_len, async_scheduling=async_scheduling)
     eng = Engine(cfg, options, plan(cfg, options), StandIn(batch * context + batch))
     if graphs:
         real, DecodeGraphs._capture_one = DecodeGraphs._capture_one, _capture_nothing  # type: ignore[assignment]
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true", help="also where the graph path's step time goes")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    paths, clocks = ("eager", "graphs"), ("wall", "cpu")
+    paths, clocks = ("eager", "graphs", "eager async", "graphs async"), ("wall", "cpu")
     runs: dict[tuple[str, str, int, int], list[list[float]]] = {
         (p, k, *c): [] for p in paths for k in clocks for c in CELLS}
     legacy: dict[tuple[int, int], list[list[float]]] = {c: [] for c in CELLS}
@@ -193,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):  # interleaved, so a busy moment of the machine hits every cell alike
         for mml, ctx in CELLS:
             for path in paths:
-                eng = engine(mml, ctx, args.batch, 2 * args.steps + 50, graphs=path == "graphs")
+                eng = engine(mml, ctx, args.batch, 2 * args.steps + 50, graphs=path.startswith("graphs"),
+                             async_scheduling=path.endswith("async"))
                 time_steps(eng, 50)
                 cpu: list[float] = []
                 runs[(path, "wall", mml, ctx)].append(time_steps(eng, args.steps, cpu))
@@ -205,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode step host time (us), batch {args.batch}, stand-in model (no kernels), greedy sampling call "
           f"(argmax over {VOCAB} logits); best p50 of {args.rounds} rounds of {args.steps} steps (wall: "
           f"perf_counter; cpu: the thread's CPU time); torch {torch.__version__}, 1 thread\n")
-    print("| max_model_len | context (tokens) | eager wall | eager cpu | graphs wall | graphs cpu | "
-          "graph inputs before #24 (wall) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| max_model_len | context (tokens) | " + " | ".join(f"{p} {k}" for p in paths for k in clocks)
+          + " | graph inputs before #24 (wall) |")
+    print("|---|---|" + "---|" * (len(paths) * len(clocks) + 1))
     for mml, ctx in CELLS:
         cells = " | ".join(f"{p50[(p, k, mml, ctx)]:.1f}" for p in paths for k in clocks)
         print(f"| {mml} | {ctx} | {cells} | {old[(mml, ctx)]:.1f} |")
@@ -222,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {verdict} {path}, {clock}: slowest cell {worst:.1f} us (target <= 150); max_model_len "
                   f"40960 / 512 at context 128: {ratios[0]:.3f}; 40960 / 8192 at context 4096: {ratios[1]:.3f}; "
                   f"context 4096 / 128 at max_model_len 40960: {ratios[2]:.3f} (targets within 10%)")
+    for path in ("eager", "graphs"):
+        ratio = max(p50[(f"{path} async", "wall", *c)] / p50[(path, "wall", *c)] for c in CELLS)
+        print(f"- {path}: async scheduling / synchronous steps, wall, worst cell: {ratio:.3f}")
     print(f"- the graph inputs before #24 at max_model_len 40960, context 4096: {old[(40960, 4096)]:.1f} us, "
           f"{old[(40960, 4096)] / p50[('graphs', 'wall', 40960, 4096)]:.1f}x this whole step")
     if args.breakdown:

@@ -49,6 +49,9 @@ def _engine_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
     p.add_argument("--qk-norm", choices=("auto", "fused", "per_head"), default="auto",
                    help="Qwen3 q/k norm path (default: fused where a provider serves it)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on CUDA")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch each decode step before reading the last one's tokens, overlapping the host's work "
+                        "with the device's (vLLM's flag; default: on CUDA, off on the CPU)")
     p.add_argument("--prefill-graph-lengths", type=int, nargs="+", default=(), metavar="N",
                    help="Mamba-2 on CUDA: capture the prefill of a lone prompt as CUDA graphs at these lengths")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
@@ -64,7 +67,7 @@ def _options(args: argparse.Namespace, **extra: int) -> EngineOptions:
         device=args.device, dtype=parse_dtype(args.dtype) if args.dtype else None, block_size=args.block_size,
         num_blocks=args.num_blocks, max_model_len=args.max_model_len, providers=providers, qk_norm=args.qk_norm,
         cuda_graphs=not args.no_cuda_graphs, prefill_graph_lengths=tuple(args.prefill_graph_lengths),
-        tensor_parallel_size=args.tensor_parallel_size, **extra,
+        tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling, **extra,
     )
 
 
@@ -214,6 +217,7 @@ def _bench(args: argparse.Namespace) -> int:
         import json
 
         status = {"graph_status": engine.graph_status, "threads_status": engine.threads_status,
+                  "async_scheduling": engine.async_scheduling,
                   "warmup": engine.warmup.summary(),
                   "providers": engine.plan.providers_by_op(), "decode_step_count": count.as_dict()}
         with open(args.json, "w") as f:

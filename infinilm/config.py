@@ -223,6 +223,10 @@ class EngineOptions:
             its own allocator (kernels still never access out of bounds in unchecked mode).
         tensor_parallel_size: ranks the model is split across, one process each (`infinilm.distributed`):
             the engine's process is rank 0 and starts the others; 1 runs in this process alone.
+        async_scheduling: schedule and launch step N+1 before reading step N's sampled ids, so the host's work
+            overlaps the device's (vLLM V1's ``async_scheduling``; `infinilm.engine.overlap`). None: on CUDA
+            with one rank, off on the CPU, where the device is the host and nothing overlaps. Refused with
+            ``tensor_parallel_size > 1`` (the followers would need the ids on their own devices).
     """
 
     device: str = "cpu"
@@ -241,6 +245,7 @@ class EngineOptions:
     progress: bool | None = None
     check_indices: bool | None = None
     tensor_parallel_size: int = 1
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         """Check every option, and store each in its canonical form (dtype, ints, tuples).
@@ -256,7 +261,8 @@ class EngineOptions:
         for name in ("num_blocks", "max_model_len"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _integer(name, getattr(self, name)))
-        for name, optional in (("cuda_graphs", False), ("progress", True), ("check_indices", True)):
+        for name, optional in (("cuda_graphs", False), ("progress", True), ("check_indices", True),
+                               ("async_scheduling", True)):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (optional and value is None):
                 raise ConfigError(f"{name}={value!r} must be True or False{' (or None)' if optional else ''}")
@@ -293,6 +299,15 @@ class EngineOptions:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
         if self.kv_cache_memory <= 0:
             raise ConfigError(f"kv_cache_memory={self.kv_cache_memory} must be a positive number of bytes")
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise ConfigError(f"async_scheduling=True with tensor_parallel_size={self.tensor_parallel_size}: "
+                              "async scheduling runs on one rank only; leave it None (off) or False")
+
+    def schedules_async(self, device: torch.device) -> bool:
+        """Whether the engine overlaps steps on `device`: `async_scheduling`, else on CUDA with one rank."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return device.type == "cuda" and self.tensor_parallel_size == 1
 
     def checks_indices(self, device: torch.device) -> bool:
         """Whether operator index checks run on `device`: `check_indices`, else on CPU only."""

@@ -10,7 +10,9 @@ model, the state pool of `infinilm.engine.state_pool` (one row per running reque
 Requests can be added and cancelled between steps; new prefills join the running decodes in the next step.
 Each running sequence holds a row of persistent step inputs (`infinilm.engine.input_batch.SeqRows`: its block
 table, length and last token), which the scheduler keeps up to date, so a decode step's host work depends on the
-batch size alone. The step synchronizes with the device once: where sampling reads the sampled ids. On the CPU
+batch size alone. The step synchronizes with the device once: where sampling reads the sampled ids. With
+``EngineOptions.async_scheduling`` (on CUDA by default) the engine launches the next step before it reads this
+one's ids, so the host's work overlaps the device's (`infinilm.engine.overlap`). On the CPU
 the engine picks its thread count by timing its decode step (`infinilm.engine.threads`); `threads_status` says
 what it chose.
 
@@ -33,9 +35,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.distributed.launch import Ranks, join
 from infinilm.distributed.parallel import TensorParallel
 from infinilm.distributed.step import StepKind
@@ -44,8 +47,9 @@ from infinilm.engine.gates import overrides, plan
 from infinilm.engine.input_batch import SeqRows
 from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
+from infinilm.engine.overlap import HostIds, InFlight
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
-from infinilm.engine.sampling import logprobs, sample
+from infinilm.engine.sampling import logprobs, sample, sample_ids
 from infinilm.engine.scheduler import Batch, Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infinilm.engine.state_pool import StatePool
@@ -86,6 +90,8 @@ class Engine:
             synchronizes with the host).
         warmup: what the build's tuning and warm-up of the buckets it runs did (`infinilm.engine.warmup`).
         rows: the running sequences' persistent step inputs (`infinilm.engine.input_batch.SeqRows`).
+        async_scheduling: whether steps overlap (`infinilm.engine.overlap`): ``EngineOptions.async_scheduling``,
+            by default on CUDA; may be switched while the engine is idle (a benchmark compares both on one engine).
         cpu_threads / threads_status: on the CPU, the intra-op thread count the engine's calls run at (None:
             the caller's) and a line saying why (calibrated on its decode step, or the user's:
             `infinilm.engine.threads`); on CUDA, None and empty.
@@ -146,11 +152,36 @@ class Engine:
         self.prefill_tokens = self.decode_tokens = 0
         self.prefill_seconds = self.decode_seconds = 0.0
         self._request_ids = itertools.count()
+        self._in_flight: InFlight | None = None
+        self._resolved_at = 0.0
+        self._async = False
+        self._host_ids = HostIds(0, self.device)
+        self.async_scheduling = options.schedules_async(self.device) and ranks is None
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether steps overlap (see the class's attributes)."""
+        return self._async
+
+    @async_scheduling.setter
+    def async_scheduling(self, on: bool) -> None:
+        """Raises: RuntimeError: the engine has work (switch it while idle). ConfigError: on, for a
+        tensor-parallel rank (`EngineOptions.async_scheduling`)."""
+        if on == self._async:
+            return
+        if self.has_work():
+            raise RuntimeError("async_scheduling: switch it while the engine is idle (requests are in flight)")
+        if on and self.ranks is not None:
+            raise ConfigError("async_scheduling: not under tensor parallelism (the ranks would need the sampled ids)")
+        self._async = bool(on)
+        if on:
+            self._host_ids = HostIds(self.options.max_num_seqs, self.device)
 
     @property
     def status(self) -> str:
-        """One line: `graph_status`, and `threads_status` on the CPU."""
-        return "; ".join(filter(None, (self.graph_status, self.threads_status)))
+        """One line: `graph_status`, ``async scheduling: on`` when it is, and `threads_status` on the CPU."""
+        overlap = "async scheduling: on" if self.async_scheduling else ""
+        return "; ".join(filter(None, (self.graph_status, overlap, self.threads_status)))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
@@ -244,21 +275,29 @@ class Engine:
         return seq
 
     def cancel(self, seq: Sequence) -> bool:
-        """Cancel a request between steps and free its KV blocks (or state row); False when it had already finished."""
-        return self.scheduler.cancel(seq)
+        """Cancel a request between steps and free its KV blocks (or state row; under async scheduling once the
+        step in flight is read, and the token it computes for the request is dropped); False when it had already
+        finished."""
+        return self.scheduler.cancel(seq, in_flight=self._in_flight is not None)
 
     def has_work(self) -> bool:
-        """Whether a request is waiting or running."""
-        return self.scheduler.has_work()
+        """Whether a request is waiting or running, or a step is in flight."""
+        return self.scheduler.has_work() or self._in_flight is not None
 
     # -- the data path -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """Schedule -> prepare inputs -> run model -> sample -> postprocess; one token per scheduled sequence.
 
+        Under async scheduling the tokens are those of the step launched by the call before (or, when none is in
+        flight, of the step this call launches first), and the next step is launched before they are read
+        (`infinilm.engine.overlap`); a token computed for a request that had finished is dropped.
+
         Raises:
             FollowerError: a tensor-parallel follower failed or died in the step (or did before: the run has
                 ended, and every later step raises it again).
         """
+        if self.async_scheduling:
+            return self._step_async()
         self.rows.writable()  # the last step's copies are done (its sampled ids were read): no wait
         batch = self.scheduler.schedule()
         if not batch:
@@ -276,13 +315,64 @@ class Engine:
         finished = {s.id for s in self.scheduler.postprocess(batch, tokens)}
         return [StepOutput(s, t, s.id in finished, *(lp or (None, ()))) for s, t, lp in zip(batch.seqs, tokens, lps)]
 
-    def _count(self, batch: Batch, seconds: float) -> None:
+    def _count(self, batch: Batch, seconds: float, decodes: int | None = None) -> None:
+        """Count `batch` (`decodes`: the decode tokens it produced, None: one per decode sequence)."""
         if batch.prefills:
             self.prefill_tokens += sum(len(s) for s in batch.prefills)
             self.prefill_seconds += seconds
         else:
-            self.decode_tokens += len(batch.decodes)
+            self.decode_tokens += len(batch.decodes) if decodes is None else decodes
             self.decode_seconds += seconds
+
+    def _step_async(self) -> list[StepOutput]:
+        """`step` under async scheduling: launch the next step, then read and postprocess the one before."""
+        try:
+            done = self._in_flight or self._launch(pending=False)
+            if done is None:
+                return []
+            self._in_flight = None
+            if done.overlap and self.scheduler.can_continue():
+                self._in_flight = self._launch(pending=True)
+            return self._resolve(done)
+        except BaseException:
+            self._in_flight = None  # the steps in flight are lost: their requests are left to cancel
+            self.rows.resolved(np.empty(0, dtype=np.int64), [], latest=True)
+            self.scheduler.release_deferred(self.scheduler.take_deferred())
+            raise
+
+    def _launch(self, *, pending: bool) -> InFlight | None:
+        """Schedule a step (`pending`: a step is in flight whose ids are not read) and launch it, its sampled ids
+        left on the device; None when nothing can be scheduled."""
+        self.rows.writable()
+        batch = self.scheduler.schedule(pending)
+        if not batch:
+            return None
+        start = time.perf_counter()
+        batch.rows = SeqRows.rows_of(batch.seqs)
+        with self._scope():
+            logits = self.runner.run(batch)
+        ids = sample_ids(logits, batch.seqs)
+        self.rows.launched(batch.rows, ids)
+        return InFlight(batch, ids, logits, self._host_ids.take(), start)
+
+    def _resolve(self, done: InFlight) -> list[StepOutput]:
+        """Read the ids of `done`, postprocess them and free what finished while it was in flight; the outputs
+        of its requests that had not finished before."""
+        tokens = done.tokens()
+        batch, latest = done.batch, self._in_flight is None
+        self.rows.resolved(batch.rows, tokens, latest)
+        late = self.scheduler.take_deferred()  # finished while `done` was in flight: this token is dropped
+        live = [not s.finished for s in batch.seqs]
+        lps = (logprobs(done.logits, batch.seqs, tokens) if done.logits is not None
+               else itertools.repeat(None))
+        finished = {s.id for s in self.scheduler.postprocess(batch, tokens, in_flight=not latest)}
+        self.scheduler.release_deferred(late)
+        out = [StepOutput(s, t, s.id in finished, *(lp or (None, ())))
+               for s, t, lp, keep in zip(batch.seqs, tokens, lps, live) if keep]
+        now = time.perf_counter()
+        self._count(batch, now - max(done.start, self._resolved_at), sum(live[:len(batch.decodes)]))
+        self._resolved_at = now
+        return out
 
     def stream(self) -> Iterator[StepOutput]:
         """Run steps until every request has finished, yielding each produced token."""

@@ -17,6 +17,12 @@ contiguous slice: a step copies ``width x max_rows`` entries, `width` being the 
 ``max_model_len / block_size``, and the device gathers the step's rows from it; on the CPU row by row
 (``[max_rows, max_blocks]``), the step's rows gathered by NumPy.
 
+Under async scheduling (`infinilm.engine.overlap`) a step is launched before the previous step's sampled ids are
+read: `launched` advances the lengths at launch and remembers, per row, where its next input token lies in the
+step's ids on the device (``prev``); a decode step then takes those tokens from the device (one gather, no read
+to the host), the others from `last`, which `resolved` fills once the ids are read (vLLM V1's async
+scheduling, which also writes the next input ids from the sampled ids on the device).
+
 A host buffer is rewritten only after its last copy to the device has completed (`SeqRows.writable`, which
 waits on the event recorded after the copy): on rank 0 the step's read of the sampled ids has already
 waited for it, so this never blocks there; a tensor-parallel follower, which reads nothing back, may wait.
@@ -34,8 +40,9 @@ from infinilm.engine.kv_cache import CacheError
 
 __all__ = ["BlockTable", "CpuGpuBuffer", "SeqRows"]
 
-# rows of the staging buffer: what a decode step gathers per sequence
-TOKEN, POSITION, SLOT, LENGTH, ROW = range(5)
+# rows of the staging buffer: what a decode step gathers per sequence; PREV: the entry of the device's pending ids
+# that holds the token (-1: the token is on the host)
+TOKEN, POSITION, SLOT, LENGTH, ROW, PREV = range(6)
 
 
 class CpuGpuBuffer:
@@ -125,8 +132,11 @@ class SeqRows:
         tables: the rows' block tables (`BlockTable`).
         num_blocks / lens / last: int64 ``[max_rows]``: per row its table's length, its sequence's length
             and its last token.
-        step: int64 ``[5, max_rows]``, the staging buffer of a decode step's token, position, slot, context
-            length and row.
+        step: int64 ``[6, max_rows]``, the staging buffer of a decode step's token, position, slot, context
+            length, row and PREV.
+        prev / pending: int64 ``[max_rows]``, per row the entry of `pending` (the last launched step's sampled
+            ids on the device, not yet read) that is its sequence's last token, -1 where `last` holds it; and
+            `pending` itself, or None (see the module doc).
     """
 
     def __init__(self, max_rows: int, max_blocks: int, block_size: int, device: torch.device, *,
@@ -134,10 +144,12 @@ class SeqRows:
         """`transposed`: the tables' layout (`BlockTable`)."""
         self.max_rows, self.max_blocks, self.block_size, self.device = max_rows, max_blocks, block_size, device
         self.tables = BlockTable(max_rows, max_blocks, device, transposed=transposed)
-        self.step = CpuGpuBuffer((5, max_rows), torch.int64, device)
+        self.step = CpuGpuBuffer((6, max_rows), torch.int64, device)
         self.num_blocks = np.zeros(max_rows, dtype=np.int64)
         self.lens = np.zeros(max_rows, dtype=np.int64)
         self.last = np.zeros(max_rows, dtype=np.int64)
+        self.prev = np.full(max_rows, -1, dtype=np.int64)
+        self.pending: torch.Tensor | None = None
         self._free = list(range(max_rows - 1, -1, -1))  # pop() hands out the lowest free row
         self._copied: torch.cuda.Event | None = None
 
@@ -168,7 +180,7 @@ class SeqRows:
         if n > self.max_blocks:
             raise CacheError(f"a block table of {n} blocks exceeds the {self.max_blocks} a row holds")
         self.tables.write(row, 0, table)
-        self.num_blocks[row], self.lens[row], self.last[row] = n, length, last
+        self.num_blocks[row], self.lens[row], self.last[row], self.prev[row] = n, length, last, -1
 
     def mirror(self, batch: Any) -> None:
         """A tensor-parallel follower: update this copy of rank 0's rows from a broadcast step's batch of
@@ -214,6 +226,35 @@ class SeqRows:
         self.lens[rows] += 1
         self.last[rows] = tokens
 
+    def launched(self, rows: np.ndarray[Any, Any], ids: torch.Tensor) -> None:
+        """Async scheduling: a step over `rows` was launched and its sampled ids `ids` (``[len(rows)]``, on the
+        device) are not read yet: each sequence's length counts its coming token, which the next decode step
+        takes from `ids` on the device."""
+        self.lens[rows] += 1
+        self.prev.fill(-1)
+        self.prev[rows] = np.arange(len(rows))
+        self.pending = ids
+
+    def resolved(self, rows: np.ndarray[Any, Any], tokens: Seq[int], latest: bool) -> None:
+        """Async scheduling: the ids of a step over `rows` were read, `tokens` in the same order; `latest`: no
+        step was launched after it, so no row's token is on the device any more."""
+        self.last[rows] = tokens
+        if latest:
+            self.prev.fill(-1)
+            self.pending = None
+
+    def _device_tokens(self, step: torch.Tensor, src: np.ndarray[Any, Any]) -> None:
+        """Overwrite the TOKEN row of `step` (on the device, n columns) with the pending ids where `src` (the
+        PREV row on the host) says so: a gather on the device, nothing read back."""
+        if self.pending is None or not (src >= 0).any():
+            return
+        pending = self.pending.clamp_min(0)  # -1 (non-finite logits) ends that request: its next token is dropped
+        if (src >= 0).all():
+            step[TOKEN].copy_(pending.index_select(0, step[PREV]))
+        else:
+            gathered = pending.index_select(0, step[PREV].clamp_min(0))
+            step[TOKEN].copy_(torch.where(step[PREV] >= 0, gathered, step[TOKEN]))
+
     def writable(self) -> None:
         """Wait until the last copy of the host buffers to the device has completed (see the module doc);
         call it before a step writes them."""
@@ -235,10 +276,13 @@ class SeqRows:
         st[SLOT, :n] = self.tables.at(rows, positions // bs) * bs + positions % bs
         st[LENGTH, :n] = lens
         st[ROW, :n] = rows
+        src = st[PREV, :n]
+        src[:] = self.prev[rows]
         width = int(self.num_blocks[rows].max()) if n else 0
         step = self.step.copy_to_gpu()[:, :n]
         self.tables.copy_to_gpu(width)
         self._record()
+        self._device_tokens(step, src)
         return step, self.tables.gather(rows, step[ROW], width)
 
     def recurrent_step(self, rows: np.ndarray[Any, Any]) -> torch.Tensor:
@@ -246,11 +290,14 @@ class SeqRows:
         each one's last token and state row (its table's one entry)."""
         n = len(rows)
         st = self.step.np
-        st[0, :n] = self.last[rows]
+        st[TOKEN, :n] = self.last[rows]
         st[1, :n] = self.tables.at(rows, np.zeros(n, dtype=np.int64))
-        step = self.step.copy_to_gpu()
+        src = st[PREV, :n]
+        src[:] = self.prev[rows]
+        step = self.step.copy_to_gpu()[:, :n]
         self._record()
-        return step[:2, :n]
+        self._device_tokens(step, src)
+        return step[:2]
 
     def _record(self) -> None:
         """Mark the copies just queued on the device's current stream (what `writable` waits for)."""

@@ -20,7 +20,7 @@ import torch
 from infinilm.engine.sequence import Sequence
 from infiniops_py import top_k_top_p_sampling_from_logits
 
-__all__ = ["apply_penalties", "filter_logits", "logprobs", "sample", "scale_logits"]
+__all__ = ["apply_penalties", "filter_logits", "logprobs", "sample", "sample_ids", "scale_logits"]
 
 
 def scale_logits(row: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -75,6 +75,13 @@ def _seed(seq: Sequence) -> int:
     return seq.seed
 
 
+def _to(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """`host` on `dev`: on CUDA through pinned memory (torch's caching host allocator), so that the copy never
+    waits for the work queued before it (a copy from pageable memory may: async scheduling queues the next step
+    while the device runs this one)."""
+    return host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
+
+
 def _penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> dict[str, torch.Tensor]:
     """The operator's penalty inputs for `seqs` (empty when none is penalized): the factors ``[B]``, the output
     counts ``[B, V]`` and the prompt mask, each by one ``scatter_add_`` over the padded ids."""
@@ -100,31 +107,40 @@ def _penalties(logits: torch.Tensor, seqs: Seq[Sequence]) -> dict[str, torch.Ten
 
 
 def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
-    """One next token per row of `logits` ``[B, V]`` (any float dtype), row ``b`` for ``seqs[b]``: one call of
+    """One next token per row of `logits` ``[B, V]`` (any float dtype), row ``b`` for ``seqs[b]``: `sample_ids`,
+    read to the host (the step's one synchronization).
+
+    Raises:
+        ValueError: the number of rows differs from the number of sequences.
+    """
+    return sample_ids(logits, seqs).tolist()
+
+
+def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
+    """The next tokens of `seqs` as int32 ``[B]`` on the logits' device, not read: one call of
     `top_k_top_p_sampling_from_logits` for the whole batch, each row with its request's options, seed and
     draw number (`Sequence.draws`, so a seeded request draws the same tokens in any batch). A row whose logits
-    are non-finite gives -1 (the scheduler finishes that request with `FinishReason.ERROR`). The only host
-    synchronization is the read of the ids; the options go to the device as non-blocking copies.
+    are non-finite gives -1 (the scheduler finishes that request with `FinishReason.ERROR`). Nothing here
+    synchronizes with the device: the options go to it as non-blocking copies.
 
     Raises:
         ValueError: the number of rows differs from the number of sequences.
     """
     if logits.shape[0] != len(seqs):
         raise ValueError(f"logits: {logits.shape[0]} rows for {len(seqs)} sequences")
-    if not seqs:
-        return []
     dev = logits.device
+    if not seqs:
+        return torch.empty(0, dtype=torch.int32, device=dev)
     tiny = torch.finfo(torch.float32).tiny  # a positive temperature below it would round to 0 (greedy)
-    options = torch.tensor([[s.params.temperature and max(s.params.temperature, tiny), s.params.top_p,
-                             s.params.min_p] for s in seqs], dtype=torch.float32).to(dev, non_blocking=True)
-    ints = torch.tensor([[s.params.top_k, _seed(s) if s.params.temperature > 0 else 0, s.draws] for s in seqs],
-                        dtype=torch.int64).to(dev, non_blocking=True)
+    options = _to(torch.tensor([[s.params.temperature and max(s.params.temperature, tiny), s.params.top_p,
+                                 s.params.min_p] for s in seqs], dtype=torch.float32), dev)
+    ints = _to(torch.tensor([[s.params.top_k, _seed(s) if s.params.temperature > 0 else 0, s.draws] for s in seqs],
+                            dtype=torch.int64), dev)
     for s in seqs:
         s.draws += 1
-    ids = top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1], temperature=options[:, 0],
-                                           min_p=options[:, 2], seed=ints[:, 1], offset=ints[:, 2],
-                                           **_penalties(logits, seqs))
-    return ids.tolist()
+    return top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1], temperature=options[:, 0],
+                                            min_p=options[:, 2], seed=ints[:, 1], offset=ints[:, 2],
+                                            **_penalties(logits, seqs))
 
 
 def logprobs(logits: torch.Tensor, seqs: Seq[Sequence], tokens: Seq[int]

@@ -7,6 +7,13 @@ stays queued (admission control: never an error, never a partial allocation). Wh
 needs a block and none is free, the newest running sequence is preempted: its blocks are freed and it
 returns to the front of the queue, to be recomputed from its tokens later (vLLM's recompute preemption).
 
+Under async scheduling (`infinilm.engine.overlap`) the next step is scheduled while the last one runs, its
+sampled ids not yet read: ``schedule(pending=True)`` counts one more token for every running sequence (vLLM's
+output placeholders). A sequence that finishes, or is cancelled, while a step that computes it is in flight
+leaves the running set at once but keeps its blocks and row until that step's ids are read
+(`release_deferred`: one step late, as vLLM frees them; its row still counts against ``max_num_seqs``), and
+`postprocess` gives it no token of that step.
+
 The scheduler tells the engine's `infinilm.engine.input_batch.SeqRows` (when it has one) what changes a running
 sequence's row: a row is given at admission, a block table grows, a row is taken back at finish, preemption
 and cancellation.
@@ -60,6 +67,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.deferred: list[Sequence] = []  # finished while a step computing them is in flight: blocks held
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -80,28 +88,42 @@ class Scheduler:
         """Whether a sequence is waiting or running."""
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Batch:
-        """Pick the next step's batch and reserve the KV blocks it writes."""
+    def can_continue(self) -> bool:
+        """Whether every running sequence can get the block its next token needs without a preemption (async
+        scheduling preempts only once no step is in flight: a preempted sequence is recomputed from its
+        tokens, which must all be on the host)."""
+        alloc, bs = self.allocator, self.allocator.block_size
+        if alloc.num_free >= len(self.running):  # a decode step adds one block per sequence at most
+            return True
+        need = sum(len(s.tokens) + 1 > len(s.block_table) * bs for s in self.running)
+        return alloc.can_allocate(need)
+
+    def schedule(self, pending: bool = False) -> Batch:
+        """Pick the next step's batch and reserve the KV blocks it writes; `pending`: every running sequence has
+        one token more than its `Sequence.tokens` (the in-flight step's, not read yet: async scheduling)."""
         batch = Batch()
         decodes, running, alloc = batch.decodes, self.running, self.allocator
         bs = alloc.block_size
+        extra = int(pending)
         i = 0
         while i < len(running):
             seq = running[i]
-            if len(seq.tokens) > len(seq.block_table) * bs:  # its next token starts a block
-                need = alloc.blocks_needed(len(seq), len(seq.block_table))
+            n = len(seq.tokens) + extra
+            if n > len(seq.block_table) * bs:  # its next token starts a block
+                need = alloc.blocks_needed(n, len(seq.block_table))
                 while not alloc.can_allocate(need) and len(running) - 1 > i:
                     self._preempt(running[-1])
                 if not alloc.can_allocate(need):
                     self._preempt(seq)
                     break
-                alloc.append(seq.block_table, len(seq))
+                alloc.append(seq.block_table, n)
                 if self.rows is not None:
                     self.rows.grow(seq)
             decodes.append(seq)
             i += 1
         tokens = len(batch.decodes)
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        held = len(self.deferred)  # finished, their rows not yet free (async scheduling)
+        while self.waiting and len(self.running) + held < self.max_num_seqs:
             seq = self.waiting[0]
             if tokens + len(seq) > self.max_num_batched_tokens:
                 break
@@ -118,8 +140,13 @@ class Scheduler:
             tokens += len(seq)
         return batch
 
-    def postprocess(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
+    def postprocess(self, batch: Batch, tokens: list[int], *, in_flight: bool = False) -> list[Sequence]:
         """Append each sequence's new token, finish those at a stop token or their length limit; returns those.
+
+        A sequence already finished (or cancelled) gets no token: under async scheduling it finished while this
+        step was in flight, and this is the extra token the step computed for it. `in_flight`: a later step that
+        computes every running sequence is in flight, so those that finish now keep their blocks until it is
+        read (`release_deferred`).
 
         The length limit is checked first (``max_new_tokens`` output tokens, or ``max_model_len`` tokens in all:
         `FinishReason.LENGTH`, also when that last token is a stop token); then a token in the sequence's
@@ -131,42 +158,62 @@ class Scheduler:
         finished = []
         max_len, eos = self.max_model_len, self.eos_token_ids
         for seq, token in zip(batch.seqs, tokens, strict=True):
+            if seq.status is SeqStatus.FINISHED:
+                continue
             seq_tokens = seq.tokens
             seq.num_cached = len(seq_tokens)
             if token < 0:  # the sampler's mark of a row of non-finite logits
                 seq.error = ("the model's logits for this request are non-finite (NaN or inf): no token can be "
                              "sampled")
-                self._finish(seq, FinishReason.ERROR)
+                self._finish(seq, FinishReason.ERROR, in_flight)
                 finished.append(seq)
                 continue
             seq_tokens.append(token)
             p = seq.params
             n = len(seq_tokens)
             if n - seq.num_prompt >= p.max_new_tokens or n >= max_len:
-                self._finish(seq, FinishReason.LENGTH)
+                self._finish(seq, FinishReason.LENGTH, in_flight)
             elif token in p.stop_token_ids or (not p.ignore_eos and token in eos):
-                self._finish(seq, FinishReason.EOS)
+                self._finish(seq, FinishReason.EOS, in_flight)
             else:
                 continue
             finished.append(seq)
         return finished
 
-    def cancel(self, seq: Sequence) -> bool:
-        """Stop `seq` wherever it is and free its blocks; False when it had already finished."""
+    def cancel(self, seq: Sequence, *, in_flight: bool = False) -> bool:
+        """Stop `seq` wherever it is and free its blocks (`in_flight`: a step computing every running sequence is
+        in flight, so a running one's blocks are freed once that step is read: `release_deferred`); False when
+        it had already finished."""
         if seq.finished:
             return False
         if seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
             seq.status, seq.finish_reason = SeqStatus.FINISHED, FinishReason.CANCELLED
         else:
-            self._finish(seq, FinishReason.CANCELLED)
+            self._finish(seq, FinishReason.CANCELLED, in_flight)
         return True
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def release_deferred(self, seqs: list[Sequence]) -> None:
+        """Free the blocks and rows of `seqs` (taken from `deferred`, finished while a step that computes them
+        was in flight, once that step's ids have been read)."""
+        for seq in seqs:
+            self._release(seq)
+            seq.block_table = []
+
+    def take_deferred(self) -> list[Sequence]:
+        """The sequences finished while the step in flight now was (`release_deferred` them once it is read);
+        `deferred` starts empty again."""
+        seqs, self.deferred = self.deferred, []
+        return seqs
+
+    def _finish(self, seq: Sequence, reason: FinishReason, in_flight: bool = False) -> None:
         self.running.remove(seq)
-        self._release(seq)
-        seq.block_table = []
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        if in_flight:
+            self.deferred.append(seq)
+        else:
+            self._release(seq)
+            seq.block_table = []
 
     def _release(self, seq: Sequence) -> None:
         self.allocator.free(seq.block_table)

@@ -248,7 +248,8 @@ class EngineLoop:
                 raise
             return
         if not outputs:
-            time.sleep(_IDLE_SLEEP)
+            if self.engine.has_work():  # none could be scheduled (under async scheduling: the last step drained)
+                time.sleep(_IDLE_SLEEP)
             return
         now = time.perf_counter()
         self.metrics.generation_tokens.inc(len(outputs))

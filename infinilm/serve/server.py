@@ -106,7 +106,8 @@ async def _serve(engine: Engine, info: ModelInfo, sock: socket.socket, args: arg
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     print(f"infinilm serve: {info.name} on {url} (max_model_len {info.max_model_len}, {engine.options.max_num_seqs} "
           f"sequences per step, {info.cache_blocks} {kind}s, chat template: "
-          f"{'yes' if info.render_chat else 'no'}; {engine.graph_status})", flush=True)
+          f"{'yes' if info.render_chat else 'no'}; {engine.graph_status}; async scheduling: "
+          f"{'on' if engine.async_scheduling else 'off'})", flush=True)
     await stop.wait()
     routes.draining = True
     print(f"infinilm serve: shutting down, {len(loop.in_flight)} request(s) in flight", file=sys.stderr, flush=True)

@@ -122,6 +122,26 @@ def test_recurrent_step_reads_each_rows_state_row() -> None:
     assert step.tolist() == [[7, 8], [0, 3]]
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_launched_steps_ids_are_the_next_decode_tokens_until_they_are_read(transposed: bool) -> None:
+    """Async scheduling: after `launched`, a decode step takes a row's token from the pending ids (on the device),
+    a row the step did not compute from `last`; `resolved` of the latest step hands every row back to `last`."""
+    rows = SeqRows(4, 2, 8, CPU, transposed=transposed)
+    seqs = [Sequence([5, 6 + i], SamplingParams(), i) for i in range(3)]
+    for i, s in enumerate(seqs):
+        s.block_table = [i]
+        rows.add(s)
+    launched = SeqRows.rows_of([seqs[2], seqs[0]])  # seqs[1] sat out that step
+    rows.launched(launched, torch.tensor([40, -1], dtype=torch.int32))  # -1: non-finite logits, token 0 then
+    step, _ = rows.decode_step(SeqRows.rows_of(seqs))
+    assert step[TOKEN].tolist() == [0, 7, 40] and step[POSITION].tolist() == [2, 1, 2]
+    step, _ = rows.decode_step(SeqRows.rows_of([seqs[2], seqs[0]]))  # every row pending: one gather
+    assert step[TOKEN].tolist() == [40, 0]
+    rows.resolved(launched, [41, 42], latest=True)
+    step, _ = rows.decode_step(SeqRows.rows_of(seqs))
+    assert step[TOKEN].tolist() == [42, 7, 41] and rows.pending is None
+
+
 def test_the_staging_rows_are_the_decode_graph_value_rows() -> None:
     """The attention runner's decode graph takes rows token, position, slot, length (its padding's order)."""
     from infinilm.engine.runner import AttentionRunner

@@ -85,3 +85,21 @@ def test_graphs_stay_off_only_with_the_synchronizing_implementation_named(checkp
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
     assert graphed.generate(PROMPTS, params) == eager.generate(PROMPTS, params)
     assert graphed.cache.allocator.num_free == 64
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_async_scheduling_on_cuda_gives_the_tokens_of_synchronous_steps(checkpoint: CheckpointFactory,
+                                                                        graphs: bool) -> None:
+    """On CUDA (its default) the next step is launched before this one's ids are read: the same tokens, with
+    finishes at different steps, arrivals, an abort, a stop and seeded sampled requests (`test_async_scheduling`
+    runs the same on the CPU)."""
+    from test_async_scheduling import Req, _both, _hot, _prompts
+
+    path, _ = checkpoint("qwen3", **WIDE["qwen3"])
+    p = _prompts(7, seed=5)
+    reqs = [Req(p[0], SamplingParams(max_new_tokens=1, ignore_eos=True)), Req(p[1], _hot(1, 9)),
+            Req(p[2], SamplingParams(max_new_tokens=12), cancel_after=3), Req(p[3], _hot(3, 12), at=2),
+            Req(p[4], _hot(4, 6), at=4), Req(p[5], SamplingParams(max_new_tokens=5, ignore_eos=True), at=4),
+            Req(p[6], _hot(6, 8))]
+    assert _engine(path).async_scheduling  # the default on CUDA
+    _both(lambda **more: _engine(path, cuda_graphs=graphs, **more), reqs)

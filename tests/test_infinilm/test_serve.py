@@ -140,6 +140,12 @@ def mamba_server(mamba: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     yield from _server(mamba, MAMBA, tmp_path_factory.mktemp("logs") / "mamba.err")
 
 
+@pytest.fixture(scope="module")
+def dense_async_server(demo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The dense server with async scheduling on (off by default on the CPU): `infinilm.engine.overlap`."""
+    yield from _server(demo, [*DENSE, "--async-scheduling"], tmp_path_factory.mktemp("logs") / "dense-async.err")
+
+
 def _generate_cli(model: Path, prompt: str, max_new_tokens: int, capsys: pytest.CaptureFixture[str]) -> str:
     """What ``infinilm generate`` prints as the generated text (greedy)."""
     capsys.readouterr()
@@ -194,6 +200,15 @@ def test_stop_strings_and_stop_tokens_end_the_output_with_finish_reason_stop(den
                                     extra_body={"stop_token_ids": [32], "return_token_ids": True})
     assert ids.choices[0].text == "-Py " and ids.choices[0].finish_reason == "stop"
     assert ids.model_extra["prompt_token_ids"] == list(PROMPT.encode())
+
+
+def test_async_scheduling_streams_the_same_tokens_and_stops_at_the_same_strings(
+    dense_async_server: Server, demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the async server's token after a stop string (or the last one) is computed, then dropped: never streamed
+    test_greedy_completions_and_chat_streamed_or_not_equal_infinilm_generate(dense_async_server, demo, capsys)
+    test_stop_strings_and_stop_tokens_end_the_output_with_finish_reason_stop(dense_async_server)
+    test_32_concurrent_streaming_clients_each_get_their_solo_output(dense_async_server, demo)
 
 
 def _solo(model: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -254,15 +269,15 @@ async def _soak(url: str, vocab: int, n: int, concurrency: int, seed: int) -> di
     return {"completed": done, "cancelled": cancelled, "prompt_tokens": sum(len(p) for p, _, _ in jobs)}
 
 
-@pytest.mark.parametrize("which", ["dense", "mamba"])
+@pytest.mark.parametrize("which", ["dense", "mamba", "dense_async"])
 def test_soak_of_500_requests_with_a_third_cancelled_frees_every_block_and_keeps_metrics_consistent(
     which: str, request: pytest.FixtureRequest
 ) -> None:
     server: Server = request.getfixturevalue(f"{which}_server")
-    kind = "kv_block" if which == "dense" else "state_row"
+    kind = "kv_block" if which.startswith("dense") else "state_row"
     before = server.idle_metrics()
     start = time.perf_counter()
-    result = asyncio.run(_soak(server.url, 257 if which == "dense" else 160, 500, 32, seed=7))
+    result = asyncio.run(_soak(server.url, 257 if which.startswith("dense") else 160, 500, 32, seed=7))
     elapsed = time.perf_counter() - start
     after = server.idle_metrics()
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
