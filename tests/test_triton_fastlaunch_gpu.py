@@ -135,7 +135,7 @@ def _reshape_and_cache(dtype: torch.dtype, variant: str, gen: torch.Generator) -
     return run
 
 
-def _gemv(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
+def _gemv_case(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
     m = 1 if variant == "one" else 7
     off = 1 if variant == "misaligned" else 0
     a = _rand(m, 1024, dtype=dtype, gen=gen, offset=off)
@@ -352,7 +352,7 @@ def _sampling(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
 
 CASES: dict[str, Callable[[torch.dtype, str, torch.Generator], Case]] = {
     "rms_norm": _rms_norm, "fused_add_rms_norm": _fused_add_rms_norm, "silu_and_mul": _silu_and_mul,
-    "fused_qk_norm_rope": _qk_norm_rope, "reshape_and_cache_flash": _reshape_and_cache, "gemv": _gemv,
+    "fused_qk_norm_rope": _qk_norm_rope, "reshape_and_cache_flash": _reshape_and_cache, "gemv": _gemv_case,
     "gemm_swiglu": _gemm_swiglu, "flash_attn_with_kvcache": _decode, "decode_append_combine": _decode_separate,
     "add": _add, "rotary_embedding": _rotary, "fused_qk_norm": _qk_norm, "causal_conv1d_update": _conv_update,
     "selective_state_update": _state_update, "causal_conv1d": _conv, "rms_norm_gated": _rms_norm_gated,

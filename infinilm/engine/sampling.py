@@ -132,14 +132,16 @@ def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
     if not seqs:
         return torch.empty(0, dtype=torch.int32, device=dev)
     tiny = torch.finfo(torch.float32).tiny  # a positive temperature below it would round to 0 (greedy)
-    options = _to(torch.tensor([[s.params.temperature and max(s.params.temperature, tiny), s.params.top_p,
-                                 s.params.min_p] for s in seqs], dtype=torch.float32), dev)
-    ints = _to(torch.tensor([[s.params.top_k, _seed(s) if s.params.temperature > 0 else 0, s.draws] for s in seqs],
-                            dtype=torch.int64), dev)
+    # one option per row of these [3, B] tensors: each row is a contiguous [B] tensor on the device
+    options = _to(torch.tensor([[s.params.temperature and max(s.params.temperature, tiny) for s in seqs],
+                                [s.params.top_p for s in seqs], [s.params.min_p for s in seqs]],
+                               dtype=torch.float32), dev)
+    seeds = [_seed(s) if s.params.temperature > 0 else 0 for s in seqs]
+    ints = _to(torch.tensor([[s.params.top_k for s in seqs], seeds, [s.draws for s in seqs]], dtype=torch.int64), dev)
     for s in seqs:
         s.draws += 1
-    return top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1], temperature=options[:, 0],
-                                            min_p=options[:, 2], seed=ints[:, 1], offset=ints[:, 2],
+    return top_k_top_p_sampling_from_logits(logits, ints[0].int(), options[1], temperature=options[0],
+                                            min_p=options[2], seed=ints[1], offset=ints[2],
                                             **_penalties(logits, seqs))
 
 

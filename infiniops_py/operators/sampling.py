@@ -221,13 +221,13 @@ def _fresh_seeds(n: int, device: torch.device) -> torch.Tensor:
 def _per_row(name: str, value: object, n: int, device: torch.device, dtypes: tuple[torch.dtype, ...],
              dtype: torch.dtype, bounds: tuple[float, float] | None) -> torch.Tensor:
     """A per-output option as a tensor ``[n]`` on `device`: a scalar is checked and broadcast (in `dtype`), a
-    tensor is checked for kind, shape, device and dtype (its values are not read)."""
+    tensor is checked for kind, shape, device and dtype (its values are not read) and made contiguous."""
     if isinstance(value, torch.Tensor):
         check_dtype(_OP, name, value, dtypes)
         check_shape(_OP, name, value, (n,), " (one value per output row)")
         if value.device != device:
             raise ContractError(_OP, name, f"expected a tensor on {device} (logits'), got {value.device}")
-        return value
+        return value.contiguous()  # providers index it by row
     if dtype.is_floating_point:
         low, high = bounds or (-math.inf, math.inf)
         x = check_real(_OP, name, value, low=low)

@@ -96,3 +96,19 @@ def test_the_one_launch_form_with_its_barriers_draws_the_same(monkeypatch: pytes
     monkeypatch.setattr(triton_sampling, "launch", functools.partial(triton_sampling.launch, one_launch=True))
     logits, kw = _ragged_case()
     assert _draw("triton", logits, **kw).tolist() == _draw("torch", logits, **kw).tolist()
+
+
+def test_per_row_options_given_as_strided_views_draw_as_contiguous_ones() -> None:
+    """Columns of one [N, 3] options tensor (the engine's old layout): each provider reads row b's own values."""
+    logits = randn(5, 300, seed=8, scale=2.0)
+    options = torch.tensor([[0.8, 0.9, 0.0], [1.2, 0.5, 0.05], [0.0, 1.0, 0.0], [0.7, 0.95, 0.0], [1.0, 0.3, 0.1]])
+    ints = torch.tensor([[50, 3, 0], [5, 9, 1], [0, 0, 2], [1, 4, 3], [300, 7, 4]])
+    strided = {"temperature": options[:, 0], "min_p": options[:, 2], "seed": ints[:, 1], "offset": ints[:, 2]}
+    packed = {name: t.contiguous() for name, t in strided.items()}
+    for provider in ("triton", "torch"):
+        with infiniops_py.use(provider):
+            got = top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1],
+                                                   **strided)  # type: ignore[arg-type]
+            want = top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1].contiguous(),
+                                                    **packed)  # type: ignore[arg-type]
+        assert got.tolist() == want.tolist(), provider
