@@ -10,6 +10,9 @@ Size bucket: tokens, the `size_class` (power of two at or above) of T.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from infiniops_py.dispatch import dispatch
@@ -24,7 +27,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_writable,
 )
-from infiniops_py.operators._declare import Operator, Overload
+from infiniops_py.operators._declare import Operator, Overload, Sampler
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
 
 __all__ = ["SPECS", "fused_qk_norm", "reference"]
@@ -48,7 +51,19 @@ def reference(
         _rms_norm_reference(heads, weight, eps, heads)
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """a packed qkv ``[tokens, (Hq + 2 Hkv) D]`` and q/k weights near 1."""
+    r, f = Sampler(generator, dtype, device), values
+    d, hq, hkv = f["head_dim"], f["num_q_heads"], f["num_kv_heads"]
+    qkv = r(f["tokens"], (hq + 2 * hkv) * d)
+    return (qkv, 1 + r(d, scale=0.1), 1 + r(d, scale=0.1)), {
+        "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d}
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 128},
     name=_OP,
     fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8},
     buckets=("tokens",),

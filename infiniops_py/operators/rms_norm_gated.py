@@ -15,6 +15,9 @@ Size bucket: tokens, the `size_class` (power of two at or above) of the number o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +34,7 @@ from infiniops_py.operators._base import (
     check_tensor,
     device_type,
 )
-from infiniops_py.operators._declare import GIVEN, Operator, Overload
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, Sampler
 
 __all__ = ["SPECS", "reference", "rms_norm_gated"]
 
@@ -55,7 +58,19 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     return out
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``x [tokens, hidden_size]``, a weight, a gate z and a bias as the fields ask."""
+    r, f = Sampler(generator, dtype, device), values
+    t, h = f["tokens"], f["hidden_size"]
+    kwargs = {"z": r(t, h) if f["has_z"] else None, "group_size": f["group_size"],
+              "norm_before_gate": f["norm_before_gate"]}
+    return (r(t, h), r(h), r(h) if f["has_bias"] else None), kwargs
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 16},
     name=_OP,
     fields={"hidden_size": 4096, "group_size": 4096, "has_z": True, "has_bias": False, "norm_before_gate": True},
     buckets=("tokens",),
