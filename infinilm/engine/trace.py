@@ -36,7 +36,7 @@ from infiniops_py.dispatch import Dispatched, observing
 
 __all__ = ["traced_problems"]
 
-_META: Final = torch.device("meta")
+_META: Final = "meta"  # the device of the trace: shapes, no memory
 _I32: Final = torch.int32
 _I64: Final = torch.int64
 
@@ -127,7 +127,8 @@ def traced_problems(config: ModelConfig, options: EngineOptions, plan: GatePlan)
     family = family_of(config.model_type)
     dtype = options.resolved_dtype(config)
     device_type = torch.device(options.device).type
-    model: CausalLM = family.model(config, plan, dtype=dtype, device=_META, max_len=options.model_len(config))
+    model: CausalLM = family.model(config, plan, dtype=dtype, device=torch.device(_META),
+                                   max_len=options.model_len(config))
     steps = (_recurrent_steps if family.recurrent else _attention_steps)(model, config, options, dtype)
     seen: dict[Problem, None] = {}
 

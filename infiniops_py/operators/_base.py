@@ -145,7 +145,7 @@ def check_unique_indices(op: str, name: str, index: torch.Tensor, what: str = "i
     message (``"index"``, or e.g. ``"cache slot"`` when `index` is derived from the argument `name`).
     Reads the values on the host, like `check_index_range`: never on meta or during CUDA-graph capture.
     """
-    if index.numel() < 2 or not is_checked(index.device):
+    if index.numel() < 2 or index.is_meta or not is_checked(index.device):  # meta: no values (a model's trace)
         return
     values, counts = torch.unique(index[index >= 0], return_counts=True)
     repeated = counts > 1
@@ -207,7 +207,7 @@ def check_index_range(op: str, name: str, index: torch.Tensor, high: int, *, all
 
     Negative values are padding when `allow_negative`; the check synchronizes with the device.
     """
-    if index.numel() == 0 or not is_checked(index.device):  # never on meta: no values there
+    if index.numel() == 0 or index.is_meta or not is_checked(index.device):  # meta: no values (a model's trace)
         return
     lo_t, hi_t = torch.aminmax(index)
     lo, hi = int(lo_t), int(hi_t)
