@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 
+from infinilm.batch import Batch
 from infinilm.config import EngineOptions, ModelConfig
 from infinilm.distributed.launch import Ranks, join
 from infinilm.distributed.parallel import TensorParallel
@@ -46,7 +47,7 @@ from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
 from infinilm.engine.sampling import logprobs, sample
-from infinilm.engine.scheduler import Batch, Scheduler
+from infinilm.engine.scheduler import Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infinilm.engine.state_pool import StatePool
 from infinilm.engine.threads import calibrate_threads, using_threads
