@@ -19,12 +19,12 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    check_device,
     check_dtype,
     check_no_grad,
     check_no_overlap,
     check_real,
     check_tensor,
+    check_vector,
     check_writable,
 )
 from infiniops_py.operators._declare import Operator, Overload, Sampler
@@ -127,13 +127,7 @@ def fused_qk_norm(
     if qkv.stride(1) != 1:
         raise ContractError(_OP, "qkv", f"expected last stride 1, got strides {list(qkv.stride())}")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w.dtype != qkv.dtype:
-            raise ContractError(_OP, name, f"expected dtype {qkv.dtype} (same as qkv), got {w.dtype}")
-        check_device(_OP, name, w, qkv.device)
-        if w.shape != (head_dim,):
-            raise ContractError(_OP, name, f"expected shape [{head_dim}] (head_dim), got {list(w.shape)}")
-        if w.stride(0) != 1 and head_dim > 1:
-            raise ContractError(_OP, name, f"expected a contiguous [D] tensor, got stride {w.stride(0)}")
+        check_vector(_OP, name, w, qkv, head_dim, "head_dim", like_name="qkv", dim="D")
     if qkv.shape[0] == 0:
         return qkv
     check_writable(_OP, "qkv", qkv)

@@ -25,12 +25,12 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     check_bool,
-    check_device,
     check_dtype,
     check_index_range,
     check_no_grad,
     check_real,
     check_tensor,
+    check_vector,
     check_writable,
     device_type,
 )
@@ -171,13 +171,7 @@ def fused_qk_norm_rope(
     if qkv.stride(1) != 1:
         raise ContractError(_OP, "qkv", f"expected last stride 1, got strides {list(qkv.stride())}")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w.dtype != qkv.dtype:
-            raise ContractError(_OP, name, f"expected dtype {qkv.dtype} (same as qkv), got {w.dtype}")
-        check_device(_OP, name, w, qkv.device)
-        if w.shape != (head_dim,):
-            raise ContractError(_OP, name, f"expected shape [{head_dim}] (head_dim), got {list(w.shape)}")
-        if w.stride(0) != 1 and head_dim > 1:
-            raise ContractError(_OP, name, f"expected a contiguous [D] tensor, got stride {w.stride(0)}")
+        check_vector(_OP, name, w, qkv, head_dim, "head_dim", like_name="qkv", dim="D")
     check_positions(_OP, positions, qkv.shape[0], qkv.device)
     rotary_dim = check_cos_sin_cache(_OP, cos_sin_cache, qkv.dtype, qkv.device, head_dim, "head_dim")
     if qkv.shape[0] == 0:
