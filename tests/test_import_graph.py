@@ -123,6 +123,18 @@ def test_only_the_operators_import_their_private_base() -> None:
         assert not {m for m in graph[framework] if m.startswith("infiniops_py.operators")}, framework
 
 
+def test_the_ranks_of_a_split_model_import_nothing_of_the_engine() -> None:
+    """``infinilm.distributed`` sits below ``infinilm.engine`` (the engine starts the ranks): what both need of a
+    step, `infinilm.batch.Batch`, lives below both."""
+    modules = _modules()
+    graph = {name: _imports(name, file, modules) for name, file in modules.items()}
+    upward = sorted((m, e) for m, edges in graph.items() if m.startswith("infinilm.distributed")
+                    for e in edges if e == "infinilm.engine" or e.startswith("infinilm.engine."))
+    assert not upward, f"infinilm.distributed imports the engine: {upward}"
+    assert "infinilm.batch" in graph["infinilm.distributed.step"]
+    assert "infinilm.batch" in graph["infinilm.engine.runner"]
+
+
 # Import statements inside a function in infiniops_py/, each with its reason: (module, function, imported module).
 # Imports by name (importlib) are not statements and not listed: the providers' modules (registry), the
 # families' strategy modules (testing.strategies) and the tuning package's names of its tuner, loaded on first

@@ -45,10 +45,10 @@ from typing import Any, Final
 
 import torch
 
+from infinilm.batch import Batch
 from infinilm.config import ConfigError, EngineOptions
 from infinilm.distributed.parallel import TensorParallel, backend_for
 from infinilm.distributed.step import StepKind, receive_step, send_step
-from infinilm.engine.scheduler import Batch
 
 __all__ = ["RENDEZVOUS_SECONDS", "FollowerError", "Ranks", "join"]
 

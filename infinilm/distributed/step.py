@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from infinilm.engine.scheduler import Batch
+from infinilm.batch import Batch
 
 __all__ = ["StepKind", "StepSeq", "receive_step", "send_step"]
 
@@ -65,14 +65,14 @@ def _unpack(header: list[int], payload: list[int]) -> Batch:
     batch, at = Batch(), 0
     for _ in range(header[1]):
         token, length, row, width, last = payload[at:at + 5]
-        batch.decodes.append(StepSeq([token], length, [last], row, width))  # type: ignore[arg-type]
+        batch.decodes.append(StepSeq([token], length, [last], row, width))
         at += 5
     for _ in range(header[2]):
         length = payload[at]
         tokens = payload[at + 1:at + 1 + length]
         row, width = payload[at + 1 + length:at + 3 + length]
         table = payload[at + 3 + length:at + 3 + length + width]
-        batch.prefills.append(StepSeq(tokens, length, table, None if row < 0 else row))  # type: ignore[arg-type]
+        batch.prefills.append(StepSeq(tokens, length, table, None if row < 0 else row))
         at += 3 + length + width
     return batch
 

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from infinilm.batch import Batch
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.distributed.launch import Ranks, join
 from infinilm.distributed.parallel import TensorParallel
@@ -50,7 +51,7 @@ from infinilm.engine.loader import Checkpoint, load_weights, read_checkpoint
 from infinilm.engine.overlap import HostIds, InFlight
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
 from infinilm.engine.sampling import logprobs, sample, sample_ids
-from infinilm.engine.scheduler import Batch, Scheduler
+from infinilm.engine.scheduler import Scheduler
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infinilm.engine.state_pool import StatePool
 from infinilm.engine.threads import calibrate_threads, using_threads

@@ -1,8 +1,9 @@
 """Gates before loading: the operator problems a configuration needs, resolved at once.
 
 From the model config and the engine options (device, dtype, block size, provider overrides), `plan`
-takes every ``(operator, problem)`` the config's family declares its model calls and resolves them with
-`infiniops_py.resolve_closure`, before any weight is read: an unsupported combination raises one
+makes the path choices below, traces the family's model forward on meta tensors with them
+(`infinilm.engine.trace.traced_problems`: every problem its steps call, no weight read) and resolves those
+problems with `infiniops_py.resolve_closure`, before any weight is read: an unsupported combination raises one
 `GateError` listing every gap. These choices are made here, each from what the providers serve:
 
 - Qwen3's q/k norm and RoPE: with ``qk_norm="auto"``, one `fused_qk_norm_rope` when a provider other than the
@@ -34,6 +35,7 @@ import torch
 import infiniops_py
 from infinilm.config import ConfigError, EngineOptions, ModelConfig
 from infinilm.distributed.parallel import TensorParallel, check_split, parallel_problems
+from infinilm.engine.trace import traced_problems
 from infinilm.layers.rotary import qk_norm_rope_fields
 from infinilm.models.family import GEMM_FIELDS, GatePlan
 from infinilm.models.registry import family_of
@@ -98,7 +100,8 @@ def problem_base(config: ModelConfig, options: EngineOptions) -> dict[str, Any]:
 
 
 def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
-    """Resolve every operator problem the family of `config` declares under `options`; reads no weights.
+    """Resolve every operator problem the model of `config` calls under `options` (its forward traced on meta
+    tensors); reads no weights.
 
     Split across ``options.tensor_parallel_size`` ranks, the problems are those of one rank's heads, KV heads and
     groups (`infinilm.distributed.parallel.TensorParallel.local_config`, the same on every rank), plus the
@@ -110,7 +113,7 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
             that `config` cannot be split across (`infinilm.distributed.parallel.check_split`).
         GateError: one error listing every problem that no (allowed) provider can serve.
     """
-    family = family_of(config.model_type)
+    family_of(config.model_type)  # no family: a ConfigError before anything else
     check_split(config, options)
     full, config = config, TensorParallel(options.tensor_parallel_size).local_config(config)  # one rank's heads
     for i, (op, name) in enumerate(options.providers):
@@ -131,8 +134,8 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
         choices = GatePlan(fused_qk_norm=fused_qk, fused_qk_norm_rope=fused_rope,
                            fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True),
                            fused_swiglu=_served("gemm_swiglu", **base, has_bias=config.mlp_bias))
-        requests = family.gate_problems(config, options, base, choices) + parallel_problems(full, options, base)
-        problems = list(dict.fromkeys(make_problem(op, **fields) for op, fields in requests))
+        collectives = [make_problem(op, **fields) for op, fields in parallel_problems(full, options, base)]
+        problems = list(dict.fromkeys([*traced_problems(config, options, choices), *collectives]))
         chosen = resolve_closure(problems)
     return dataclasses.replace(choices, chosen=chosen)
 

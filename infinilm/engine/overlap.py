@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from infinilm.engine.scheduler import Batch
+from infinilm.batch import Batch
 
 __all__ = ["HostIds", "InFlight"]
 

@@ -25,12 +25,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from infinilm.batch import Batch
 from infinilm.config import ConfigError
 from infinilm.engine.graphs.decode import DecodeGraphs
 from infinilm.engine.graphs.prefill import PrefillGraphs
 from infinilm.engine.input_batch import LENGTH, POSITION, ROW, SLOT, TOKEN, SeqRows
 from infinilm.engine.kv_cache import KVCache, slots_for
-from infinilm.engine.scheduler import Batch
 from infinilm.engine.state_pool import StatePool
 from infinilm.layers.attention import AttnContext
 from infinilm.layers.ssm import SsmContext, prefill_starts

@@ -22,35 +22,13 @@ and cancellation.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
 
+from infinilm.batch import Batch
 from infinilm.engine.input_batch import SeqRows
 from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.sequence import FinishReason, SeqStatus, Sequence
 
-__all__ = ["Batch", "Scheduler"]
-
-
-@dataclass
-class Batch:
-    """One step's work: decode sequences (one token each) first, then prefill sequences (all their tokens).
-
-    Attributes:
-        rows: the `SeqRows` rows of `seqs` (int64), when the engine has filled them in; else None.
-    """
-
-    decodes: list[Sequence] = field(default_factory=list)
-    prefills: list[Sequence] = field(default_factory=list)
-    rows: Any = field(default=None, repr=False)
-
-    @property
-    def seqs(self) -> list[Sequence]:
-        """The decode sequences, then the prefill ones: the order of the step's logits rows."""
-        return self.decodes + self.prefills
-
-    def __bool__(self) -> bool:
-        return bool(self.decodes or self.prefills)
+__all__ = ["Scheduler"]
 
 
 class Scheduler:
@@ -98,10 +76,10 @@ class Scheduler:
         need = sum(len(s.tokens) + 1 > len(s.block_table) * bs for s in self.running)
         return alloc.can_allocate(need)
 
-    def schedule(self, pending: bool = False) -> Batch:
+    def schedule(self, pending: bool = False) -> Batch[Sequence]:
         """Pick the next step's batch and reserve the KV blocks it writes; `pending`: every running sequence has
         one token more than its `Sequence.tokens` (the in-flight step's, not read yet: async scheduling)."""
-        batch = Batch()
+        batch: Batch[Sequence] = Batch()
         decodes, running, alloc = batch.decodes, self.running, self.allocator
         bs = alloc.block_size
         extra = int(pending)
@@ -140,7 +118,7 @@ class Scheduler:
             tokens += len(seq)
         return batch
 
-    def postprocess(self, batch: Batch, tokens: list[int], *, in_flight: bool = False) -> list[Sequence]:
+    def postprocess(self, batch: Batch[Sequence], tokens: list[int], *, in_flight: bool = False) -> list[Sequence]:
         """Append each sequence's new token, finish those at a stop token or their length limit; returns those.
 
         A sequence already finished (or cancelled) gets no token: under async scheduling it finished while this

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import torch
 
+from infinilm.batch import Batch
 from infinilm.engine.graphs.decode import capture_sizes
-from infinilm.engine.scheduler import Batch
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infiniops_py import Implementation, Problem, unchecked_indices
 from infiniops_py._env import parse_flag

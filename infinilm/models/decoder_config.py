@@ -3,19 +3,17 @@
 `decoder_limits` builds a family's `ConfigLimits` from the fields every attention decoder reads;
 `decoder_config` translates a transformers config (LlamaConfig, Qwen2Config, MistralConfig, ...) into a
 `ModelConfig`, checking every resolved size, flag, RoPE parameter and the RoPE frequencies themselves, so
-that nothing about the config can fail after the gates; `attention_problems` lists the operator problems
-of a decoder that runs `infinilm.models.decoder.DecoderModel`'s layers.
+that nothing about the config can fail after the gates.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, Final
 
 import torch
 
-from infinilm.config import ConfigError, EngineOptions, ModelConfig, parse_dtype, token_ids
+from infinilm.config import ConfigError, ModelConfig, parse_dtype, token_ids
 from infinilm.config_checks import (
     ConfigLimits,
     field_problems,
@@ -24,10 +22,9 @@ from infinilm.config_checks import (
     resolved_problems,
     rope_problems,
 )
-from infinilm.layers.rotary import inverse_frequencies, qk_norm_rope_fields
-from infinilm.models.family import GatePlan, GateRequest, linear_problems
+from infinilm.layers.rotary import inverse_frequencies
 
-__all__ = ["MAX_HEAD_DIM", "MAX_LAYERS", "STATIC_ROPE_TYPES", "attention_problems", "decoder_config", "decoder_limits",
+__all__ = ["MAX_HEAD_DIM", "MAX_LAYERS", "STATIC_ROPE_TYPES", "decoder_config", "decoder_limits",
            "rope_parameters"]
 
 STATIC_ROPE_TYPES: Final = ("default", "linear", "llama3", "yarn")
@@ -169,47 +166,3 @@ def _check_frequencies(config: ModelConfig, rope: dict[str, Any], rotary_dim: in
     if not (math.isfinite(scaling) and scaling > 0):
         raise ConfigError(f"{what} give an attention scaling of {scaling}; need a positive finite number")
 
-
-def attention_problems(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any], plan: GatePlan, *,
-                       window: int | None = None, softcap: bool = False, rotary_dim: int | None = None,
-                       is_neox: bool = True, silu_mlp: bool = True) -> list[GateRequest]:
-    """Every ``(operator, problem fields)`` a `DecoderModel` of `config` calls under `options`.
-
-    `base` holds ``device_type`` and the model ``dtype`` name; `plan` says whether biases fuse into the Gemm
-    and whether q/k norms are fused (alone, or with RoPE). `rotary_dim` (default: the whole head) and
-    `is_neox` describe the model's `RotaryEmbedding`; `silu_mlp`: the MLP is SwiGLU (`silu_and_mul`). A
-    `window` (tokens a query sees, itself included) adds the local attention problems of each entry point
-    whose keys can outnumber it: a call whose keys all lie within the window runs without one (flash-attention
-    drops a window side that spans every key; the bound is the longest prompt for prefill, the cache capacity
-    per sequence for decode). `softcap` asks for attention logit softcapping.
-    """
-    d, bs = config.head_dim, options.block_size
-    out = linear_problems(base, plan, bias=config.qkv_bias or config.o_bias or config.mlp_bias)
-    out.append(("rms_norm", {**base, "hidden_size": config.hidden_size}))
-    out.append(("fused_add_rms_norm", {**base, "hidden_size": config.hidden_size}))
-    if config.qk_norm and plan.fused_qk_norm_rope:
-        out.append(("fused_qk_norm_rope", {**base, **qk_norm_rope_fields(config, config.num_heads,
-                                                                         config.num_kv_heads)}))
-    elif config.qk_norm and plan.fused_qk_norm:
-        out.append(("fused_qk_norm", {**base, "head_dim": d, "num_q_heads": config.num_heads,
-                                      "num_kv_heads": config.num_kv_heads}))
-    elif config.qk_norm:
-        out.append(("rms_norm", {**base, "hidden_size": d}))
-    if not (config.qk_norm and plan.fused_qk_norm_rope):
-        out.append(("rotary_embedding", {**base, "head_dim": d, "rotary_dim": d if rotary_dim is None else rotary_dim,
-                                         "is_neox": is_neox}))
-    if silu_mlp and plan.fused_swiglu:
-        out.append(("gemm_swiglu", {**base, "has_bias": config.mlp_bias}))
-    elif silu_mlp:
-        out.append(("silu_and_mul", {**base, "d": config.intermediate_size}))
-    out.append(("reshape_and_cache_flash", {**base, "head_dim": d, "block_size": bs,
-                                            "num_kv_heads": config.num_kv_heads}))
-    attn = {**base, "head_dim": d, "gqa_ratio": config.num_heads // config.num_kv_heads, "causal": True,
-            "softcap": softcap}
-    # the keys a call can see: a prefill's own prompt (at most model_len), a decode's cache capacity
-    for op, keys, fields in (("flash_attn_varlen", options.model_len(config), {"paged": False, "block_size": 0}),
-                             ("flash_attn_with_kvcache", options.blocks_per_seq(config) * bs,
-                              {"paged": True, "block_size": bs, "append": True})):
-        for local in (False, True) if window is not None and window - 1 < keys else (False,):
-            out.append((op, {**attn, "local": local, **fields}))
-    return out

@@ -1,10 +1,10 @@
 """What a model family declares, and what the gates hand back to the model it builds.
 
 A `ModelFamily` is data: its ``model_type``, the `ConfigLimits` of its ``config.json`` fields, the translation of
-a transformers config into a `ModelConfig`, the operator problems its models call (its gate), its model
-class, and whether it keeps recurrent state (a state pool and the recurrent runner) instead of a paged KV
-cache. `infinilm.models.registry` lists the families; the engine, the gates and the CLI ask it and hold no
-per-family code.
+a transformers config into a `ModelConfig`, its model class, and whether it keeps recurrent state (a state pool
+and the recurrent runner) instead of a paged KV cache. Its operator problems are not listed: the gates trace the
+model's forward on meta tensors (`infinilm.engine.trace`). `infinilm.models.registry` lists the families; the
+engine, the gates and the CLI ask it and hold no per-family code.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from typing import Any, Final, Protocol
 
 import torch
 
-from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config import ModelConfig
 from infinilm.config_checks import ConfigLimits
 from infinilm.distributed.parallel import TensorParallel
 from infiniops_py import Implementation, Problem
 
-__all__ = ["GEMM_FIELDS", "CausalLM", "GatePlan", "GateRequest", "ModelClass", "ModelFamily", "linear_problems"]
+__all__ = ["GEMM_FIELDS", "CausalLM", "GatePlan", "ModelClass", "ModelFamily"]
 
-GateRequest = tuple[str, dict[str, Any]]  # (operator, problem fields), as `infiniops_py.make_problem` takes them
 # the problem fields every linear layer's Gemm shares: x [T, K] @ weight [N, K].T
 GEMM_FIELDS: Final[Mapping[str, bool]] = MappingProxyType(
     {"batched": False, "trans_a": False, "trans_b": True, "has_c": False})
@@ -76,19 +75,6 @@ class GatePlan:
         return "\n".join(lines)
 
 
-def linear_problems(base: Mapping[str, Any], plan: GatePlan, *, bias: bool) -> list[GateRequest]:
-    """The Gemm problems of linear layers (`infinilm.layers.linear.Linear`), with or without a bias.
-
-    `base` holds ``device_type`` and ``dtype``. A bias is fused into the Gemm when `plan` says so, else it
-    is an in-place broadcast `add` after it.
-    """
-    out: list[GateRequest] = [("gemm", {**base, **GEMM_FIELDS, "has_bias": False})]
-    if bias:
-        out.append(("gemm", {**base, **GEMM_FIELDS, "has_bias": True}) if plan.fused_bias
-                   else ("add", {**base, "broadcast": True, "inplace": True}))
-    return out
-
-
 class CausalLM(Protocol):
     """What the engine calls on a model of any family (the runners add the forward of their kind)."""
 
@@ -120,8 +106,6 @@ class ModelFamily:
         model_type: the ``model_type`` of ``config.json`` it serves.
         limits: the limits of the ``config.json`` fields it reads, checked before transformers reads the file.
         translate: transformers config -> `ModelConfig` (checking the resolved values; raises `ConfigError`).
-        gate_problems: ``(config, options, base, plan)`` -> every ``(operator, problem fields)`` its model
-            calls; `base` holds ``device_type`` and the ``dtype`` name, `plan` the gates' path choices.
         model: the model class.
         recurrent: the model keeps per-request recurrent state (a state pool, the recurrent runner) instead
             of a paged KV cache.
@@ -130,6 +114,5 @@ class ModelFamily:
     model_type: str
     limits: ConfigLimits
     translate: Callable[[Any], ModelConfig]
-    gate_problems: Callable[[ModelConfig, EngineOptions, Mapping[str, Any], GatePlan], list[GateRequest]]
     model: ModelClass
     recurrent: bool = False

@@ -19,20 +19,19 @@ only (bit-equal in float32).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import torch
 import torch.nn.functional as F
 
-from infinilm.config import ConfigError, EngineOptions, ModelConfig
+from infinilm.config import ConfigError, ModelConfig
 from infinilm.layers.attention import Attention
 from infinilm.layers.derived import Derived
 from infinilm.layers.norm import RMSNorm
 from infinilm.models.decoder import DecoderModel, SandwichLayer
-from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import GatePlan, GateRequest, ModelFamily
+from infinilm.models.decoder_config import decoder_config, decoder_limits
+from infinilm.models.family import GatePlan, ModelFamily
 from infiniops_py import fused_add_rms_norm, rms_norm
 
 __all__ = ["GEMMA2", "Gemma2Config", "Gemma2Layer", "Gemma2Model", "OffsetRMSNorm"]
@@ -84,16 +83,6 @@ def _translate(hf: Any) -> ModelConfig:
         raise ConfigError(f"gemma2: layer_types={types!r} must name one of {', '.join(_LAYER_TYPES)} for each of the "
                           f"num_hidden_layers={config.num_layers} layers")
     return dataclasses.replace(cast(Gemma2Config, config), layer_types=tuple(types))
-
-
-def _gate(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any],
-          plan: GatePlan) -> list[GateRequest]:
-    """The decoder's problems, with local attention when a layer slides and softcapped scores when capped; its
-    MLP's gelu is plain PyTorch (no `silu_and_mul`)."""
-    c = cast(Gemma2Config, config)
-    windows = {c.window(i) for i in range(c.num_layers)} - {None}
-    return attention_problems(config, options, base, plan, window=min(windows, default=None),
-                              softcap=bool(c.attn_logit_softcapping), silu_mlp=False)
 
 
 class OffsetRMSNorm(RMSNorm):
@@ -157,4 +146,4 @@ class Gemma2Model(DecoderModel):
         return logits
 
 
-GEMMA2: Final = ModelFamily("gemma2", _LIMITS, _translate, _gate, Gemma2Model)
+GEMMA2: Final = ModelFamily("gemma2", _LIMITS, _translate, Gemma2Model)

@@ -10,17 +10,16 @@ frequency i of ``rotary_dim / 2``; the other channels pass through.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import torch
 
-from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config import ModelConfig
 from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.decoder import DecoderModel, SandwichLayer
-from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import GatePlan, GateRequest, ModelFamily
+from infinilm.models.decoder_config import decoder_config, decoder_limits
+from infinilm.models.family import ModelFamily
 
 __all__ = ["GLM4", "Glm4Config", "Glm4Layer", "Glm4Model", "InterleavedRotary"]
 
@@ -78,11 +77,4 @@ class Glm4Model(DecoderModel):
         return InterleavedRotary(config, cast(Glm4Config, config).rotary_dim, max_len, dtype=dtype, device=device)
 
 
-def _gate(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any],
-          plan: GatePlan) -> list[GateRequest]:
-    """The decoder's problems, its RoPE turning interleaved pairs over `Glm4Config.rotary_dim` channels."""
-    return attention_problems(config, options, base, plan, rotary_dim=cast(Glm4Config, config).rotary_dim,
-                              is_neox=False)
-
-
-GLM4: Final = ModelFamily("glm4", _LIMITS, _translate, _gate, Glm4Model)
+GLM4: Final = ModelFamily("glm4", _LIMITS, _translate, Glm4Model)

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from infinilm.config import ModelConfig
 from infinilm.models.decoder import DecoderModel
-from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
+from infinilm.models.decoder_config import decoder_config, decoder_limits
 from infinilm.models.family import ModelFamily
 
 __all__ = ["LLAMA", "QWEN2", "QWEN3"]
@@ -40,6 +40,6 @@ def _qwen3(hf: Any) -> ModelConfig:
     return decoder_config(hf, _QWEN3_LIMITS, qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)
 
 
-LLAMA: Final = ModelFamily("llama", _LLAMA_LIMITS, _llama, attention_problems, DecoderModel)
-QWEN2: Final = ModelFamily("qwen2", _QWEN2_LIMITS, _qwen2, attention_problems, DecoderModel)
-QWEN3: Final = ModelFamily("qwen3", _QWEN3_LIMITS, _qwen3, attention_problems, DecoderModel)
+LLAMA: Final = ModelFamily("llama", _LLAMA_LIMITS, _llama, DecoderModel)
+QWEN2: Final = ModelFamily("qwen2", _QWEN2_LIMITS, _qwen2, DecoderModel)
+QWEN3: Final = ModelFamily("qwen3", _QWEN3_LIMITS, _qwen3, DecoderModel)

@@ -15,23 +15,21 @@ the head are vocab-parallel, each mixer holds its rank's heads (`infinilm.layers
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from itertools import product
 from typing import Any, Final
 
 import torch
 
-from infinilm.config import ConfigError, EngineOptions, Mamba2Dims, ModelConfig, parse_dtype, token_ids
+from infinilm.config import ConfigError, Mamba2Dims, ModelConfig, parse_dtype, token_ids
 from infinilm.config_checks import ConfigLimits, field_problems, raise_problems, resolved_problems
 from infinilm.distributed.parallel import Shard
 from infinilm.layers.embedding import Embedding, LMHead, ParallelLMHead, VocabParallelEmbedding
 from infinilm.layers.norm import RMSNorm
-from infinilm.layers.ssm import NO_TIME_STEP_LIMIT, Mamba2Mixer, SsmContext, StateRows
+from infinilm.layers.ssm import Mamba2Mixer, SsmContext, StateRows
 from infinilm.models.decoder_config import MAX_LAYERS
-from infinilm.models.family import GatePlan, GateRequest, ModelFamily, linear_problems
+from infinilm.models.family import GatePlan, ModelFamily
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
 
-__all__ = ["MAMBA2", "NO_POSITION_LIMIT", "Mamba2Model", "gate_problems", "mamba2_config"]
+__all__ = ["MAMBA2", "NO_POSITION_LIMIT", "Mamba2Model", "mamba2_config"]
 
 NO_POSITION_LIMIT: Final = 2**31 - 1  # a recurrent model has no position table; the engine caps the length
 _LIMITS: Final = ConfigLimits(
@@ -99,48 +97,6 @@ def _time_step_limit(value: object) -> tuple[float, float]:
     return float(pair[0]), float(pair[1])
 
 
-def gate_problems(c: ModelConfig, options: EngineOptions, base: Mapping[str, Any],
-                  plan: GatePlan) -> list[GateRequest]:
-    """Every ``(operator, problem fields)`` a Mamba-2 model calls.
-
-    `base` holds ``device_type`` and the model ``dtype`` name. Prefill calls the conv and the scan packed
-    (several prompts: vLLM's packed conv, mamba's cu_seqlens scan with varlen states) or on one row, with
-    ``seq_idx`` (a prefill graph's padded bucket) or without, and the conv channel-last or not (a one-token
-    prompt).
-
-    Raises:
-        ConfigError: `c` is not a Mamba-2 config.
-    """
-    s = c.ssm_dims()
-    out = linear_problems(base, plan, bias=s.use_bias)
-    out += [
-        ("rms_norm", {**base, "hidden_size": c.hidden_size}),
-        ("fused_add_rms_norm", {**base, "hidden_size": c.hidden_size}),
-        ("rms_norm_gated", {**base, "hidden_size": s.intermediate_size, "group_size": s.group_size, "has_z": True,
-                            "has_bias": False, "norm_before_gate": False}),
-    ]
-    conv = {**base, "width": s.conv_kernel, "has_bias": s.use_conv_bias, "silu": True}
-    for channel_last, packed in product((True, False), repeat=2):
-        out.append(("causal_conv1d", {**conv, "channel_last": channel_last, "has_seq_idx": packed,
-                                      "has_initial_states": False, "return_final_states": True}))
-    out.append(("causal_conv1d", {**conv, "channel_last": True, "has_seq_idx": False, "has_initial_states": False,
-                                  "return_final_states": False, "varlen": True}))
-    out.append(("causal_conv1d_update", {**conv, "state_len": s.conv_kernel - 1, "has_indices": True}))
-    scan = {**base, "head_dim": s.head_dim, "d_state": s.state_size, "n_groups": s.n_groups, "has_D": True,
-            "has_z": False}
-    for packed in (True, False):
-        out.append(("selective_scan", {**scan, "chunk_size": s.chunk_size, "has_dt_bias": True, "dt_softplus": True,
-                                       "has_seq_idx": packed, "has_initial_states": False,
-                                       "return_final_states": True}))
-    out.append(("selective_scan", {**scan, "chunk_size": s.chunk_size, "has_dt_bias": True, "dt_softplus": True,
-                                   "has_seq_idx": False, "has_initial_states": False, "return_final_states": False,
-                                   "varlen": True, "return_varlen_states": True}))
-    raw_dt = s.time_step_limit == NO_TIME_STEP_LIMIT  # else decode passes dt already processed (the mixer)
-    out.append(("selective_state_update", {**scan, "has_dt_bias": raw_dt, "dt_softplus": raw_dt,
-                                           "has_indices": True}))
-    return out
-
-
 class Mamba2Model:
     """A Mamba-2 causal LM: ``forward`` gives final hidden states ``[T, hidden]``, ``logits`` the LM head's."""
 
@@ -206,4 +162,4 @@ class Mamba2Model:
         return self.lm_head(hidden)
 
 
-MAMBA2: Final = ModelFamily("mamba2", _LIMITS, mamba2_config, gate_problems, Mamba2Model, recurrent=True)
+MAMBA2: Final = ModelFamily("mamba2", _LIMITS, mamba2_config, Mamba2Model, recurrent=True)

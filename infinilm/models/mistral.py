@@ -8,15 +8,14 @@ the window are not read). ``sliding_window: null`` attends over every key, as Ll
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from infinilm.config import EngineOptions, ModelConfig
+from infinilm.config import ModelConfig
 from infinilm.layers.attention import Attention
 from infinilm.models.decoder import DecoderModel
-from infinilm.models.decoder_config import attention_problems, decoder_config, decoder_limits
-from infinilm.models.family import GatePlan, GateRequest, ModelFamily
+from infinilm.models.decoder_config import decoder_config, decoder_limits
+from infinilm.models.family import ModelFamily
 
 __all__ = ["MISTRAL", "MistralConfig", "MistralModel"]
 
@@ -36,11 +35,6 @@ def _translate(hf: Any) -> ModelConfig:
                           config_class=MistralConfig, sliding_window=getattr(hf, "sliding_window", None))
 
 
-def _gate(config: ModelConfig, options: EngineOptions, base: Mapping[str, Any], plan: GatePlan) -> list[GateRequest]:
-    """The decoder's problems, with local attention when the window is shorter than a sequence can be."""
-    return attention_problems(config, options, base, plan, window=cast(MistralConfig, config).sliding_window)
-
-
 class MistralModel(DecoderModel):
     """`DecoderModel` whose every layer attends over the config's sliding window."""
 
@@ -50,4 +44,4 @@ class MistralModel(DecoderModel):
                          sliding_window=cast(MistralConfig, config).sliding_window)
 
 
-MISTRAL: Final = ModelFamily("mistral", _LIMITS, _translate, _gate, MistralModel)
+MISTRAL: Final = ModelFamily("mistral", _LIMITS, _translate, MistralModel)

@@ -35,12 +35,16 @@ __all__ = [
     "check_device",
     "check_dtype",
     "check_index_range",
+    "check_last_stride",
+    "check_like",
     "check_no_grad",
     "check_no_overlap",
+    "check_out_like",
     "check_real",
     "check_shape",
     "check_tensor",
     "check_unique_indices",
+    "check_vector",
     "check_writable",
     "checked_indices",
     "device_type",
@@ -145,7 +149,7 @@ def check_unique_indices(op: str, name: str, index: torch.Tensor, what: str = "i
     message (``"index"``, or e.g. ``"cache slot"`` when `index` is derived from the argument `name`).
     Reads the values on the host, like `check_index_range`: never on meta or during CUDA-graph capture.
     """
-    if index.numel() < 2 or not is_checked(index.device):
+    if index.numel() < 2 or index.is_meta or not is_checked(index.device):  # meta: no values (a model's trace)
         return
     values, counts = torch.unique(index[index >= 0], return_counts=True)
     repeated = counts > 1
@@ -202,12 +206,48 @@ def check_device(op: str, name: str, t: torch.Tensor, device: torch.device) -> N
         raise ContractError(op, name, f"expected a tensor on {device} (same as the first input), got {t.device}")
 
 
+def check_like(op: str, name: str, t: torch.Tensor, like: torch.Tensor, like_name: str = "x") -> None:
+    """Raise `ContractError` unless `t` has the dtype, then the device, of `like` (the argument `like_name`)."""
+    if t.dtype != like.dtype:
+        raise ContractError(op, name, f"expected dtype {like.dtype} (same as {like_name}), got {t.dtype}")
+    check_device(op, name, t, like.device)
+
+
+def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
+    """Raise `ContractError` unless `t`'s last dim is dense (stride 1; any stride when it holds at most one
+    element): the rows of a ``[..., H]`` operand may be strided, their elements not."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ContractError(op, name, f"expected last stride 1, got strides {list(t.stride())}")
+
+
+def check_vector(op: str, name: str, t: torch.Tensor, like: torch.Tensor, n: int, what: str, *,
+                 like_name: str = "x", dim: str = "H") -> None:
+    """Raise `ContractError` unless `t` is a contiguous ``[n]`` tensor of `like`'s dtype and device (a norm's
+    weight: `what` says what `n` is, ``H = x.shape[-1]``; `dim` names it in one letter)."""
+    check_like(op, name, t, like, like_name)
+    if t.shape != (n,):
+        raise ContractError(op, name, f"expected shape [{n}] ({what}), got {list(t.shape)}")
+    if t.stride(0) != 1 and n > 1:
+        raise ContractError(op, name, f"expected a contiguous [{dim}] tensor, got stride {t.stride(0)}")
+
+
+def check_out_like(op: str, out: torch.Tensor, shape: Sequence[int], like: torch.Tensor,
+                   what: str = "same as x") -> None:
+    """Raise `ContractError` unless `out` is a contiguous tensor of `shape` (`what` says whose) with `like`'s dtype
+    and device."""
+    if tuple(out.shape) != tuple(shape):
+        raise ContractError(op, "out", f"expected shape {list(shape)} ({what}), got {list(out.shape)}")
+    check_like(op, "out", out, like)
+    if not out.is_contiguous():
+        raise ContractError(op, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+
+
 def check_index_range(op: str, name: str, index: torch.Tensor, high: int, *, allow_negative: bool) -> None:
     """In checked mode, raise `ContractError` when `index` holds a value >= `high` (or < 0 when not allowed).
 
     Negative values are padding when `allow_negative`; the check synchronizes with the device.
     """
-    if index.numel() == 0 or not is_checked(index.device):  # never on meta: no values there
+    if index.numel() == 0 or index.is_meta or not is_checked(index.device):  # meta: no values (a model's trace)
         return
     lo_t, hi_t = torch.aminmax(index)
     lo, hi = int(lo_t), int(hi_t)

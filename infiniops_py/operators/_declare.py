@@ -32,9 +32,10 @@ arguments in `mutates`; decorate the function with ``@SPEC.define``; and build t
 ``SPEC.key(device_type, dtype, <field>=..., <bucket>=<raw size>)`` (the size class is taken there).
 ``tests/test_torch_ops.py`` then compiles, exports and fakes it with the others once it is in their lists.
 
-`sizes` and `sample_inputs` describe a call by its fields and sizes (for conformance and tuning): the testing
-layer draws each size from `sizes` and builds the call with `sample_inputs` (where the family has no strategy
-module), and so does the tuner (where ``tuning/inputs.py`` has no builder of its own).
+`sizes`, `tune_sizes` and `sample_inputs` describe a call by its fields and sizes (for conformance, tuning and
+benchmarks): the testing layer draws each size from `sizes` and builds the call with `sample_inputs` (where the
+family has no strategy module), and the tuner (``tuning/inputs.py``) builds every call with it, at `tune_sizes`
+(or the largest of `sizes`) unless told other sizes.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from infiniops_py.operators import _torch_library
 from infiniops_py.problem import OpSpec
 
-__all__ = ["GIVEN", "Operator", "Overload", "Param", "SampleInputs", "sample_tensor"]
+__all__ = ["GIVEN", "Operator", "Overload", "Param", "SampleInputs", "Sampler", "sample_tensor"]
 
 
 @final
@@ -73,11 +74,35 @@ problem has the given fields and sizes (`values`: every problem field and every 
 name), random values from `generator`. The conformance suite draws the sizes from `Operator.sizes` (and the bool
 fields); the tuner passes a problem's fields and its bucket's sizes."""
 
+
 def sample_tensor(generator: torch.Generator, *shape: int, dtype: torch.dtype, device: torch.device,
                   scale: float = 1.0) -> torch.Tensor:
     """Standard-normal values times `scale`, drawn in float32 on the CPU from `generator`, then cast and moved:
     the same values on every device and dtype."""
     return (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The draws of a `SampleInputs`, all from `generator` on the CPU, then moved: the same values on every device.
+
+    Calling it gives `sample_tensor` values in `dtype` on `device`; `scale` and `index` give the other inputs.
+    """
+
+    generator: torch.Generator
+    dtype: torch.dtype
+    device: torch.device
+
+    def __call__(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return sample_tensor(self.generator, *shape, dtype=self.dtype, device=self.device, scale=scale)
+
+    def scale(self, *shape: int) -> torch.Tensor:
+        """Positive float32 values in [0.5, 1.5): fp8 scales and descales, ALiBi slopes."""
+        return (0.5 + torch.rand(shape, generator=self.generator)).to(self.device)
+
+    def index(self, n: int, high: int) -> torch.Tensor:
+        """`n` distinct int64 indices in ``[0, high)`` (a permutation's head): state and conv-state slots."""
+        return torch.randperm(high, generator=self.generator)[:n].to(self.device)
 
 
 _KINDS: Final[dict[str, str]] = {  # the public function's annotation -> the schema type
@@ -144,8 +169,10 @@ class Operator(OpSpec):
         mutates: the public arguments written in place (``Tensor(a!)`` in every schema that has them).
         params: `Param` per public argument whose schema form its annotation does not give.
         sizes: size name -> the values the testing layer draws (``{"tokens": (1, 3, 17)}``); the tuner's default
-            is the largest.
+            is the largest, unless `tune_sizes` gives it.
         sample_inputs: a call of the given sizes (`SampleInputs`); None: none declared.
+        tune_sizes: size name -> the tuner's and the benchmarks' default (a representative call: Gemm's
+            ``m=1, n=4096, k=4096``), each a size `sample_inputs` reads; empty: the largest of each of `sizes`.
         tolerance_as: the operator whose tolerances (``infiniops_py/testing/tolerances.py``) apply, when not
             its own name.
         lowered_by: the argument whose FakeTensor-ness decides the lowering outside tracing (the first one
@@ -157,6 +184,7 @@ class Operator(OpSpec):
     params: Mapping[str, Param] = field(default_factory=dict)
     sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     sample_inputs: SampleInputs | None = None
+    tune_sizes: Mapping[str, int] = field(default_factory=dict)
     tolerance_as: str | None = None
     lowered_by: str | None = None
 

@@ -9,6 +9,9 @@ out's element count.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from infiniops_py.dispatch import dispatch
@@ -26,7 +29,7 @@ from infiniops_py.operators._base import (
     overlaps,
     same_view,
 )
-from infiniops_py.operators._declare import GIVEN, Operator, Overload
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, Sampler
 
 __all__ = ["SPECS", "add"]
 
@@ -47,7 +50,23 @@ def _fake(input: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tenso
     return input.new_empty(torch.broadcast_shapes(input.shape, other.shape))
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``numel`` values and as many others, or, broadcast, ``[rows, cols] + [cols]`` (a linear layer's bias);
+    ``out`` is the input when in place."""
+    r, f = Sampler(generator, dtype, device), values
+    numel = f["numel"]
+    if f["broadcast"]:  # the bias add of a linear layer: [rows, cols] + [cols]
+        cols = min(numel, 1024)
+        x, other = r(max(1, numel // cols), cols), r(cols)
+    else:
+        x, other = r(numel), r(numel)
+    return (x, other), {"out": x} if f["inplace"] else {}
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"numel": 1 << 20},
     name=_OP,
     fields={"broadcast": False, "inplace": False},
     buckets=("numel",),

@@ -10,21 +10,24 @@ Size bucket: tokens, the `size_class` (power of two at or above) of T.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    check_device,
     check_dtype,
     check_no_grad,
     check_no_overlap,
     check_real,
     check_tensor,
+    check_vector,
     check_writable,
 )
-from infiniops_py.operators._declare import Operator, Overload
+from infiniops_py.operators._declare import Operator, Overload, Sampler
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
 
 __all__ = ["SPECS", "fused_qk_norm", "reference"]
@@ -48,7 +51,19 @@ def reference(
         _rms_norm_reference(heads, weight, eps, heads)
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """a packed qkv ``[tokens, (Hq + 2 Hkv) D]`` and q/k weights near 1."""
+    r, f = Sampler(generator, dtype, device), values
+    d, hq, hkv = f["head_dim"], f["num_q_heads"], f["num_kv_heads"]
+    qkv = r(f["tokens"], (hq + 2 * hkv) * d)
+    return (qkv, 1 + r(d, scale=0.1), 1 + r(d, scale=0.1)), {
+        "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d}
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 128},
     name=_OP,
     fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8},
     buckets=("tokens",),
@@ -112,13 +127,7 @@ def fused_qk_norm(
     if qkv.stride(1) != 1:
         raise ContractError(_OP, "qkv", f"expected last stride 1, got strides {list(qkv.stride())}")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w.dtype != qkv.dtype:
-            raise ContractError(_OP, name, f"expected dtype {qkv.dtype} (same as qkv), got {w.dtype}")
-        check_device(_OP, name, w, qkv.device)
-        if w.shape != (head_dim,):
-            raise ContractError(_OP, name, f"expected shape [{head_dim}] (head_dim), got {list(w.shape)}")
-        if w.stride(0) != 1 and head_dim > 1:
-            raise ContractError(_OP, name, f"expected a contiguous [D] tensor, got stride {w.stride(0)}")
+        check_vector(_OP, name, w, qkv, head_dim, "head_dim", like_name="qkv", dim="D")
     if qkv.shape[0] == 0:
         return qkv
     check_writable(_OP, "qkv", qkv)

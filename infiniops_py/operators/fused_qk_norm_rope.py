@@ -15,6 +15,9 @@ Size bucket: tokens, the `size_class` (power of two at or above) of T.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from infiniops_py.dispatch import dispatch
@@ -22,18 +25,23 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     check_bool,
-    check_device,
     check_dtype,
     check_index_range,
     check_no_grad,
     check_real,
     check_tensor,
+    check_vector,
     check_writable,
     device_type,
 )
-from infiniops_py.operators._declare import Operator, Overload
+from infiniops_py.operators._declare import Operator, Overload, Sampler
 from infiniops_py.operators.fused_qk_norm import reference as _qk_norm_reference
-from infiniops_py.operators.rotary_embedding import check_apart, check_cos_sin_cache, check_positions
+from infiniops_py.operators.rotary_embedding import (
+    check_apart,
+    check_cos_sin_cache,
+    check_positions,
+    sample_cos_sin_cache,
+)
 from infiniops_py.operators.rotary_embedding import reference as _rotary_reference
 
 __all__ = ["SPECS", "fused_qk_norm_rope", "reference"]
@@ -61,7 +69,21 @@ def reference(
     _rotary_reference(positions, q, k, cos_sin_cache, is_neox)
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """a packed qkv ``[tokens, (Hq + 2 Hkv) D]``, q/k weights near 1, vLLM's cos/sin cache and positions
+    ``0..tokens-1``."""
+    r, f = Sampler(generator, dtype, device), values
+    t, hq, hkv, d = f["tokens"], f["num_q_heads"], f["num_kv_heads"], f["head_dim"]
+    positions = torch.arange(t, dtype=torch.int64, device=r.device)
+    return (r(t, (hq + 2 * hkv) * d), 1 + r(d, scale=0.1), 1 + r(d, scale=0.1),
+                                sample_cos_sin_cache(r, f["rotary_dim"], t), positions), {
+        "num_q_heads": hq, "num_kv_heads": hkv, "head_dim": d, "is_neox": f["is_neox"]}
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 128},
     name=_OP,
     fields={"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, "rotary_dim": 128, "is_neox": True},
     buckets=("tokens",),
@@ -149,13 +171,7 @@ def fused_qk_norm_rope(
     if qkv.stride(1) != 1:
         raise ContractError(_OP, "qkv", f"expected last stride 1, got strides {list(qkv.stride())}")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w.dtype != qkv.dtype:
-            raise ContractError(_OP, name, f"expected dtype {qkv.dtype} (same as qkv), got {w.dtype}")
-        check_device(_OP, name, w, qkv.device)
-        if w.shape != (head_dim,):
-            raise ContractError(_OP, name, f"expected shape [{head_dim}] (head_dim), got {list(w.shape)}")
-        if w.stride(0) != 1 and head_dim > 1:
-            raise ContractError(_OP, name, f"expected a contiguous [D] tensor, got stride {w.stride(0)}")
+        check_vector(_OP, name, w, qkv, head_dim, "head_dim", like_name="qkv", dim="D")
     check_positions(_OP, positions, qkv.shape[0], qkv.device)
     rotary_dim = check_cos_sin_cache(_OP, cos_sin_cache, qkv.dtype, qkv.device, head_dim, "head_dim")
     if qkv.shape[0] == 0:

@@ -12,6 +12,9 @@ Size bucket: m, n, k, the `size_class` (power of two at or above) of M, N and K 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from infiniops_py.dispatch import dispatch
@@ -27,7 +30,7 @@ from infiniops_py.operators._base import (
     overlaps,
     same_view,
 )
-from infiniops_py.operators._declare import GIVEN, Operator, Overload
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, Sampler
 
 __all__ = ["SPECS", "gemm", "reference"]
 
@@ -64,7 +67,26 @@ def _fake(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, **_: o
     return a.new_empty((*a.shape[:-2], m, n))
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``a [m, k]`` (``[k, m]`` with trans_a), ``b [k, n]`` (``[n, k]`` with trans_b) scaled by ``k ** -0.5``, a
+    leading batch of 2 when batched; a bias ``[n]`` and ``c [m, n]`` (beta 1) when asked."""
+    r, f = Sampler(generator, dtype, device), values
+    m, n, k = f["m"], f["n"], f["k"]
+    lead = (2,) if f["batched"] else ()
+    a = r(*lead, *((k, m) if f["trans_a"] else (m, k)))
+    b = r(*lead, *((n, k) if f["trans_b"] else (k, n)), scale=k ** -0.5)
+    kwargs: dict[str, Any] = {"trans_a": f["trans_a"], "trans_b": f["trans_b"]}
+    if f["has_bias"]:
+        kwargs["bias"] = r(n)
+    if f["has_c"]:
+        kwargs.update(c=r(*lead, m, n), beta=1.0)
+    return (a, b), kwargs
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"m": 1, "n": 4096, "k": 4096},
     name=_OP,
     fields={"batched": False, "trans_a": False, "trans_b": False, "has_bias": False, "has_c": False},
     buckets=("m", "n", "k"),

@@ -24,10 +24,12 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    check_device,
     check_dtype,
+    check_last_stride,
+    check_like,
     check_no_grad,
     check_no_overlap,
+    check_out_like,
     check_tensor,
 )
 from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_tensor
@@ -104,9 +106,8 @@ def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if x.dim() != 2:
         raise ContractError(_OP, "x", f"expected 2 dims [T, K], got {x.dim()}: {list(x.shape)}")
     t, k = x.shape
-    if x.stride(1) != 1 and k > 1:
-        raise ContractError(_OP, "x", f"expected last stride 1, got strides {list(x.stride())}")
-    _check_operand("weight", weight, x)
+    check_last_stride(_OP, "x", x)
+    check_like(_OP, "weight", weight, x)
     if weight.dim() != 2 or weight.shape[1] != k or weight.shape[0] % 2:
         raise ContractError(_OP, "weight", f"expected [2d, K={k}] (the gate rows, then the up rows), got "
                                            f"{list(weight.shape)}")
@@ -115,7 +116,7 @@ def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                                            f"{list(weight.stride())}")
     d = weight.shape[0] // 2
     if bias is not None:
-        _check_operand("bias", bias, x)
+        check_like(_OP, "bias", bias, x)
         if tuple(bias.shape) != (2 * d,) or not bias.is_contiguous():
             raise ContractError(_OP, "bias", f"expected a contiguous [{2 * d}] (2d), got {list(bias.shape)} "
                                              f"strides {list(bias.stride())}")
@@ -131,19 +132,9 @@ def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out
 
 
-def _check_operand(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
-    if t.dtype != x.dtype:
-        raise ContractError(_OP, name, f"expected dtype {x.dtype} (same as x), got {t.dtype}")
-    check_device(_OP, name, t, x.device)
-
-
 def _check_out(out: torch.Tensor, shape: tuple[int, int], x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None) -> None:
-    if tuple(out.shape) != shape:
-        raise ContractError(_OP, "out", f"expected shape {list(shape)} ([T, d]), got {list(out.shape)}")
-    _check_operand("out", out, x)
-    if not out.is_contiguous():
-        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    check_out_like(_OP, out, shape, x, "[T, d]")
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None:
             check_no_overlap(_OP, "out", out, name, t)

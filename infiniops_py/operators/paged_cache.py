@@ -16,6 +16,10 @@ Size bucket: tokens, the `size_class` (power of two at or above) of N, the token
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from infiniops_py.dispatch import dispatch
@@ -31,7 +35,7 @@ from infiniops_py.operators._base import (
     check_unique_indices,
     check_writable,
 )
-from infiniops_py.operators._declare import Operator, Overload
+from infiniops_py.operators._declare import Operator, Overload, Sampler
 
 __all__ = ["FP8_MAX", "SPECS", "quantize", "reference", "reshape_and_cache_flash"]
 
@@ -64,7 +68,25 @@ def reference(
             value_cache[s // block_size, s % block_size] = v
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``tokens`` rows of key and value ``[tokens, Hkv, D]`` written to consecutive slots of caches ``[blocks,
+    block_size, Hkv, D]`` (fp8 ones with their scales when asked)."""
+    r, f = Sampler(generator, dtype, device), values
+    t, bs, hkv, d = f["tokens"], f["block_size"], f["num_kv_heads"], f["head_dim"]
+    blocks = math.ceil(t / bs) + 1
+    slots = torch.arange(t, dtype=torch.int64, device=r.device)
+    caches = [r(blocks, bs, hkv, d) for _ in range(2)]
+    kwargs: dict[str, Any] = {}
+    if f["fp8_kv"]:
+        caches = [c.to(torch.float8_e4m3fn) for c in caches]
+        kwargs = {"kv_cache_dtype": "fp8", "k_scale": r.scale(1), "v_scale": r.scale(1)}
+    return (r(t, hkv, d), r(t, hkv, d), *caches, slots), kwargs
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 128},
     name=_OP,
     fields={"head_dim": 128, "block_size": 16, "num_kv_heads": 8, "fp8_kv": False},
     buckets=("tokens",),

@@ -25,12 +25,15 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     byte_extent,
-    check_device,
     check_dtype,
+    check_last_stride,
+    check_like,
     check_no_grad,
     check_no_overlap,
+    check_out_like,
     check_real,
     check_tensor,
+    check_vector,
     check_writable,
     device_type,
     overlaps,
@@ -230,11 +233,8 @@ def fused_add_rms_norm(
         raise ContractError(
             _FUSED, "residual", f"expected shape {list(x.shape)} (same as x), got {list(residual.shape)}"
         )
-    if residual.dtype != x.dtype:
-        raise ContractError(_FUSED, "residual", f"expected dtype {x.dtype} (same as x), got {residual.dtype}")
-    check_device(_FUSED, "residual", residual, x.device)
-    if residual.stride(-1) != 1 and h > 1:
-        raise ContractError(_FUSED, "residual", f"expected last stride 1, got strides {list(residual.stride())}")
+    check_like(_FUSED, "residual", residual, x)
+    check_last_stride(_FUSED, "residual", residual)
     _check_weight(_FUSED, weight, x, h)
     if x.numel() == 0:
         return x, residual
@@ -262,31 +262,18 @@ def _check_rows(op: str, name: str, x: torch.Tensor) -> int:
     check_dtype(op, name, x, FLOAT_DTYPES)
     if x.dim() == 0:
         raise ContractError(op, name, "expected at least one dim [..., H], got a 0-d tensor")
-    if x.stride(-1) != 1 and x.shape[-1] > 1:
-        raise ContractError(op, name, f"expected last stride 1, got strides {list(x.stride())}")
+    check_last_stride(op, name, x)
     return x.shape[-1]
 
 
 def _check_weight(op: str, weight: torch.Tensor, x: torch.Tensor, h: int) -> None:
     check_tensor(op, "weight", weight)
-    if weight.dtype != x.dtype:
-        raise ContractError(op, "weight", f"expected dtype {x.dtype} (same as x), got {weight.dtype}")
-    check_device(op, "weight", weight, x.device)
-    if weight.shape != (h,):
-        raise ContractError(op, "weight", f"expected shape [{h}] (H = x.shape[-1]), got {list(weight.shape)}")
-    if weight.stride(0) != 1 and h > 1:
-        raise ContractError(op, "weight", f"expected a contiguous [H] tensor, got stride {weight.stride(0)}")
+    check_vector(op, "weight", weight, x, h, "H = x.shape[-1]")
 
 
 def _check_out(x: torch.Tensor, out: torch.Tensor) -> None:
     check_tensor(_OP, "out", out)
-    if out.shape != x.shape:
-        raise ContractError(_OP, "out", f"expected shape {list(x.shape)} (same as x), got {list(out.shape)}")
-    if out.dtype != x.dtype:
-        raise ContractError(_OP, "out", f"expected dtype {x.dtype} (same as x), got {out.dtype}")
-    check_device(_OP, "out", out, x.device)
-    if not out.is_contiguous():
-        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    check_out_like(_OP, out, x.shape, x)
 
 
 def _check_out_overlap(x: torch.Tensor, out: torch.Tensor) -> None:

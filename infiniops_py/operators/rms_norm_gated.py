@@ -15,6 +15,9 @@ Size bucket: tokens, the `size_class` (power of two at or above) of the number o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -23,15 +26,18 @@ from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
     check_bool,
-    check_device,
     check_dtype,
+    check_last_stride,
+    check_like,
     check_no_grad,
     check_no_overlap,
+    check_out_like,
     check_real,
     check_tensor,
+    check_vector,
     device_type,
 )
-from infiniops_py.operators._declare import GIVEN, Operator, Overload
+from infiniops_py.operators._declare import GIVEN, Operator, Overload, Sampler
 
 __all__ = ["SPECS", "reference", "rms_norm_gated"]
 
@@ -55,7 +61,19 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     return out
 
 
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``x [tokens, hidden_size]``, a weight, a gate z and a bias as the fields ask."""
+    r, f = Sampler(generator, dtype, device), values
+    t, h = f["tokens"], f["hidden_size"]
+    kwargs = {"z": r(t, h) if f["has_z"] else None, "group_size": f["group_size"],
+              "norm_before_gate": f["norm_before_gate"]}
+    return (r(t, h), r(h), r(h) if f["has_bias"] else None), kwargs
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 16},
     name=_OP,
     fields={"hidden_size": 4096, "group_size": 4096, "has_z": True, "has_bias": False, "norm_before_gate": True},
     buckets=("tokens",),
@@ -117,18 +135,16 @@ def rms_norm_gated(
     if x.dim() == 0:
         raise ContractError(_OP, "x", "expected at least one dim [..., H], got a 0-d tensor")
     h = x.shape[-1]
-    _check_rows("x", x)
+    check_last_stride(_OP, "x", x)
     group = _group(group_size, h)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
-            _check_channel(name, t, x, h)
+            check_vector(_OP, name, t, x, h, "H = x.shape[-1]")
     if z is not None:
         if z.shape != x.shape:
             raise ContractError(_OP, "z", f"expected shape {list(x.shape)} (same as x), got {list(z.shape)}")
-        if z.dtype != x.dtype:
-            raise ContractError(_OP, "z", f"expected dtype {x.dtype} (same as x), got {z.dtype}")
-        check_device(_OP, "z", z, x.device)
-        _check_rows("z", z)
+        check_like(_OP, "z", z, x)
+        check_last_stride(_OP, "z", z)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:
@@ -151,29 +167,8 @@ def _group(group_size: object, h: int) -> int:
     return group_size
 
 
-def _check_rows(name: str, t: torch.Tensor) -> None:
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
-        raise ContractError(_OP, name, f"expected last stride 1, got strides {list(t.stride())}")
-
-
-def _check_channel(name: str, t: torch.Tensor, x: torch.Tensor, h: int) -> None:
-    if t.dtype != x.dtype:
-        raise ContractError(_OP, name, f"expected dtype {x.dtype} (same as x), got {t.dtype}")
-    check_device(_OP, name, t, x.device)
-    if t.shape != (h,):
-        raise ContractError(_OP, name, f"expected shape [{h}] (H = x.shape[-1]), got {list(t.shape)}")
-    if t.stride(0) != 1 and h > 1:
-        raise ContractError(_OP, name, f"expected a contiguous [H] tensor, got stride {t.stride(0)}")
-
-
 def _check_out(x: torch.Tensor, out: torch.Tensor, inputs: dict[str, torch.Tensor | None]) -> None:
-    if out.shape != x.shape:
-        raise ContractError(_OP, "out", f"expected shape {list(x.shape)} (same as x), got {list(out.shape)}")
-    if out.dtype != x.dtype:
-        raise ContractError(_OP, "out", f"expected dtype {x.dtype} (same as x), got {out.dtype}")
-    check_device(_OP, "out", out, x.device)
-    if not out.is_contiguous():
-        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    check_out_like(_OP, out, x.shape, x)
     for name, t in inputs.items():
         if t is not None:
             check_no_overlap(_OP, "out", out, name, t)

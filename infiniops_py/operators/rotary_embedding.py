@@ -17,6 +17,7 @@ Size bucket: tokens, the `size_class` (power of two at or above) of T.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ from infiniops_py.operators._base import (
     check_writable,
     device_type,
 )
-from infiniops_py.operators._declare import Operator, Overload
+from infiniops_py.operators._declare import Operator, Overload, Sampler
 
 __all__ = ["SPECS", "check_apart", "check_cos_sin_cache", "check_positions", "reference", "rotary_embedding"]
 
@@ -67,7 +68,28 @@ def reference(
         x[..., :rotary_dim] = torch.where(valid, rotated.to(x.dtype), x[..., :rotary_dim])
 
 
+def sample_cos_sin_cache(r: Sampler, rotary_dim: int, positions: int) -> torch.Tensor:
+    """vLLM's cache ``[positions, rotary_dim]``: the cos half, then the sin half (float32)."""
+    inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(r.device)
+
+
+def sample_inputs(values: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
+                  generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """query and key as column views of one packed projection ``[tokens, (Hq + 2 Hkv) D]``, positions
+    ``0..tokens-1`` and vLLM's cos/sin cache."""
+    r, f = Sampler(generator, dtype, device), values
+    t, hq, hkv, d = f["tokens"], f["num_q_heads"], f["num_kv_heads"], f["head_dim"]
+    qkv = r(t, (hq + 2 * hkv) * d)  # query and key as column views of one packed projection, as in a model
+    positions = torch.arange(t, dtype=torch.int64, device=r.device)
+    return (positions, qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], d,
+                              sample_cos_sin_cache(r, f["rotary_dim"], t), f["is_neox"]), {}
+
+
 SPEC = Operator(
+    sample_inputs=sample_inputs,
+    tune_sizes={"tokens": 128, "num_q_heads": 16, "num_kv_heads": 8},
     name=_OP,
     fields={"head_dim": 128, "rotary_dim": 128, "is_neox": True},
     buckets=("tokens",),

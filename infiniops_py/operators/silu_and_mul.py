@@ -20,10 +20,11 @@ from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
     ContractError,
-    check_device,
     check_dtype,
+    check_last_stride,
     check_no_grad,
     check_no_overlap,
+    check_out_like,
     check_tensor,
     device_type,
 )
@@ -95,8 +96,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     width = x.shape[-1]
     if width % 2:
         raise ContractError(_OP, "x", f"expected an even last dim 2d (the gate half, then the up half), got {width}")
-    if x.stride(-1) != 1 and width > 1:
-        raise ContractError(_OP, "x", f"expected last stride 1, got strides {list(x.stride())}")
+    check_last_stride(_OP, "x", x)
     d = width // 2
     shape = (*x.shape[:-1], d)
     if out is None:
@@ -111,14 +111,7 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
 
 
 def _check_out(x: torch.Tensor, out: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if out.shape != shape:
-        raise ContractError(_OP, "out", f"expected shape {list(shape)} (x's with its last dim halved), "
-                                        f"got {list(out.shape)}")
-    if out.dtype != x.dtype:
-        raise ContractError(_OP, "out", f"expected dtype {x.dtype} (same as x), got {out.dtype}")
-    check_device(_OP, "out", out, x.device)
-    if not out.is_contiguous():
-        raise ContractError(_OP, "out", f"expected a contiguous tensor, got strides {list(out.stride())}")
+    check_out_like(_OP, out, shape, x, "x's with its last dim halved")
     check_no_overlap(_OP, "out", out, "x", x)
 
 

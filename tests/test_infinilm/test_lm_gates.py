@@ -10,19 +10,21 @@ from infinilm.engine.gates import gate_report, plan
 from infiniops_py import CandidateReport, GateError, Problem, Rejection, make_problem
 
 
-@pytest.mark.parametrize(("window", "varlen", "kvcache"), [(8, True, True), (45, False, True), (49, False, False)])
+@pytest.mark.parametrize(("window", "varlen", "kvcache", "kvcache_unbounded"),
+                         [(8, True, True, False), (45, False, True, True), (49, False, False, True)])
 def test_local_attention_is_gated_where_the_keys_can_outnumber_the_window(
-    checkpoint: CheckpointFactory, window: int, varlen: bool, kvcache: bool
+    checkpoint: CheckpointFactory, window: int, varlen: bool, kvcache: bool, kvcache_unbounded: bool
 ) -> None:
     """A prefill sees at most max_model_len keys (40), a decode the cache capacity of its blocks (3 x 16 = 48):
     flash-attention keeps the window only where it is shorter than those keys, so a window of 45 is local in
-    decode alone and one of 49 nowhere."""
+    decode alone and one of 49 nowhere. A decode's block table holds one block at least (16 keys), so a window of
+    8 is local in every decode: the traced forward never calls the decode attention without it."""
     path, _ = checkpoint("mistral", sliding_window=window)
     chosen = plan(read_config(path), EngineOptions(block_size=16, max_model_len=40)).chosen
     local = {p.op for p in chosen if p.op.startswith("flash_attn") and p.fields["local"]}
     assert local == {op for op, on in (("flash_attn_varlen", varlen), ("flash_attn_with_kvcache", kvcache)) if on}
     assert {p.op for p in chosen if p.op.startswith("flash_attn") and not p.fields["local"]} == {
-        "flash_attn_varlen", "flash_attn_with_kvcache"}
+        "flash_attn_varlen", *(["flash_attn_with_kvcache"] if kvcache_unbounded else [])}
 
 
 def test_problems_every_candidate_rejects_for_one_reason_alone_get_a_short_report() -> None:

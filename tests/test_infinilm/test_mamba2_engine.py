@@ -52,9 +52,9 @@ def test_several_prompts_prefill_as_one_packed_row(path: Path, monkeypatch: pyte
             return real(*args, **kwargs)
         return call
 
+    engine = _engine(path, 4)  # first: its gates trace the forward on meta tensors, which the spies would see
     monkeypatch.setattr(ssm, "causal_conv1d", spy("conv", ssm.causal_conv1d, "query_start_loc"))
     monkeypatch.setattr(ssm, "selective_scan", spy("scan", ssm.selective_scan, "cu_seqlens"))
-    engine = _engine(path, 4)
     batch = [[5, 9, 2, 7, 1], list(range(3, 12)), [4, 4]]
     packed = engine.prefill_logits(batch)
     layers = engine.cache.conv.shape[0]

@@ -32,6 +32,7 @@ from infiniops_py.operators.causal_conv1d._checks import (
     empty_like_layout,
 )
 from infiniops_py.operators.causal_conv1d._reference import reference
+from infiniops_py.operators.causal_conv1d._samples import sample_conv
 
 __all__ = ["SPEC", "causal_conv1d"]
 
@@ -52,6 +53,8 @@ def _fake_final(x: torch.Tensor, weight: torch.Tensor, **_: object) -> tuple[tor
 
 _PACKED = {"conv_states": None, "query_start_loc": None, "cache_indices": None, "has_initial_state": None}
 SPEC = Operator(
+    sample_inputs=sample_conv,
+    tune_sizes={"tokens": 2048, "dim": 1792},
     name=_CONV,
     fields={"width": 4, "has_bias": True, "silu": True, "channel_last": False, "has_seq_idx": False,
             "has_initial_states": False, "return_final_states": False, "varlen": False},

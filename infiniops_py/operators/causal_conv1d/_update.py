@@ -24,6 +24,7 @@ from infiniops_py.operators._base import (
 from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.causal_conv1d._checks import check_activation, check_layout, check_weight, empty_like_layout
 from infiniops_py.operators.causal_conv1d._reference import reference_update
+from infiniops_py.operators.causal_conv1d._samples import sample_update
 
 __all__ = ["SPEC_UPDATE", "causal_conv1d_update"]
 
@@ -37,6 +38,8 @@ def _fake(x: torch.Tensor, **_: object) -> torch.Tensor:
 
 
 SPEC_UPDATE = Operator(
+    sample_inputs=sample_update,
+    tune_sizes={"batch": 16, "dim": 1792},
     name=_UPDATE,
     fields={"width": 4, "state_len": 3, "has_bias": True, "silu": True, "has_indices": False,
             "has_cache_seqlens": False},

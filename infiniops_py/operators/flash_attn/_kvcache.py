@@ -33,6 +33,7 @@ from infiniops_py.operators.flash_attn._checks import (
     seqlens_argument,
 )
 from infiniops_py.operators.flash_attn._reference import reference_kvcache
+from infiniops_py.operators.flash_attn._samples import sample_kvcache
 from infiniops_py.operators.flash_attn._values import (
     check_append_slots,
     check_cache_seqlens,
@@ -51,6 +52,8 @@ def _fake_lse(q: torch.Tensor, **_: object) -> tuple[torch.Tensor, torch.Tensor]
 
 
 KVCACHE_SPEC = Operator(
+    sample_inputs=sample_kvcache,
+    tune_sizes={"q_tokens": 1, "k_len": 1024, "num_kv_heads": 8},
     name=_KVCACHE,
     fields={**FIELDS, "append": False, "cache_batch_idx": False, "cache_leftpad": False, "rotary": False},
     buckets=("q_tokens", "k_len"),  # B * Sq and the cache's capacity per sequence

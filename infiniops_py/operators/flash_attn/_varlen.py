@@ -30,6 +30,7 @@ from infiniops_py.operators.flash_attn._checks import (
     normalize,
 )
 from infiniops_py.operators.flash_attn._reference import reference_varlen
+from infiniops_py.operators.flash_attn._samples import sample_varlen
 from infiniops_py.operators.flash_attn._values import check_seqlens, check_seqused, check_used_blocks
 
 __all__ = ["VARLEN_SPEC", "flash_attn_varlen"]
@@ -38,6 +39,8 @@ _VARLEN = "flash_attn_varlen"
 
 
 VARLEN_SPEC = Operator(
+    sample_inputs=sample_varlen,
+    tune_sizes={"q_tokens": 1024, "k_len": 1024, "num_kv_heads": 8},
     name=_VARLEN,
     fields={**FIELDS, "seqused_k": False},
     buckets=("q_tokens", "k_len"),  # total_q and max_seqlen_k

@@ -32,6 +32,7 @@ from infiniops_py.operators.selective_scan._checks import (
 )
 from infiniops_py.operators.selective_scan._common import ScanVarlen, state_dtype
 from infiniops_py.operators.selective_scan._reference import reference
+from infiniops_py.operators.selective_scan._samples import sample_scan
 
 __all__ = ["SPEC", "selective_scan"]
 
@@ -68,6 +69,8 @@ def _with_final(outputs: tuple[torch.Tensor, ...], call: Mapping[str, Any]) -> t
 
 
 SPEC = Operator(
+    sample_inputs=sample_scan,
+    tune_sizes={"tokens": 2048, "num_heads": 24},
     name=_SCAN,
     fields={"head_dim": 64, "d_state": 128, "n_groups": 1, "chunk_size": 256, "has_D": True, "has_z": True,
             "has_dt_bias": True, "dt_softplus": True, "has_seq_idx": False, "has_initial_states": False,

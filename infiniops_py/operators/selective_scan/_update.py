@@ -24,6 +24,7 @@ from infiniops_py.operators._base import (
 from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.selective_scan._checks import check_groups, check_like_x, check_params, last_dense
 from infiniops_py.operators.selective_scan._reference import reference_update
+from infiniops_py.operators.selective_scan._samples import sample_update
 
 __all__ = ["SPEC_UPDATE", "selective_state_update"]
 
@@ -31,6 +32,8 @@ _UPDATE = "selective_state_update"
 
 
 SPEC_UPDATE = Operator(
+    sample_inputs=sample_update,
+    tune_sizes={"batch": 16, "num_heads": 24},
     name=_UPDATE,
     fields={"head_dim": 64, "d_state": 128, "n_groups": 1, "has_D": True, "has_z": True, "has_dt_bias": True,
             "dt_softplus": True, "has_indices": False, "untied": False, "state_dtype": "float32"},
