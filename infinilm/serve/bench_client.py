@@ -141,8 +141,11 @@ async def _one(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]
 
 async def run_bench_serve(base_url: str, *, num_prompts: int, concurrency: int, input_len: int, output_len: int,
                           request_rate: float = math.inf, model: str | None = None, seed: int = 0,
-                          timeout: float = 600.0) -> BenchServeResult:
-    """Run the load against the server at `base_url` (``http://127.0.0.1:8000``) and summarize it.
+                          timeout: float = 600.0, temperature: float = 0.0, top_p: float | None = None,
+                          top_k: int | None = None) -> BenchServeResult:
+    """Run the load against the server at `base_url` (``http://127.0.0.1:8000``) and summarize it. Every request
+    samples with `temperature` (0: greedy), `top_p` and `top_k` (None: the server's default), as vLLM's
+    ``bench serve`` sends them.
 
     Raises:
         ValueError: a size below 1, a non-positive request rate, or `input_len` + `output_len` above the
@@ -170,8 +173,11 @@ async def run_bench_serve(base_url: str, *, num_prompts: int, concurrency: int, 
         url = f"{base_url}/v1/completions"
 
         def payload(prompt: list[int]) -> dict[str, Any]:
-            return {"model": model or card["id"], "prompt": prompt, "max_tokens": output_len, "temperature": 0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            body = {"model": model or card["id"], "prompt": prompt, "max_tokens": output_len,
+                    "temperature": temperature, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            body.update({k: v for k, v in (("top_p", top_p), ("top_k", top_k)) if v is not None})
+            return body
 
         warm = await _one(session, url, payload(prompts.pop()))
         if warm.error:

@@ -91,6 +91,9 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=_positive_int, default=128)
     p.add_argument("--output-len", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (default: 0, greedy)")
+    p.add_argument("--top-p", type=float, default=None, help="every request's top_p (default: the server's)")
+    p.add_argument("--top-k", type=int, default=None, help="every request's top_k (default: the server's)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds for the whole run (default: 600)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
 
@@ -145,7 +148,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         result = asyncio.run(bench(args.base_url, num_prompts=args.num_prompts, concurrency=args.concurrency,
                                    input_len=args.input_len, output_len=args.output_len,
                                    request_rate=args.request_rate, model=args.model, seed=args.seed,
-                                   timeout=args.timeout))
+                                   timeout=args.timeout, temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k))
     except (aiohttp.ClientError, ValueError) as err:
         raise ConfigError(f"--base-url {args.base_url}: {err}") from None
     print(result.to_json() if args.json else result.table())

@@ -351,6 +351,31 @@ def test_bench_serve_reports_throughput_and_latency_percentiles(dense_server: Se
     assert "--base-url http://127.0.0.1:9" in capsys.readouterr().err
 
 
+def test_bench_serve_sends_its_sampling_options(dense_server: Server, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--temperature 0.8 --top-p 0.9 --top-k 50`` (vLLM's bench options) reach every request's body (the
+    warm-up's too) and the server serves them; without them the requests are greedy."""
+    from infinilm.serve import bench_client
+
+    sent: list[dict[str, object]] = []
+    real = bench_client._one
+
+    async def spy(session: object, url: str, payload: dict[str, object]) -> object:
+        sent.append(payload)
+        return await real(session, url, payload)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bench_client, "_one", spy)
+    args = ["bench-serve", "--base-url", dense_server.url, "--num-prompts", "4", "--concurrency", "2",
+            "--input-len", "8", "--output-len", "3", "--json"]
+    capsys.readouterr()
+    assert main([*args, "--temperature", "0.8", "--top-p", "0.9", "--top-k", "50"]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] == 4
+    assert len(sent) == 5 and all((p["temperature"], p["top_p"], p["top_k"]) == (0.8, 0.9, 50) for p in sent)
+    sent.clear()
+    assert main(args) == 0  # the default: greedy, no top_p / top_k sent
+    assert all(p["temperature"] == 0 and "top_p" not in p and "top_k" not in p for p in sent)
+
+
 M = {"model": "m"}
 HOSTILE: list[tuple[object, int, str | None]] = [  # (body: a dict sent as JSON, or raw bytes), status, param
     (b"{not json", 400, "body"),
