@@ -6,6 +6,11 @@ greedy and sampled, in one run.
     python3 benchmarks/gpu_serve.py [--num-prompts 512] [--concurrency 64]   # about 2 min on the H200
     python3 benchmarks/gpu_serve.py --smoke                                # a tiny model on the CPU
 
+The H200's image has no pydantic (the `serve` extra): download the extra's wheels for its Python 3.12 here,
+into the git-ignored ``.whl`` (``python -m pip download aiohttp prometheus-client pydantic --python-version 3.12
+--only-binary=:all: --platform manylinux2014_x86_64 -d .whl``), carry ``.whl`` with the call and install them
+there first (``python3 -m pip install -q --no-index --find-links .whl aiohttp prometheus-client pydantic``).
+
 The checkpoint is ``gpu_infinilm.QWEN3_0_6B`` with random weights (seed 0), served in bf16 with CUDA graphs,
 ``--max-num-seqs 64 --max-model-len 512 --num-blocks 2048`` and the engine's default async scheduling, on a free
 loopback port. The client is ``infinilm bench-serve``'s (streaming completions of random 128-token prompts, 128
