@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import torch
@@ -216,11 +216,13 @@ class StepCount:
                 "kernels": self.kernels, "graph_launches": self.graph_launches}
 
 
-def count_decode_step(engine: Engine, batch: int, input_len: int, *, seed: int = 0) -> StepCount:
+def count_decode_step(engine: Engine, batch: int, input_len: int, *, seed: int = 0,
+                      params: SamplingParams | None = None) -> StepCount:
     """Prefill `batch` random prompts of `input_len` tokens, then count what the one decode step after it
     launches: its operator calls (through `infiniops_py.dispatch.observing`) and, on CUDA, the device kernels and
-    graph launches ``torch.profiler`` records in it. Each request then has its two tokens and has finished; the
-    engine is left idle.
+    graph launches ``torch.profiler`` records in it. The requests sample with `params` (None: greedy; a
+    greedy step takes the argmax without the sampling operator); each then has its two tokens and has finished;
+    the engine is left idle.
 
     Raises:
         ValueError: as `run_bench` for these sizes (an output of 2 tokens); the engine has requests already.
@@ -230,7 +232,8 @@ def count_decode_step(engine: Engine, batch: int, input_len: int, *, seed: int =
     check_bench_args(batch, input_len, 2, seed)
     gen = torch.Generator().manual_seed(seed)
     for p in torch.randint(0, engine.config.vocab_size, (batch, input_len), generator=gen).tolist():
-        engine.add_request(p, SamplingParams(max_new_tokens=2, ignore_eos=True))
+        engine.add_request(p, replace(params, max_new_tokens=2, ignore_eos=True) if params is not None
+                           else SamplingParams(max_new_tokens=2, ignore_eos=True))
     if len(engine.step()) != batch:
         raise ValueError(f"the {batch} prompts of {input_len} tokens do not fit one prefill step")
     names: Counter[str] = Counter()

@@ -117,7 +117,8 @@ def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
 
 
 def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
-    """The next tokens of `seqs` as int32 ``[B]`` on the logits' device, not read: one call of
+    """The next tokens of `seqs` as int32 ``[B]`` on the logits' device, not read: the argmax for a batch of
+    greedy, unpenalized requests (vLLM's all-greedy path), else one call of
     `top_k_top_p_sampling_from_logits` for the whole batch, each row with its request's options, seed and
     draw number (`Sequence.draws`, so a seeded request draws the same tokens in any batch). A row whose logits
     are non-finite gives -1 (the scheduler finishes that request with `FinishReason.ERROR`). Nothing here
@@ -131,6 +132,11 @@ def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
     dev = logits.device
     if not seqs:
         return torch.empty(0, dtype=torch.int32, device=dev)
+    if all(s.params.plain_greedy for s in seqs):
+        # vLLM's all-greedy step: the argmax (the first on ties), -1 for a row with a NaN, a +inf or no logit
+        # above -inf (the operator's answer for such a row: its max is not finite), without per-row options
+        top, ids = logits.max(-1)
+        return ids.int().masked_fill_(top.isfinite().logical_not_(), -1)
     tiny = torch.finfo(torch.float32).tiny  # a positive temperature below it would round to 0 (greedy)
     # one option per row of these [3, B] tensors: each row is a contiguous [B] tensor on the device
     options = _to(torch.tensor([[s.params.temperature and max(s.params.temperature, tiny) for s in seqs],

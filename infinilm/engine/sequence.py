@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
@@ -98,6 +99,11 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether a presence, frequency or repetition penalty is on."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @functools.cached_property
+    def plain_greedy(self) -> bool:
+        """Greedy and unpenalized: the token is the argmax of the raw logits (computed once per params)."""
+        return self.temperature <= 0 and not self.penalized
 
 
 class SeqStatus(enum.Enum):

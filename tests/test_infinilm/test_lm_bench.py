@@ -7,7 +7,7 @@ import pytest
 import torch
 from lm_helpers import CheckpointFactory
 
-from infinilm import Engine, EngineOptions
+from infinilm import Engine, EngineOptions, SamplingParams
 from infinilm.bench import AGREE_MARGIN, ERR_FACTOR, check_bench_args, compare_logits, count_decode_step, run_bench
 
 
@@ -92,21 +92,23 @@ def test_a_decode_step_makes_the_operator_calls_its_layers_need_and_no_more(chec
     projection with SiLU-and-multiply (`gemm_swiglu`), RoPE (fused with the q/k norms for Qwen3), the paged
     attention (which appends the new keys and values: no cache write of its own); per Mamba-2 layer its in/out
     projections, conv update, state update, gated norm and the residual add fused with the next norm (the first
-    layer's norm alone before them; the last add fused with the final norm); then the LM head and the one
-    sampling call. A change that adds a launch to the decode step fails here."""
+    layer's norm alone before them; the last add fused with the final norm); then the LM head, and the one
+    sampling call when the requests sample (a greedy step takes the argmax: vLLM's all-greedy path). A change
+    that adds a launch to the decode step fails here."""
     path, _ = checkpoint(family)
     engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32))
     count = count_decode_step(engine, 3, 5)
     n = engine.config.num_layers
-    sampler = {"top_k_top_p_sampling_from_logits": 1}  # one batched sampling call per step
     if family == "mamba2":
         want = {"causal_conv1d_update": n, "fused_add_rms_norm": n, "gemm": 2 * n + 1, "rms_norm": 1,
-                "rms_norm_gated": n, "selective_state_update": n, **sampler}
+                "rms_norm_gated": n, "selective_state_update": n}
     else:
         rope = {"fused_qk_norm_rope": n} if family == "qwen3" else {"rotary_embedding": n}
         want = {"flash_attn_with_kvcache": n, "fused_add_rms_norm": 2 * n, "gemm": 3 * n + 1, "gemm_swiglu": n,
-                "rms_norm": 1, **rope, **sampler}
+                "rms_norm": 1, **rope}
     assert count.operator_calls == want
+    sampled = count_decode_step(engine, 3, 5, params=SamplingParams(max_new_tokens=2, temperature=0.8, top_k=5))
+    assert sampled.operator_calls == {**want, "top_k_top_p_sampling_from_logits": 1}  # one batched call per step
     assert (count.batch, count.layers, count.kernels, count.graph_launches) == (3, n, None, 0)
     assert count.line().startswith(f"one decode step of 3: {sum(want.values())} operator calls on the host")
     assert not engine.has_work() and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
