@@ -307,16 +307,17 @@ def sample_rows(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, t
     the Gumbel-max draw over `philox_uniform` (on the CPU only for the rows with a temperature > 0). Writes `out`
     and returns it."""
     x = penalize(logits.to(dtype), penalties).index_select(0, rows)
-    bad = (x.isnan() | (x == math.inf)).any(1) | (x == -math.inf).all(1)
+    bad = x.amax(1).isfinite().logical_not_()  # the max is NaN with a NaN, +inf with a +inf, -inf with no logit
     ids = x.argmax(1)
     temp = temperature.to(dtype)
+    hot = temp > 0
     if x.is_cpu:  # the values are on the host already: draw only the rows that sample (greedy batches: no sort)
-        hot = (temp > 0).nonzero()[:, 0]
-        if hot.numel():
+        if bool(hot.any()):
+            hot = hot.nonzero()[:, 0]
             ids[hot] = _draw(x[hot], top_k[hot], top_p[hot], temp[hot], min_p[hot], seed[hot], offset[hot], dtype)
     else:  # no synchronization: every row is drawn, the greedy ones keep their argmax
-        ids = torch.where(temp > 0, _draw(x, top_k, top_p, temp, min_p, seed, offset, dtype), ids)
-    return out.copy_(torch.where(bad, -1, ids))
+        ids = torch.where(hot, _draw(x, top_k, top_p, temp, min_p, seed, offset, dtype), ids)
+    return out.copy_(ids.masked_fill_(bad, -1))
 
 
 def _draw(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, temp: torch.Tensor, min_p: torch.Tensor,
