@@ -7,6 +7,7 @@ declared too (the conformance test sets both, for its own process only).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Final
 
@@ -16,7 +17,7 @@ import triton.language as tl
 
 from infiniops_py import Constraint, OneOf, Requires
 
-__all__ = ["PDL", "PRIORITY", "base_constraints", "interpreting_on_cpu", "pdl", "pdl_start", "raw_stream"]
+__all__ = ["PDL", "PRIORITY", "base_constraints", "interpreting_on_cpu", "pdl", "pdl_start", "raw_stream", "sm_count"]
 
 PRIORITY: Final = 20
 
@@ -33,6 +34,16 @@ def base_constraints() -> tuple[Constraint, ...]:
         OneOf("device_type", devices, fix="move the tensors to a CUDA device, or use the torch provider"),
         Requires("triton"),
     )
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The SM count of the CUDA `device` (132 on the H200), read once per device."""
+    return _sms(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def raw_stream(device: torch.device) -> int:

@@ -38,7 +38,6 @@ The packed form of the prefill (vLLM's, ``query_start_loc``) is not served here:
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ import triton
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, sm_count
 from infiniops_triton._conv_kernels import (
     _conv_channel_first_kernel,
     _conv_channel_last_kernel,
@@ -130,14 +129,9 @@ def channel_last_launch(tile: ChannelLastTile, batch: int, dim: int, length: int
     return rows, block_d, warps
 
 
-@functools.cache
-def _sm_count_of(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _sm_count(device: torch.device) -> int:
     """The device's SM count (132 on the H200; a CPU under the interpreter counts as one)."""
-    return _sm_count_of(device) if device.type == "cuda" else 1
+    return sm_count(device) if device.type == "cuda" else 1
 
 
 def _tile(dim: int, other: int, unit_stride_along_d: bool) -> tuple[int, int]:

@@ -24,7 +24,6 @@ launch, so do not capture the prefill in a CUDA graph; the decode path needs non
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from typing import Any, Final
@@ -33,7 +32,7 @@ import torch
 import triton
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl, raw_stream
+from infiniops_triton._common import PRIORITY, base_constraints, pdl, raw_stream, sm_count
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
@@ -176,11 +175,6 @@ def flash_attn_varlen(
 # --- decode ----------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def split_counters(device: torch.device, programs: int) -> torch.Tensor:
     """Zeroed int32 counters, one per decode tile, of `device` and its current stream (see
     `infiniops_triton._decode_kernels`: the fused kernel leaves them at 0); grown to a power of two as needed.
@@ -259,7 +253,7 @@ def flash_attn_with_kvcache(
     programs = batch * num_heads_kv * num_m_tiles
     interpreting = _interpreting()
     if splits is None:
-        sms = 4 if interpreting or not q.is_cuda else _num_sms(q.device.index or 0)
+        sms = 4 if interpreting or not q.is_cuda else sm_count(q.device)
         splits = num_splits(programs, capacity, sms, 4 * (_INTERPRET_DECODE_BLOCK_N if interpreting else 64))
     if splits < 1:
         raise ValueError(f"triton flash_attn_with_kvcache: splits must be >= 1, got {splits}")

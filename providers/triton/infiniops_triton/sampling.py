@@ -21,15 +21,13 @@ launch, replaying the earlier levels' narrowing from their partials.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_py.operators.sampling import Penalties
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, sm_count
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "launch", "split", "top_k_top_p_sampling_from_logits"]
@@ -261,16 +259,10 @@ _MIN_CHUNK = 1024  # columns per program at least
 _INTERPRETER_SMS = 0  # under the interpreter a row is one program (tests split it on purpose)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def split(n: int, v: int, device: torch.device) -> tuple[int, int]:
     """``(P, CHUNK)``: the programs per output row and the columns per program, at most `_PER_SM` programs per
     SM in all (so a row's programs are resident together and its barriers cannot deadlock)."""
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else _INTERPRETER_SMS
+    sms = sm_count(device) if device.type == "cuda" else _INTERPRETER_SMS
     p = max(1, min(_PER_SM * sms // n, triton.cdiv(v, _MIN_CHUNK)))  # 1 under the interpreter
     chunk = triton.cdiv(triton.cdiv(v, p), _SEARCH) * _SEARCH
     return triton.cdiv(v, chunk), chunk
@@ -295,7 +287,7 @@ def launch(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, top_p:
     p, chunk = chunks or split(n, v, dev)
     if one_launch is None:  # the interpreter runs one launch only where a row has one program
         one_launch = dev.type == "cuda" or p == 1
-    if one_launch and dev.type == "cuda" and n * p > _PER_SM * _sm_count(dev.index or 0) and p > 1:
+    if one_launch and dev.type == "cuda" and n * p > _PER_SM * sm_count(dev) and p > 1:
         raise ValueError(f"{n} rows x {p} programs exceed the SMs: the barriers could deadlock")
     ws = torch.empty(n * p * (5 + 2 * _ITERS * _WAYS), dtype=torch.int32, device=dev)
     smax, sarg, sflag, dbest, didx = (ws[i * n * p:(i + 1) * n * p] for i in range(5))
