@@ -64,7 +64,9 @@ def test_one_launch_draws_what_one_launch_per_step_and_the_torch_provider_draw(n
     p, _ = triton_sampling.split(n, v, logits.device)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert p >= 1 and (p == 1 or n * p <= triton_sampling._PER_SM * sms)
-    one = triton_sampling.launch(*args[:-1], torch.full((n,), -7, dtype=torch.int32, device="cuda"))
+    counters = torch.zeros(2 * n, dtype=torch.int32, device="cuda")
+    one = triton_sampling.launch(*args[:-1], torch.full((n,), -7, dtype=torch.int32, device="cuda"),
+                                 counters=counters)
     steps = triton_sampling.launch(*args[:-1], torch.full((n,), -7, dtype=torch.int32, device="cuda"),
                                    one_launch=False)
     with ops.use("torch"):
@@ -76,6 +78,9 @@ def test_one_launch_draws_what_one_launch_per_step_and_the_torch_provider_draw(n
     assert bool(((one >= 0) & (one < v)).all()), seen
     greedy = kw["temperature"] == 0  # type: ignore[operator]
     assert torch.equal(one[greedy], want[greedy]), seen  # the argmax of the (penalized) logits, exactly
+    k, groups = kw["top_k"], -(-v // triton_sampling._GROUP)
+    small = (k > 0) & (k <= groups) & (k < v) & ~greedy  # type: ignore[operator]
+    assert torch.equal(counters[n:] > 0, small), "the rows of a small top-k were not compacted"
 
 
 def test_more_programs_than_the_launch_allows_are_refused() -> None:

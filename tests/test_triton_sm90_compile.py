@@ -458,10 +458,11 @@ def test_the_sampling_kernel_streams_its_row_in_vectors_without_spills(penalized
     args = {"LOGITS": _Ptr(BF16), "stride_l": 151936, "ROWS": i64, "TOPK": i32, "TOPP": f32, "TEMP": f32,
             "MINP": f32, "SEED": i64, "OFFSET": i64, "REP": f32, "FREQ": f32, "PRES": f32, "COUNTS": i32,
             "stride_c": 151936, "SEEN": _Ptr("*u8"), "stride_s": 151936, "WORK": f32, "SMAX": f32, "SARG": i32,
-            "SFLAG": i32, "PART": f32, "DBEST": f32, "DIDX": i32, "CNT": i32, "OUT": i32, "N": 1, "V": 151936,
-            "P": p, "CHUNK": chunk, "FIRST": 0, "LAST": sampling._STEPS - 1, "PENALIZED": penalized, "BLOCK": 1024,
-            "ITERS": sampling._ITERS, "WAYS": sampling._WAYS, "SEARCH": sampling._SEARCH,
-            "PP": triton.next_power_of_2(p)}
+            "SFLAG": i32, "PART": f32, "DBEST": f32, "DIDX": i32, "GMAX": f32, "DW": f32, "DI": i32, "CNT": i32,
+            "OUT": i32, "N": 1, "V": 151936, "P": p, "CHUNK": chunk, "NG": 594, "FIRST": 0, "LAST": sampling._STEPS - 1,
+            "PENALIZED": penalized, "BLOCK": sampling._BLOCK, "GROUP": sampling._GROUP, "NGP": 1024,
+            "CAP": sampling._CAP, "ITERS": sampling._ITERS, "WAYS": sampling._WAYS, "SEARCH": sampling._SEARCH,
+            "PP": sampling._MAX_SPLIT}
     compiled = _compile(sampling._sample_kernel, args, sampling._WARPS)
     assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
     assert (_count(compiled, r"st\.global[.\w:]*\.v4") > 0) == penalized, "the workspace is not stored in vectors"

@@ -112,3 +112,48 @@ def test_per_row_options_given_as_strided_views_draw_as_contiguous_ones() -> Non
             want = top_k_top_p_sampling_from_logits(logits, ints[:, 0].int(), options[:, 1].contiguous(),
                                                     **packed)  # type: ignore[arg-type]
         assert got.tolist() == want.tolist(), provider
+
+
+def test_a_small_top_k_is_searched_over_its_compacted_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose top-k is at most the number of 256-column groups keep only the tokens at or above the k-th
+    largest group max (at least k of them) and are searched over those alone; a row whose candidates overflow
+    the list (ties) and the rows of a larger k are searched over all their columns: all draw what torch draws."""
+    from infiniops_triton import sampling as triton_sampling
+
+    n, v = 8, 5000  # 20 groups
+    logits = randn(n, v, seed=9, scale=3.0)
+    logits[6] = 0.25  # every token tied: 5000 candidates, more than the list holds
+    top_k = torch.tensor([1, 5, 20, 21, 0, 3, 3, 19], dtype=torch.int32)
+    kw = {"top_k": top_k, "top_p": torch.tensor([0.9, 0.5, 1.0, 0.9, 0.3, 0.99, 0.9, 0.7]),
+          "temperature": torch.tensor([0.8, 1.0, 0.7, 1.2, 1.0, 0.0, 1.0, 0.9]), "seed": torch.arange(n) * 31 + 7,
+          "offset": torch.arange(n) * 3}
+    counters = torch.zeros(2 * n, dtype=torch.int32)
+    monkeypatch.setattr(triton_sampling, "launch", functools.partial(triton_sampling.launch, counters=counters))
+    with infiniops_py.use("triton"):
+        got = top_k_top_p_sampling_from_logits(logits, **kw)  # type: ignore[arg-type]
+    with infiniops_py.use("torch"):
+        want = top_k_top_p_sampling_from_logits(logits, **kw)  # type: ignore[arg-type]
+    assert got.tolist() == want.tolist()
+    compacted = counters[n:].tolist()
+    assert [c > 0 for c in compacted] == [True, True, True, False, False, False, True, True]  # row 5 is greedy
+    assert all(k <= c <= triton_sampling._CAP for c, k in zip(compacted, top_k.tolist()) if c > 0 and c != 5000)
+    assert compacted[6] == v  # overflowed: the whole row's search
+
+
+def test_a_compacted_row_draws_only_among_its_top_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nearly flat distributions (temperature 50), top_p 1: each of 32 compacted rows draws one of its k most
+    likely tokens, and the draws are not all the argmax."""
+    from infiniops_triton import sampling as triton_sampling
+
+    n, v = 32, 5000
+    logits = randn(n, v, seed=10, scale=3.0)
+    top_k = torch.randint(1, 21, (n,), generator=torch.Generator().manual_seed(11), dtype=torch.int32)
+    counters = torch.zeros(2 * n, dtype=torch.int32)
+    monkeypatch.setattr(triton_sampling, "launch", functools.partial(triton_sampling.launch, counters=counters))
+    with infiniops_py.use("triton"):
+        got = top_k_top_p_sampling_from_logits(logits, top_k, 1.0, temperature=50.0,  # type: ignore[arg-type]
+                                               seed=torch.arange(n) * 131 + 1)
+    assert bool((counters[n:] > 0).all())
+    rank = (logits > logits.gather(1, got.long()[:, None])).sum(1)
+    assert bool((rank < top_k).all()), list(zip(rank.tolist(), top_k.tolist()))
+    assert int((rank > 0).sum()) > n // 4
