@@ -76,8 +76,8 @@ def _server(args: argparse.Namespace) -> int:
         w, c = time.perf_counter(), time.thread_time()
         out = step()
         stats["wall"] += time.perf_counter() - w
-        stats["cpu"] += time.thread_time() - c
         stats["thread_cpu"] = time.thread_time()  # the engine thread's whole CPU time so far
+        stats["cpu"] += stats["thread_cpu"] - c
         stats["steps"] += bool(out)
         stats["tokens"] += len(out)
         return out

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import json
 from functools import partial
+from json.encoder import encode_basestring  # what json.dumps(str, ensure_ascii=False) calls: C, no encoder object
 
 __all__ = ["TokenFrames", "frame"]
 
 _dumps = partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+
+
+def _value(v: str | int | None) -> str:
+    return "null" if v is None else encode_basestring(v) if isinstance(v, str) else _dumps(v)
 
 
 def frame(text: str) -> bytes:
@@ -43,5 +48,5 @@ class TokenFrames:
               token_ids: list[int] | None = None) -> bytes:
         """The frame of one choice's chunk: its new `text`, no logprobs, and `token_ids` when not None."""
         ids = "" if token_ids is None else f',"token_ids":{_dumps(token_ids)}'
-        return (f'{self._head}{int(index)}{self._text}{_dumps(text)}{self._close},"logprobs":null,'
-                f'"finish_reason":{_dumps(finish_reason)},"stop_reason":{_dumps(stop_reason)}{ids}}}]}}\n\n').encode()
+        return (f'{self._head}{int(index)}{self._text}{encode_basestring(text)}{self._close},"logprobs":null,'
+                f'"finish_reason":{_value(finish_reason)},"stop_reason":{_value(stop_reason)}{ids}}}]}}\n\n').encode()
