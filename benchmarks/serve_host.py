@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ import torch
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 
-_READY = " on http://"
 _STATS = "serve_host stats: "
 
 
@@ -112,25 +110,10 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _start(root: str, step_ms: float, profile: bool) -> tuple[subprocess.Popen[str], str, list[str]]:
+    from gpu_serve import launch
+
     cmd = [sys.executable, __file__, "--server", root, "--step-ms", str(step_ms), *(["--profile"] if profile else [])]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if _READY in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(120):
-        proc.kill()
-        raise RuntimeError("the server did not start:\n" + "\n".join(lines[-30:]))
-    line = next(x for x in lines if _READY in x)
-    return proc, "http://" + line.split(_READY, 1)[1].split()[0].rstrip("/.,;"), lines
+    return launch(cmd, 120.0, os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
 
 
 def main(argv: list[str] | None = None) -> int:
