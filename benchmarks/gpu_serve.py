@@ -54,7 +54,18 @@ def start_server(model: Path, device: str, timeout: float) -> tuple[subprocess.P
            "--max-num-seqs", "64", "--max-model-len", "512", "--num-blocks", "2048", "--disable-access-log"]
     if device == "cuda":
         cmd += ["--dtype", "bfloat16"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    return launch(cmd, timeout)
+
+
+def launch(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+           ) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """Run the server command `cmd` and wait for its ready line (``... on http://HOST:PORT``); returns the
+    process, its URL and the lines it printed (kept growing by a reader thread).
+
+    Raises:
+        RuntimeError: the server exited or printed no ready line within `timeout` seconds (it is killed).
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
     lines: list[str] = []
     ready = threading.Event()
 

@@ -31,7 +31,7 @@ from infinilm.distributed.launch import FollowerError
 from infinilm.engine import Engine, StepOutput
 from infinilm.engine.sequence import FinishReason, SamplingParams, Sequence
 from infinilm.serve.errors import APIError
-from infinilm.serve.metrics import ServerMetrics
+from infinilm.serve.metrics import ServerMetrics, observe_many
 
 __all__ = ["EngineLoop", "Event", "Request"]
 
@@ -253,12 +253,14 @@ class EngineLoop:
             return
         now = time.perf_counter()
         self.metrics.generation_tokens.inc(len(outputs))
+        ttft: list[float] = []
+        itl: list[float] = []
         for o in outputs:
             req = self._live[o.seq.id]
             if req.num_tokens == 0:
-                self.metrics.ttft.observe(now - req.arrival)
+                ttft.append(now - req.arrival)
             else:
-                self.metrics.itl.observe(now - req.last)
+                itl.append(now - req.last)
             req.num_tokens, req.last = req.num_tokens + 1, now
             if o.seq.finish_reason is FinishReason.ERROR:  # this request failed alone (non-finite logits)
                 del self._live[o.seq.id]
@@ -269,6 +271,8 @@ class EngineLoop:
                 self._end(req, "stop" if o.seq.finish_reason is FinishReason.EOS else "length", o.token, out, o)
             else:
                 out.append((req, Event(o.token, None, None, *_logprobs(o))))
+        observe_many(self.metrics.ttft, ttft)
+        observe_many(self.metrics.itl, itl)
 
     def _publish(self, out: list[tuple[Request, Event]]) -> None:
         scheduler, allocator = self.engine.scheduler, self.engine.cache.allocator

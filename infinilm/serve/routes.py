@@ -65,6 +65,7 @@ from infinilm.serve.schemas import (
     render_text,
     validate,
 )
+from infinilm.serve.sse import TokenFrames, frame
 from infiniops_py import __version__
 
 __all__ = ["Routes"]
@@ -280,41 +281,56 @@ class Routes:
         head = {"id": _request_id(chat), "created": int(time.time()), "model": self.info.name}
         texts, want, ids = TokenTexts(self.info.tokenizer), greq.logprobs is not None, greq.return_token_ids
 
-        async def send(obj: BaseModel | dict[str, object]) -> None:
-            text = obj.model_dump_json() if isinstance(obj, BaseModel) else json.dumps(obj)
-            await resp.write(f"data: {text}\n\n".encode())
+        frames = TokenFrames(**head, chat=chat)
+        pending: list[bytes] = []  # frames not yet written: one write for the tokens that came together
+        single = choices[0].handle.events if len(choices) == 1 else None
+
+        def add(obj: BaseModel | dict[str, object]) -> None:
+            pending.append(frame(obj.model_dump_json() if isinstance(obj, BaseModel) else json.dumps(obj)))
+
+        async def flush() -> None:
+            if pending:
+                data = b"".join(pending)
+                pending.clear()
+                await resp.write(data)
 
         try:
             try:
                 if chat:
                     for c in choices:
-                        await send(ChatChunk(**head, choices=[ChatChunkChoice(
+                        add(ChatChunk(**head, choices=[ChatChunkChoice(
                             index=c.index, delta=ChatDelta(role="assistant", content=""), logprobs=None,
                             finish_reason=None)]))
+                    await flush()
                 count = 0
                 async for c, piece in merged(choices, self.loop, self.info, greq.stop):
                     token_ids = ([] if piece.token is None else [piece.token]) if ids else None
-                    logged = want and piece.token is not None
-                    if chat:
-                        await send(ChatChunk(**head, choices=[ChatChunkChoice(
-                            index=c.index, delta=ChatDelta(content=piece.text),
-                            logprobs=texts.chat([piece]) if logged else None, finish_reason=piece.finish_reason,
-                            stop_reason=piece.stop_reason, token_ids=token_ids)]))
+                    if not (want and piece.token is not None):  # no logprobs: the frame without pydantic
+                        pending.append(frames.token(c.index, piece.text, piece.finish_reason, piece.stop_reason,
+                                                    token_ids))
+                    elif chat:
+                        add(ChatChunk(**head, choices=[ChatChunkChoice(
+                            index=c.index, delta=ChatDelta(content=piece.text), logprobs=texts.chat([piece]),
+                            finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
+                            token_ids=token_ids)]))
                     else:
-                        logprobs = texts.completion([piece], c.offset) if logged else None
-                        c.offset += sum(map(len, logprobs.tokens)) if logprobs is not None else 0
-                        await send(CompletionResponse(**head, choices=[CompletionChoice(
+                        logprobs = texts.completion([piece], c.offset)
+                        c.offset += sum(map(len, logprobs.tokens))
+                        add(CompletionResponse(**head, choices=[CompletionChoice(
                             index=c.index, text=piece.text, logprobs=logprobs, finish_reason=piece.finish_reason,
                             stop_reason=piece.stop_reason, token_ids=token_ids)]))
                     count += piece.token is not None
+                    if single is None or single.empty():  # else the next token is here already: write both
+                        await flush()
                 if greq.include_usage:
                     usage = self._usage(greq, count)
-                    await send(ChatChunk(**head, choices=[], usage=usage) if chat
-                               else CompletionResponse(**head, choices=[], usage=usage))
+                    add(ChatChunk(**head, choices=[], usage=usage) if chat
+                        else CompletionResponse(**head, choices=[], usage=usage))
             except APIError as err:  # the engine failed after the stream started
                 self.metrics.rejected.labels(str(err.status)).inc()
-                await send(err.body())
-            await resp.write(b"data: [DONE]\n\n")
+                add(err.body())
+            pending.append(b"data: [DONE]\n\n")
+            await flush()
             await resp.write_eof()
         except ConnectionResetError:  # the client is gone; `_generate` cancels the request
             pass
