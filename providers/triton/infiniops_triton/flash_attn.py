@@ -294,8 +294,8 @@ def flash_attn_with_kvcache(
     interpreting = _interpreting()
     settings = decode_settings(programs, capacity) | (config or {})
     kernel = {key: settings[key] for key in ("BLOCK_N", "num_warps", "num_stages", "maxnreg") if key in settings}
-    if interpreting:
-        kernel = {"BLOCK_N": kernel.get("BLOCK_N", _INTERPRET_DECODE_BLOCK_N)}
+    if interpreting:  # one small key block, unless the call forces one (the table's tile is the GPU's)
+        kernel = {"BLOCK_N": (config or {}).get("BLOCK_N", _INTERPRET_DECODE_BLOCK_N)}
     if splits is None:
         sms = 4 if interpreting or not q.is_cuda else sm_count(q.device)
         min_keys = settings.get("min_split_keys", 4 * (_INTERPRET_DECODE_BLOCK_N if interpreting else 64))
