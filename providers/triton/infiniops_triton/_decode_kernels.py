@@ -179,33 +179,28 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = i[:, None] + q_off
     cached_end = tl.minimum(end, cached) if APPEND else end  # APPEND: the cache holds the keys before `cached`
-    if APPEND:  # noqa: SIM102 (constexprs, tested apart: `and` does not take tensors in Triton)
-        if NEW_FIRST:  # the new keys and the cache write first, overlapping the cache loop's loads
-            m_i, l_i, acc = _new_keys(q, KNew, VNew, K, V, BlockTable, b, h_kv, tile, split, start, end, cached,
-                                      new_len, capacity, max_blocks, num_pages, diag, m_i, l_i, acc, offs_d, d_ok,
-                                      stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb,
-                                      stride_kt, stride_vb, stride_vt, stride_btb, qk_scale, softcap_scale,
-                                      window_left, window_right, HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                      PAGE_SIZE, PRECISION)
-    for start_n in range(start, cached_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, cached_end, stride_btb, max_blocks,
-                                         num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
-        if not PAGED:
-            k_off += row.to(tl.int64) * stride_kb
-            v_off += row.to(tl.int64) * stride_vb
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
-                                      window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
-    if APPEND:  # noqa: SIM102
-        if not NEW_FIRST:  # then this split's new keys (a decode step: one) and the cache write
-            m_i, l_i, acc = _new_keys(q, KNew, VNew, K, V, BlockTable, b, h_kv, tile, split, start, end, cached,
-                                      new_len, capacity, max_blocks, num_pages, diag, m_i, l_i, acc, offs_d, d_ok,
-                                      stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb,
-                                      stride_kt, stride_vb, stride_vt, stride_btb, qk_scale, softcap_scale,
-                                      window_left, window_right, HEAD_DIM, BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                                      PAGE_SIZE, PRECISION)
+    for phase in tl.static_range(2):  # the cache loop and APPEND's new keys (first with NEW_FIRST, else last)
+        if phase == (1 - NEW_FIRST):  # constexprs: the order is fixed at compile time
+            if APPEND:  # the new keys (a decode step: one) from KNew/VNew, and the cache write
+                m_i, l_i, acc = _new_keys(q, KNew, VNew, K, V, BlockTable, b, h_kv, tile, split, start, end, cached,
+                                          new_len, capacity, max_blocks, num_pages, diag, m_i, l_i, acc, offs_d,
+                                          d_ok, stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh,
+                                          stride_kb, stride_kt, stride_vb, stride_vt, stride_btb, qk_scale,
+                                          softcap_scale, window_left, window_right, HEAD_DIM, BLOCK_N, HAS_LEFT,
+                                          HAS_RIGHT, SOFTCAP, PAGE_SIZE, PRECISION)
+        else:
+            for start_n in range(start, cached_end, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, cached_end, stride_btb, max_blocks,
+                                                 num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED,
+                                                 PAGE_SIZE)
+                if not PAGED:
+                    k_off += row.to(tl.int64) * stride_kb
+                    v_off += row.to(tl.int64) * stride_vb
+                k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+                v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+                m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                              window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = row_ok[:, None] & d_ok
     o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
