@@ -37,7 +37,7 @@ import torch.nn.functional as F
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from _common import json_option
-from gpu_decode import _copies, _dense, _paged_case, graph_time
+from gpu_decode import _copies, _dense, graph_time
 
 import infiniops_py as ops
 from infiniops_py.testing.compare import compare
@@ -62,9 +62,9 @@ def _short(bn: int, warps: int, stages: int, waves: int, **more: Any) -> dict[st
     return {**_kernel(bn, warps, stages), "min_split_keys": bn, "min_split_blocks": 1, "split_waves": waves, **more}
 
 
-def _long(bn: int, warps: int, stages: int, waves: int) -> dict[str, Any]:
-    """Long contexts: splits of 512 keys at least, aiming at `waves` programs per SM (132 on the H200)."""
-    return {**_kernel(bn, warps, stages), "min_split_keys": 512, "min_split_blocks": max(1, 512 // bn),
+def _long(bn: int, warps: int, stages: int, waves: int, keys: int = 256) -> dict[str, Any]:
+    """Long contexts: splits of `keys` keys at least, aiming at `waves` programs per SM (132 on the H200)."""
+    return {**_kernel(bn, warps, stages), "min_split_keys": keys, "min_split_blocks": max(1, keys // bn),
             "split_waves": waves}
 
 
@@ -75,9 +75,9 @@ def _variants() -> dict[str, dict[str, Any] | None]:
         "autotuned new_first": {"new_first": True},
         "autotuned separate combine": {"fused": False},
     }
-    for bn, warps, stages in ((16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)):
-        for waves in (2, 4):
-            v[f"short {bn}/{warps}w/{stages}s x{waves}"] = _short(bn, warps, stages, waves)
+    for bn, warps, stages, waves in ((16, 4, 2, 2), (16, 4, 2, 4), (32, 4, 2, 2), (32, 4, 2, 4), (32, 4, 3, 4),
+                                     (64, 4, 3, 4)):
+        v[f"short {bn}/{warps}w/{stages}s x{waves}"] = _short(bn, warps, stages, waves)
     v["short 32/4w/2s x4 new_first"] = _short(32, 4, 2, 4, new_first=True)
     v["short 16/4w/2s x4 new_first"] = _short(16, 4, 2, 4, new_first=True)
     v["short 32/4w/2s x4 separate combine"] = _short(32, 4, 2, 4, fused=False)
@@ -85,13 +85,33 @@ def _variants() -> dict[str, dict[str, Any] | None]:
     v["short 32/4w/3s x4 maxnreg 128"] = _short(32, 4, 3, 4, maxnreg=128)  # 154 registers without the limit
     v["short 32/2w/2s x4"] = _short(32, 2, 2, 4)
     # 64/4w: ~210 registers a thread (a limit of 168 spills), 64/8w: 126
-    for bn, warps, stages in ((64, 4, 3), (64, 4, 5), (128, 4, 4), (128, 8, 3), (64, 8, 3), (64, 8, 4)):
-        for waves in (2, 4):
+    for bn, warps, stages in ((64, 4, 5), (128, 4, 4), (128, 8, 3), (64, 8, 3)):
+        for waves in (2, 4, 8):
             v[f"long {bn}/{warps}w/{stages}s x{waves}"] = _long(bn, warps, stages, waves)
+    v["long 64/8w/4s x4"] = _long(64, 8, 4, 4)
+    v["long 64/8w/3s x4 128 keys"] = _long(64, 8, 3, 4, keys=128)
+    v["long 128/8w/3s x4 128 keys"] = _long(128, 8, 3, 4, keys=128)
     return v
 
 
 VARIANTS = _variants()
+
+
+def _paged_case(batch: int, ctx: int, hq: int, hkv: int, d: int, capacity: int, device: torch.device,
+                gen: torch.Generator, block: int = 16) -> dict[str, torch.Tensor]:
+    """`gpu_decode._paged_case` with a block table of `capacity` keys a sequence (the engine's: its max model
+    length), the context in its first blocks; a random permutation of the pages."""
+    width = math.ceil(max(capacity, ctx) / block)
+    pages = batch * width
+    bf16 = torch.bfloat16
+    k_cache = torch.randn(pages, block, hkv, d, generator=gen, device=device, dtype=bf16)
+    v_cache = torch.randn(pages, block, hkv, d, generator=gen, device=device, dtype=bf16)
+    table = torch.randperm(pages, generator=gen, device=device).to(torch.int32).view(batch, width)
+    return {"q": torch.randn(batch, 1, hq, d, generator=gen, device=device, dtype=bf16),
+            "k": torch.randn(batch, 1, hkv, d, generator=gen, device=device, dtype=bf16),
+            "v": torch.randn(batch, 1, hkv, d, generator=gen, device=device, dtype=bf16),
+            "k_cache": k_cache, "v_cache": v_cache, "block_table": table,
+            "cache_seqlens": torch.full((batch,), ctx - 1, dtype=torch.int32, device=device)}
 
 
 def _sdpa(c: dict[str, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype | None = None,
@@ -137,39 +157,55 @@ def _appended(c: dict[str, torch.Tensor], ctx: int) -> bool:
                for name, new in (("k_cache", "k"), ("v_cache", "v")))
 
 
-def run_case(name: str, shape: tuple[int, int, int, int], device: torch.device, smoke: bool,
-             variants: dict[str, dict[str, Any] | None]) -> list[dict[str, Any]]:
+def _measure(paged: list[dict[str, torch.Tensor]], outs: list[torch.Tensor], ref: torch.Tensor, low: torch.Tensor,
+             ctx: int, config: dict[str, Any] | None, device: torch.device, smoke: bool) -> dict[str, Any]:
+    """check, worst, note and us of one variant: the check on the first copy (out poisoned first), then the
+    graph replay over all copies; a variant that fails to compile or run is a FAIL, the sweep goes on."""
+    tol = tolerance("flash_attn_with_kvcache", "bfloat16")
+    try:
+        with _Settings(config):
+            outs[0].fill_(float("nan"))
+            _ours(paged[0], outs[0], config)
+            worst, failure = compare("result", outs[0], ref, tol, low=low)
+            if failure is None and not _appended(paged[0], ctx):
+                failure = "the new k/v are not in the cache"
+            us = math.nan if smoke else 1e6 * graph_time(
+                [lambda c=c, o=o, s=config: _ours(c, o, s) for c, o in zip(paged, outs)], device)
+    except Exception as e:
+        return {"check": "FAIL", "worst": math.inf, "us": math.nan, "note": f"{type(e).__name__}: {e}"[:200]}
+    return {"check": "PASS" if failure is None else "FAIL", "worst": worst, "us": us, "note": failure or ""}
+
+
+def prepare_case(shape: tuple[int, int, int, int], device: torch.device, smoke: bool, capacity: int = 0,
+                 ) -> dict[str, Any]:
+    """The case's copies (paged and dense; `capacity`: keys of each sequence's block table, at least the
+    context), the float64 and bf16 SDPA outputs, SDPA's graph-replay time (nan under --smoke)."""
     batch, ctx, hq, hkv = shape
     d = SMOKE_HEAD_DIM if smoke else HEAD_DIM
     gen = torch.Generator(device=device).manual_seed(batch * ctx)
     kv_bytes = 2 * batch * ctx * hkv * d * 2
-    paged = [_paged_case(batch, ctx, hq, hkv, device, gen, d=d) for _ in range(_copies(kv_bytes, smoke))]
+    copies = _copies(max(kv_bytes, 2 * batch * max(capacity, ctx) * hkv * d * 2 // 8), smoke)  # memory bounded
+    paged = [_paged_case(batch, ctx, hq, hkv, d, capacity, device, gen) for _ in range(copies)]
     dense = [_dense(c, ctx) for c in paged]
-    ref = _sdpa(paged[0], dense[0], torch.float64)
-    low = _sdpa(paged[0], dense[0])
-    tol = tolerance("flash_attn_with_kvcache", "bfloat16")
     t_sdpa = math.nan if smoke else graph_time([lambda c=c, kv=kv: _sdpa(c, kv) for c, kv in zip(paged, dense)],
                                                device)
-    outs = [torch.empty_like(c["q"]) for c in paged]
-    rows = []
-    for label, config in variants.items():
-        row: dict[str, Any] = {"case": name, "variant": label, "config": config, "sdpa_us": t_sdpa * 1e6}
-        try:
-            with _Settings(config):
-                outs[0].fill_(float("nan"))
-                _ours(paged[0], outs[0], config)
-                worst, failure = compare("result", outs[0], ref, tol, low=low)
-                if failure is None and not _appended(paged[0], ctx):
-                    failure = "the new k/v are not in the cache"
-                row.update(check="PASS" if failure is None else "FAIL", worst=worst, note=failure or "")
-                row["us"] = math.nan if smoke else 1e6 * graph_time(
-                    [lambda c=c, o=o, s=config: _ours(c, o, s) for c, o in zip(paged, outs)], device)
-        except Exception as e:  # a variant that fails to compile or run is a FAIL line, the sweep goes on
-            row.update(check="FAIL", worst=math.inf, us=math.nan, note=f"{type(e).__name__}: {e}"[:200])
-        row["gbs"] = kv_bytes / row["us"] / 1e3
-        row["ratio"] = row["sdpa_us"] / row["us"]
-        rows.append(row)
-    return rows
+    return {"paged": paged, "ref": _sdpa(paged[0], dense[0], torch.float64), "low": _sdpa(paged[0], dense[0]),
+            "sdpa_us": t_sdpa * 1e6, "kv_bytes": kv_bytes, "ctx": ctx,
+            "outs": [torch.empty_like(c["q"]) for c in paged]}
+
+
+def run_variant(name: str, case: dict[str, Any], label: str, config: dict[str, Any] | None, device: torch.device,
+                smoke: bool, skip: bool = False) -> dict[str, Any]:
+    """One row: the variant `label` on the prepared case (a SKIP row when `skip`)."""
+    row: dict[str, Any] = {"case": name, "variant": label, "config": config, "sdpa_us": case["sdpa_us"]}
+    if skip:
+        row.update(check="SKIP", worst=math.nan, us=math.nan, note="past --budget")
+    else:
+        row.update(_measure(case["paged"], case["outs"], case["ref"], case["low"], case["ctx"], config, device,
+                            smoke))
+    row["gbs"] = case["kv_bytes"] / row["us"] / 1e3
+    row["ratio"] = row["sdpa_us"] / row["us"]
+    return row
 
 
 def best_index(rows: list[dict[str, Any]]) -> int | None:
@@ -190,7 +226,8 @@ def format_case(name: str, shape: tuple[int, int, int, int], rows: list[dict[str
     return "\n".join(lines)
 
 
-def winners(results: dict[str, list[dict[str, Any]]], cases: dict[str, tuple[int, int, int, int]]) -> str:
+def winners(results: dict[str, list[dict[str, Any]]], cases: dict[str, tuple[int, int, int, int]],
+            capacity: int = 0) -> str:
     """Each case's fastest correct variant as a `DECODE_DEFAULTS` row's bounds and settings."""
     lines = ["\n### winners (DECODE_DEFAULTS rows: (most programs, most capacity, settings); "
              "programs = B x Hkv for one query of <= 64 GQA rows, capacity = blocks x 16)\n"]
@@ -201,8 +238,8 @@ def winners(results: dict[str, list[dict[str, Any]]], cases: dict[str, tuple[int
             lines.append(f"{name}: no variant timed and correct")
             continue
         r = rows[best]
-        capacity = math.ceil(ctx / 16) * 16
-        lines.append(f"{name}: programs {batch * hkv}, capacity {capacity}: {r['variant']} -> "
+        keys = math.ceil(max(capacity, ctx) / 16) * 16
+        lines.append(f"{name}: programs {batch * hkv}, capacity {keys}: {r['variant']} -> "
                      f"{r['config'] if r['config'] is not None else 'the committed defaults'} "
                      f"({r['us']:.1f} us, {r['ratio']:.2f}x SDPA)")
     return "\n".join(lines)
@@ -213,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (no timing): the script itself")
     parser.add_argument("--case", action="append", help="run only these cases (names of CASES)")
     parser.add_argument("--variant", action="append", help="run only these variants (names of VARIANTS)")
+    parser.add_argument("--budget", type=float, default=210.0, metavar="S",
+                        help="seconds after which the variants left are skipped (SKIP rows), 210 by default")
+    parser.add_argument("--capacity", type=int, default=0, metavar="KEYS",
+                        help="block tables of KEYS keys a sequence, as the engine's (default: the context's)")
     json_option(parser)
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
@@ -229,13 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; torch {torch.__version__}; "
           f"{len(variants)} variants x {len(cases)} cases", flush=True)
     began = time.perf_counter()
-    results, ok = {}, True
+    prepared = {name: prepare_case(shape, device, args.smoke, args.capacity) for name, shape in cases.items()}
+    print(f"cases ready ({time.perf_counter() - began:.0f} s)", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
+    for label, config in variants.items():  # variant-major: past --budget the same variants are skipped everywhere
+        skip = time.perf_counter() - began > args.budget
+        for name in cases:
+            results[name].append(run_variant(name, prepared[name], label, config, device, args.smoke, skip))
+    ok = all(r["check"] != "FAIL" for rows in results.values() for r in rows)
     for name, shape in cases.items():
-        rows = results[name] = run_case(name, shape, device, args.smoke, variants)
-        ok &= all(r["check"] == "PASS" for r in rows)
-        print(format_case(name, shape, rows), flush=True)
-    print(winners(results, cases))
-    print(f"\nwall {time.perf_counter() - began:.0f} s; outputs {'all PASS' if ok else 'some FAIL'}", flush=True)
+        print(format_case(name, shape, results[name]), flush=True)
+    print(winners(results, cases, args.capacity))
+    skipped = sum(r["check"] == "SKIP" for rows in results.values() for r in rows)
+    print(f"\nwall {time.perf_counter() - began:.0f} s; outputs {'no FAIL' if ok else 'some FAIL'}; {skipped} skipped "
+          "past --budget", flush=True)
     if args.json:
         env = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d")}

@@ -62,14 +62,16 @@ SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
 DECODE_KEYS: Final = frozenset({"BLOCK_N", "num_warps", "num_stages", "maxnreg", "min_split_blocks",
                                 "min_split_keys", "split_waves", "fused", "new_first"})
 # The decode launch's settings by launch size, the first row whose bounds hold: (most programs = batch x kv heads
-# x row tiles, most cache capacity in keys, settings). Settings (`flash_attn_with_kvcache`'s `config`): BLOCK_N,
-# num_warps, num_stages, maxnreg (all four or none: none autotunes them), min_split_keys (keys a launched split
-# covers at least, host side), min_split_blocks (key blocks a split takes at least, device side), split_waves
-# (programs per SM the splits aim at), fused (the last split merges), new_first (APPEND: the new keys and the
-# cache write before the cache loop). benchmarks/gpu_sweep_decode.py times the candidates; edit the rows after.
+# x row tiles, most capacity = block table width x block size in keys (the engine's max model length, not the
+# context: the host cannot see the lengths), settings). Settings (`flash_attn_with_kvcache`'s `config`): BLOCK_N,
+# num_warps, num_stages, maxnreg (the first three together or none: none autotunes them), min_split_keys (keys
+# of the capacity a launched split covers at least, host side), min_split_blocks (key blocks a split takes at
+# least, device side: a short context uses fewer of the launched splits), split_waves (programs per SM the
+# splits aim at), fused (the last split merges), new_first (APPEND: the new keys and the cache write before the
+# cache loop). benchmarks/gpu_sweep_decode.py times the candidates and prints its winners as rows; edit here.
 DECODE_DEFAULTS: list[tuple[int, int, dict[str, Any]]] = [
-    (512, 2048, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "min_split_keys": 32, "min_split_blocks": 1,
-                 "split_waves": 4, "new_first": True}),  # few programs, short contexts: more, each a short chain
+    (256, 1 << 62, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "min_split_keys": 32, "min_split_blocks": 1,
+                    "split_waves": 4, "new_first": True}),  # few programs: more of them, each a short chain
     (1 << 62, 1 << 62, {}),  # the rest: the autotuned kernel, the module-level split rules
 ]
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
