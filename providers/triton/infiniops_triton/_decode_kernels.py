@@ -21,7 +21,9 @@ the same counters at once (two streams) would race, so the launcher keeps them p
 
 With ``APPEND`` (a paged cache, no ``cache_batch_idx``) the decode kernel also does the append: keys at
 positions ``>= cache_seqlens[b]`` are read from the new k/v instead of the cache, and the first program of
-each (sequence, kv head) writes them into the cache, so a decode step's cache write costs no launch.
+each (sequence, kv head) writes them into the cache, so a decode step's cache write costs no launch. With
+``NEW_FIRST`` the new keys and that write come before the cache loop (their loads and stores then overlap the
+cache's), else after it.
 """
 
 from __future__ import annotations
