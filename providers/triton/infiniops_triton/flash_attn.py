@@ -77,6 +77,7 @@ DECODE_DEFAULTS: list[tuple[int, int, dict[str, Any]]] = [
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
 _DECODE = Tuned(decode_split_tuned)
+_DECODE_FIXED = Launcher(decode_split_kernel)  # a fixed configuration (`DECODE_DEFAULTS`, a call's `config`)
 _APPEND_KV = Launcher(append_kv_kernel)  # the decode path's plain kernels
 _COMBINE = Launcher(combine_kernel)
 
@@ -327,7 +328,7 @@ def flash_attn_with_kvcache(
             "APPEND": folded, "NEW_FIRST": folded and bool(settings.get("new_first", False))}
     grid = (programs, splits)
     if kernel:  # a fixed configuration (and the interpreter's)
-        decode_split_kernel[grid](*args, **meta, **(pdl() if q.is_cuda else {"PDL": False}), **kernel)
+        _DECODE_FIXED(grid, *args, **meta, **(pdl() if q.is_cuda else {"PDL": False}), **kernel)
     else:
         key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
                cache_batch_idx is not None, softmax_lse is not None, fused, folded, meta["NEW_FIRST"], tune_size)
