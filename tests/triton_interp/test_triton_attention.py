@@ -523,3 +523,23 @@ def test_kvcache_rejects_a_bad_config_before_writing(config: dict[str, Any], mat
     with pytest.raises(ValueError, match=match):
         tfa.flash_attn_with_kvcache(*conv, config=config)
     assert bits_equal(conv[1], before[0]) and bits_equal(conv[2], before[1])
+
+
+def test_decode_sweep_checks_its_variants_at_tiny_sizes() -> None:
+    """benchmarks/gpu_sweep_decode.py's check on the CPU (its timing needs CUDA graphs): the committed defaults
+    and a swept setting pass against SDPA in float64, a config the launcher rejects is a FAIL row."""
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_sweep_decode.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_decode", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    shape = sweep.SMOKE_CASES["tiny B 2, ctx 70"]
+    case = sweep.prepare_case(shape, torch.device("cpu"), smoke=True, capacity=96)
+    rows = [sweep.run_variant("tiny", case, label, sweep.VARIANTS[label], torch.device("cpu"), smoke=True)
+            for label in ("defaults", "short 16/4w/2s x4 new_first")]
+    rows.append(sweep.run_variant("tiny", case, "partial tile", {"BLOCK_N": 32}, torch.device("cpu"), smoke=True))
+    rows.append(sweep.run_variant("tiny", case, "skipped", {}, torch.device("cpu"), smoke=True, skip=True))
+    assert [r["check"] for r in rows] == ["PASS", "PASS", "FAIL", "SKIP"], rows
+    assert "together or none" in rows[2]["note"]
+    assert sweep.best_index(rows) is None  # nothing timed on the CPU
+    assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each
