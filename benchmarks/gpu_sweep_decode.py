@@ -91,7 +91,9 @@ def _variants() -> dict[str, dict[str, Any] | None]:
     v["long 64/8w/4s x4"] = _long(64, 8, 4, 4)
     v["long 64/8w/3s x4 128 keys"] = _long(64, 8, 3, 4, keys=128)
     v["long 128/8w/3s x4 128 keys"] = _long(128, 8, 3, 4, keys=128)
-    return v
+    first = ("defaults", "autotuned", "short 32/4w/2s x4", "short 16/4w/2s x4", "short 32/4w/2s x4 new_first",
+             "long 64/8w/3s x4", "long 64/8w/3s x8", "long 128/8w/3s x4", "long 64/4w/5s x4")
+    return {k: v[k] for k in (*first, *(k for k in v if k not in first))}  # past --budget the last are skipped
 
 
 VARIANTS = _variants()
@@ -250,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (no timing): the script itself")
     parser.add_argument("--case", action="append", help="run only these cases (names of CASES)")
     parser.add_argument("--variant", action="append", help="run only these variants (names of VARIANTS)")
-    parser.add_argument("--budget", type=float, default=210.0, metavar="S",
-                        help="seconds after which the variants left are skipped (SKIP rows), 210 by default")
+    parser.add_argument("--budget", type=float, default=200.0, metavar="S",
+                        help="seconds after which the variants left are skipped (SKIP rows), 200 by default")
     parser.add_argument("--capacity", type=int, default=0, metavar="KEYS",
                         help="block tables of KEYS keys a sequence, as the engine's (default: the context's)")
     json_option(parser)
@@ -277,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         skip = time.perf_counter() - began > args.budget
         for name in cases:
             results[name].append(run_variant(name, prepared[name], label, config, device, args.smoke, skip))
+        line = "  ".join(f"{results[n][-1]['check']} {results[n][-1]['us']:.1f}" for n in cases)
+        print(f"[{time.perf_counter() - began:4.0f} s] {label}: {line} us", flush=True)  # progress, case order
     ok = all(r["check"] != "FAIL" for rows in results.values() for r in rows)
     for name, shape in cases.items():
         print(format_case(name, shape, results[name]), flush=True)
