@@ -354,12 +354,16 @@ def _fixed_decode_configs() -> dict[str, dict[str, Any]]:
     assert spec is not None and spec.loader is not None
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    settings = [row[2] for row in tfa.DECODE_DEFAULTS] + [v for v in sweep.VARIANTS.values() if v is not None]
     found = {}
-    for s in settings:
-        if "BLOCK_N" in s:
-            key = (s["BLOCK_N"], s["num_warps"], s["num_stages"], s.get("maxnreg"), bool(s.get("new_first")))
-            found["{}/{}w/{}s_reg{}_new{}".format(*key)] = s
+    for d in (64, 128, 256):  # the launcher's table at the head dims of the supported models, the sweep's at 128
+        settings = [tfa.decode_settings(programs, 1 << 20, 2, d) for programs in sorted({r[0] for r in
+                                                                                           tfa.DECODE_DEFAULTS})]
+        if d == 128:
+            settings += [v for v in sweep.VARIANTS.values() if v is not None]
+        for s in settings:
+            if "BLOCK_N" in s:
+                key = (d, s["BLOCK_N"], s["num_warps"], s["num_stages"], s.get("maxnreg"), bool(s.get("new_first")))
+                found["d{}_{}/{}w/{}s_reg{}_new{}".format(*key)] = {**s, "d": d}
     return found
 
 
@@ -368,12 +372,12 @@ _FIXED_DECODE = _fixed_decode_configs()
 
 @pytest.mark.parametrize("name", sorted(_FIXED_DECODE))
 def test_bf16_paged_decode_fixed_configurations_fit_without_spills(name: str) -> None:
-    """Each fixed configuration the launcher or the sweep may run (D 128, appending, fused split-K): tensor-core
+    """Each fixed configuration the launcher or the sweep may run (appending, fused split-K): tensor-core
     dots, no register spills, within shared memory and within its register limit."""
     from infiniops_triton import _decode_kernels as dk
 
     s = _FIXED_DECODE[name]
-    args = _decode_args(128, BF16, "tf32", triton.Config({}), BLOCK_M=16, PAGED=True, PAGE_SIZE=16, APPEND=True,
+    args = _decode_args(s["d"], BF16, "tf32", triton.Config({}), BLOCK_M=16, PAGED=True, PAGE_SIZE=16, APPEND=True,
                         new_len=1, BLOCK_N=s["BLOCK_N"], NEW_FIRST=bool(s.get("new_first")))
     compiled = _compile(dk.decode_split_kernel, args, s["num_warps"], s["num_stages"], maxnreg=s.get("maxnreg"))
     assert _count(compiled, r"mma") > 0

@@ -498,6 +498,15 @@ def test_decode_settings_take_the_first_row_that_holds(monkeypatch: pytest.Monke
     assert tfa.decode_settings(1, 1) == {}
 
 
+def test_decode_settings_keep_their_tile_for_16_bit_inputs_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table's tile is what the sweep measured (bf16): float32 and tiles past the shared memory autotune."""
+    tile = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "maxnreg": 200}
+    monkeypatch.setattr(tfa, "DECODE_DEFAULTS", [(1 << 62, 1 << 62, {**tile, "split_waves": 4})])
+    assert tfa.decode_settings(8, 4096, 2, 128) == {**tile, "split_waves": 4}  # K/V stages: 192 KB
+    assert tfa.decode_settings(8, 4096, 2, 256) == {"split_waves": 4}  # 384 KB
+    assert tfa.decode_settings(8, 4096, 4, 64) == {"split_waves": 4}  # float32
+
+
 def test_kvcache_reads_its_settings_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """A table row's split rules reach the launch (16 keys a split, 4 waves on the interpreter's 4 SMs: 4 splits
     for 2 programs over 96 keys), and a call's `config` overrides them key by key."""

@@ -35,7 +35,7 @@ from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints, pdl, raw_stream, sm_count
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._fastlaunch import Launcher
-from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
+from infiniops_triton._flash_attn_kernels import LOG2E, SMEM_BUDGET, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 from infiniops_triton._launch import Tuned
 
 __all__ = ["BLOCK_SIZES", "DECODE_DEFAULTS", "HEAD_DIMS", "IMPLEMENTATIONS", "decode_settings", "flash_attn_varlen",
@@ -59,6 +59,7 @@ FUSED_COMBINE = True
 MIN_SPLIT_BLOCKS = 4
 FOLD_APPEND = True  # the decode kernel writes the new k/v of a paged cache itself
 SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
+_TILE_KEYS: Final = ("BLOCK_N", "num_warps", "num_stages", "maxnreg")
 DECODE_KEYS: Final = frozenset({"BLOCK_N", "num_warps", "num_stages", "maxnreg", "min_split_blocks",
                                 "min_split_keys", "split_waves", "fused", "new_first"})
 # The decode launch's settings by launch size, the first row whose bounds hold: (most programs = batch x kv heads
@@ -218,12 +219,18 @@ def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int, waves:
     return max(1, min(want, most))
 
 
-def decode_settings(programs: int, capacity: int) -> dict[str, Any]:
+def decode_settings(programs: int, capacity: int, element_size: int = 2, block_d: int = 128) -> dict[str, Any]:
     """The `DECODE_DEFAULTS` row of a decode launch of `programs` (sequence, kv head, row tile) programs over a
-    cache of `capacity` keys: the first whose bounds hold (a copy)."""
+    cache of `capacity` keys: the first whose bounds hold (a copy). Its kernel tile applies to 16-bit inputs
+    whose K/V stages fit the shared memory (what the sweep measures); other launches autotune the tile (float32
+    takes the first configuration that fits)."""
     for most_programs, most_capacity, settings in DECODE_DEFAULTS:
         if programs <= most_programs and capacity <= most_capacity:
-            return dict(settings)
+            found = dict(settings)
+            if "BLOCK_N" in found and (element_size != 2 or found["num_stages"] * 2 * found["BLOCK_N"] * block_d
+                                       * element_size > SMEM_BUDGET):
+                found = {k: v for k, v in found.items() if k not in _TILE_KEYS}
+            return found
     return {}
 
 
@@ -295,8 +302,8 @@ def flash_attn_with_kvcache(
     num_m_tiles = triton.cdiv(rows, block_m)
     programs = batch * num_heads_kv * num_m_tiles
     interpreting = _interpreting()
-    settings = decode_settings(programs, capacity) | (config or {})
-    kernel = {key: settings[key] for key in ("BLOCK_N", "num_warps", "num_stages", "maxnreg") if key in settings}
+    settings = decode_settings(programs, capacity, q.element_size(), block_d) | (config or {})
+    kernel = {key: settings[key] for key in _TILE_KEYS if key in settings}
     if interpreting:  # one small key block, unless the call forces one (the table's tile is the GPU's)
         kernel = {"BLOCK_N": (config or {}).get("BLOCK_N", _INTERPRET_DECODE_BLOCK_N)}
     if splits is None:
