@@ -37,7 +37,7 @@ import torch.nn.functional as F
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 from _common import json_option
-from gpu_decode import _copies, _dense, graph_time
+from gpu_decode import _copies, _dense, _paged_case, graph_time
 
 import infiniops_py as ops
 from infiniops_py.testing.compare import compare
@@ -97,23 +97,6 @@ def _variants() -> dict[str, dict[str, Any] | None]:
 
 
 VARIANTS = _variants()
-
-
-def _paged_case(batch: int, ctx: int, hq: int, hkv: int, d: int, capacity: int, device: torch.device,
-                gen: torch.Generator, block: int = 16) -> dict[str, torch.Tensor]:
-    """`gpu_decode._paged_case` with a block table of `capacity` keys a sequence (the engine's: its max model
-    length), the context in its first blocks; a random permutation of the pages."""
-    width = math.ceil(max(capacity, ctx) / block)
-    pages = batch * width
-    bf16 = torch.bfloat16
-    k_cache = torch.randn(pages, block, hkv, d, generator=gen, device=device, dtype=bf16)
-    v_cache = torch.randn(pages, block, hkv, d, generator=gen, device=device, dtype=bf16)
-    table = torch.randperm(pages, generator=gen, device=device).to(torch.int32).view(batch, width)
-    return {"q": torch.randn(batch, 1, hq, d, generator=gen, device=device, dtype=bf16),
-            "k": torch.randn(batch, 1, hkv, d, generator=gen, device=device, dtype=bf16),
-            "v": torch.randn(batch, 1, hkv, d, generator=gen, device=device, dtype=bf16),
-            "k_cache": k_cache, "v_cache": v_cache, "block_table": table,
-            "cache_seqlens": torch.full((batch,), ctx - 1, dtype=torch.int32, device=device)}
 
 
 def _sdpa(c: dict[str, torch.Tensor], kv: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype | None = None,
@@ -187,7 +170,7 @@ def prepare_case(shape: tuple[int, int, int, int], device: torch.device, smoke: 
     gen = torch.Generator(device=device).manual_seed(batch * ctx)
     kv_bytes = 2 * batch * ctx * hkv * d * 2
     copies = _copies(max(kv_bytes, 2 * batch * max(capacity, ctx) * hkv * d * 2 // 8), smoke)  # memory bounded
-    paged = [_paged_case(batch, ctx, hq, hkv, d, capacity, device, gen) for _ in range(copies)]
+    paged = [_paged_case(batch, ctx, hq, hkv, device, gen, d=d, capacity=capacity) for _ in range(copies)]
     dense = [_dense(c, ctx) for c in paged]
     t_sdpa = math.nan if smoke else graph_time([lambda c=c, kv=kv: _sdpa(c, kv) for c, kv in zip(paged, dense)],
                                                device)
