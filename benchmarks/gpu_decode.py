@@ -121,8 +121,10 @@ def bench_gemm(device: torch.device, smoke: bool, copy_bw: float) -> tuple[list[
 
 
 def _paged_case(batch: int, ctx: int, hq: int, hkv: int, device: torch.device, gen: torch.Generator,
-                block: int = 16, d: int = 128) -> dict[str, torch.Tensor]:
-    blocks_per_seq = math.ceil(ctx / block)
+                block: int = 16, d: int = 128, capacity: int = 0) -> dict[str, torch.Tensor]:
+    """A paged decode case: block tables of `capacity` keys a sequence (at least `ctx`; the engine's are its max
+    model length), the context in its first blocks, the pages a random permutation."""
+    blocks_per_seq = math.ceil(max(ctx, capacity) / block)
     num_blocks = batch * blocks_per_seq
     bf16 = torch.bfloat16
     k_cache = torch.randn(num_blocks, block, hkv, d, generator=gen, device=device, dtype=bf16)

@@ -27,7 +27,8 @@ _BACKEND = make_backend(GPUTarget("cuda", 90, 32))
 # every launcher switched to the fast path, as module.attribute
 SWITCHED = ("rms_norm._RMS_NORM", "rms_norm._FUSED_ADD_RMS_NORM", "silu_and_mul._SILU_AND_MUL",
             "fused_qk_norm_rope._QK_NORM_ROPE", "paged_cache._RESHAPE_AND_CACHE", "_gemv._GEMV._inner",
-            "flash_attn._DECODE._inner", "flash_attn._PREFILL._inner", "flash_attn._APPEND_KV", "flash_attn._COMBINE",
+            "flash_attn._DECODE._inner", "flash_attn._DECODE_FIXED", "flash_attn._PREFILL._inner",
+            "flash_attn._APPEND_KV", "flash_attn._COMBINE",
             "gemm._GEMM._inner", "add._ADD", "add._ADD_FLAT", "add._add_flat_tuned._inner", "rotary_embedding._ROTARY",
             "fused_qk_norm._QK_NORM", "causal_conv1d._UPDATE", "state_update._STATE_UPDATE",
             "causal_conv1d._CHANNEL_LAST", "causal_conv1d._CHANNEL_FIRST", "causal_conv1d._CONV",

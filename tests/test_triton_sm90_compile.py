@@ -14,9 +14,11 @@ register spills ptxas reports.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -306,6 +308,7 @@ def _decode_args(d: int, ptr: str, precision: str, config: Any, **overrides: Any
             "BLOCK_M": 64, "SPLIT": True, "CacheBatchIdx": _Ptr("*i32"), "Lse": _Ptr(F32), "stride_lse_b": 0,
             "stride_lse_h": 0, "num_rows": 64, "HAS_BATCH_IDX": False, "HAS_LSE": False, "Counter": _Ptr("*i32"),
             "min_split_blocks": 1, "tune_size": 1024 + 16, "FUSED": True, "PDL": False, "APPEND": False,
+            "NEW_FIRST": False,
             "KNew": _Ptr(ptr), "VNew": _Ptr(ptr),
             "stride_nb": 8 * d, "stride_nt": 8 * d, "stride_nh": d, "stride_vnb": 8 * d, "stride_vnt": 8 * d,
             "stride_vnh": d, **_attention_sizes(d, precision), **config.kwargs, **overrides}
@@ -339,6 +342,50 @@ def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> No
     assert _count(compiled, r"mma") > 0
     assert _count(compiled, r"atom\.[.\w]*add") > 0  # the fused combine counts the splits done
     assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+def _fixed_decode_configs() -> dict[str, dict[str, Any]]:
+    """The fixed kernel configurations of the decode launch: the `DECODE_DEFAULTS` rows and the variants of
+    benchmarks/gpu_sweep_decode.py, one per (BLOCK_N, warps, stages, maxnreg, new_first)."""
+    from infiniops_triton import flash_attn as tfa
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gpu_sweep_decode.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_decode", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    found = {}
+    for d in (64, 128, 256):  # the launcher's table at the head dims of the supported models, the sweep's at 128
+        settings = [tfa.decode_settings(programs, 1 << 20, 2, d) for programs in sorted({r[0] for r in
+                                                                                           tfa.DECODE_DEFAULTS})]
+        if d == 128:
+            settings += [v for v in sweep.VARIANTS.values() if v is not None]
+        for s in settings:
+            if "BLOCK_N" in s:
+                key = (d, s["BLOCK_N"], s["num_warps"], s["num_stages"], s.get("maxnreg"), bool(s.get("new_first")))
+                found["d{}_{}/{}w/{}s_reg{}_new{}".format(*key)] = {**s, "d": d}
+    return found
+
+
+_FIXED_DECODE = _fixed_decode_configs()
+
+
+@pytest.mark.parametrize("name", sorted(_FIXED_DECODE))
+def test_bf16_paged_decode_fixed_configurations_fit_without_spills(name: str) -> None:
+    """Each fixed configuration the launcher or the sweep may run (appending, fused split-K): tensor-core
+    dots, no register spills, within shared memory and within its register limit."""
+    from infiniops_triton import _decode_kernels as dk
+
+    s = _FIXED_DECODE[name]
+    args = _decode_args(s["d"], BF16, "tf32", triton.Config({}), BLOCK_M=16, PAGED=True, PAGE_SIZE=16, APPEND=True,
+                        new_len=1, BLOCK_N=s["BLOCK_N"], NEW_FIRST=bool(s.get("new_first")))
+    compiled = _compile(dk.decode_split_kernel, args, s["num_warps"], s["num_stages"], maxnreg=s.get("maxnreg"))
+    assert _count(compiled, r"mma") > 0
+    assert _count(compiled, r"(ld|st)\.local") == 0
+    assert _ptxas_spills(compiled) == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+    if s.get("maxnreg"):
+        assert _ptxas_report(compiled, r"Used (\d+) registers") <= s["maxnreg"]
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

@@ -443,3 +443,112 @@ def test_kvcache_fused_combine_adapts_the_splits_to_each_context(dtype: torch.dt
     _assert_close("flash_attn_with_kvcache", separate, args)
     if batch > 2:
         assert bool((fused[2] == 0).all())
+
+
+# --- the decode launch settings (`config`, `DECODE_DEFAULTS`) ------------------------------------------
+
+# (batch, cached, Hq, Hkv, D, capacity, Sq, new, block_size, window, softcap): paged, the decode kernel appends
+LAUNCH_CASES = {
+    "paged 16 decode, GQA 4, append": (3, [70, 0, 33], 8, 2, 64, 96, 1, 1, 16, (-1, -1), 0.0),
+    "paged 16, Sq 3, window, softcap": KVCACHE_CASES["paged 16, Sq 3, window, softcap"],
+}
+SHORT = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "min_split_keys": 16, "min_split_blocks": 1,
+         "split_waves": 4}
+LAUNCH_CONFIGS = {
+    "new_first": {"new_first": True},
+    "short, new_first": {**SHORT, "new_first": True},
+    "short, separate combine": {**SHORT, "fused": False},
+    "64-key blocks, 2 per split, new_first": {**SHORT, "BLOCK_N": 64, "min_split_blocks": 2, "new_first": True},
+    "16-key blocks, 1 per split": {**SHORT, "BLOCK_N": 16, "maxnreg": 128},
+}
+
+
+@pytest.mark.parametrize("config", list(LAUNCH_CONFIGS))
+@pytest.mark.parametrize("case", list(LAUNCH_CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
+def test_kvcache_launch_settings(dtype: torch.dtype, case: str, config: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch setting the sweep times (the new keys first or last, key blocks of 16 to 64, splits down to one
+    block, the fused or the separate combine): the output within the tolerance rule, the new k/v in the cache bit
+    for bit as the reference writes them; the settings with their own split rules split these contexts."""
+    batch, cached, hq, hkv, d, capacity, sq, new, page, window, softcap = LAUNCH_CASES[case]
+    args = BENCH.kvcache_case(batch, cached, hq, hkv, d, dtype, "cpu", capacity=capacity, sq=sq, new=new, page=page,
+                              window=window, softcap=softcap, seed=len(case) + len(config))
+    chosen: list[int] = []
+    real = tfa.num_splits
+    monkeypatch.setattr(tfa, "num_splits", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    conv = _convention("flash_attn_with_kvcache", args)
+    conv[-1].fill_(float("nan"))  # out
+    got = tfa.flash_attn_with_kvcache(*conv, config=LAUNCH_CONFIGS[config])
+    low_args = _assert_close("flash_attn_with_kvcache", got, args)
+    assert bits_equal(conv[1], low_args["k_cache"]) and bits_equal(conv[2], low_args["v_cache"])
+    if "split_waves" in LAUNCH_CONFIGS[config]:
+        assert chosen and chosen[-1] > 1, chosen
+
+
+def test_decode_settings_take_the_first_row_that_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [(8, 256, {"split_waves": 8}), (64, 1 << 20, {"fused": False}), (1 << 62, 1 << 62, {})]
+    monkeypatch.setattr(tfa, "DECODE_DEFAULTS", rows)
+    assert tfa.decode_settings(8, 256) == {"split_waves": 8}
+    assert tfa.decode_settings(8, 257) == {"fused": False}  # past the first row's capacity
+    assert tfa.decode_settings(9, 16) == {"fused": False}
+    assert tfa.decode_settings(65, 16) == {}
+    tfa.decode_settings(8, 256)["split_waves"] = 1  # a copy: the table is unchanged
+    assert rows[0][2] == {"split_waves": 8}
+    monkeypatch.setattr(tfa, "DECODE_DEFAULTS", [])
+    assert tfa.decode_settings(1, 1) == {}
+
+
+def test_decode_settings_keep_their_tile_for_16_bit_inputs_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table's tile is what the sweep measured (bf16): float32 and tiles past the shared memory autotune."""
+    tile = {"BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "maxnreg": 200}
+    monkeypatch.setattr(tfa, "DECODE_DEFAULTS", [(1 << 62, 1 << 62, {**tile, "split_waves": 4})])
+    assert tfa.decode_settings(8, 4096, 2, 128) == {**tile, "split_waves": 4}  # K/V stages: 192 KB
+    assert tfa.decode_settings(8, 4096, 2, 256) == {"split_waves": 4}  # 384 KB
+    assert tfa.decode_settings(8, 4096, 4, 64) == {"split_waves": 4}  # float32
+
+
+def test_kvcache_reads_its_settings_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table row's split rules reach the launch (16 keys a split, 4 waves on the interpreter's 4 SMs: 4 splits
+    for 2 programs over 96 keys), and a call's `config` overrides them key by key."""
+    args = BENCH.kvcache_case(1, [50], 4, 2, 32, torch.float16, "cpu", capacity=96, page=16, seed=5)
+    seen: list[tuple[Any, ...]] = []
+    real = tfa.num_splits
+    monkeypatch.setattr(tfa, "num_splits", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setattr(tfa, "DECODE_DEFAULTS", [(1 << 62, 1 << 62, {"min_split_keys": 16, "split_waves": 4,
+                                                                       "min_split_blocks": 1})])
+    got = tfa.flash_attn_with_kvcache(*_convention("flash_attn_with_kvcache", args))
+    _assert_close("flash_attn_with_kvcache", got, args)
+    assert seen[-1] == (2, 96, 4, 16, 4)
+    tfa.flash_attn_with_kvcache(*_convention("flash_attn_with_kvcache", args), config={"split_waves": 1})
+    assert seen[-1] == (2, 96, 4, 16, 1)
+
+
+@pytest.mark.parametrize(("config", "match"), [({"BLOCK_M": 16}, "unknown keys"),
+                                               ({"BLOCK_N": 32, "num_warps": 4}, "together or none")])
+def test_kvcache_rejects_a_bad_config_before_writing(config: dict[str, Any], match: str) -> None:
+    args = BENCH.kvcache_case(2, [20, 7], 4, 2, 32, torch.float16, "cpu", capacity=48, page=16, seed=6)
+    conv = _convention("flash_attn_with_kvcache", args)
+    before = conv[1].clone(), conv[2].clone()
+    with pytest.raises(ValueError, match=match):
+        tfa.flash_attn_with_kvcache(*conv, config=config)
+    assert bits_equal(conv[1], before[0]) and bits_equal(conv[2], before[1])
+
+
+def test_decode_sweep_checks_its_variants_at_tiny_sizes() -> None:
+    """benchmarks/gpu_sweep_decode.py's check on the CPU (its timing needs CUDA graphs): the committed defaults
+    and a swept setting pass against SDPA in float64, a config the launcher rejects is a FAIL row."""
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_sweep_decode.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_decode", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    shape = sweep.SMOKE_CASES["tiny B 2, ctx 70"]
+    case = sweep.prepare_case(shape, torch.device("cpu"), smoke=True, capacity=96)
+    rows = [sweep.run_variant("tiny", case, label, sweep.VARIANTS[label], torch.device("cpu"), smoke=True)
+            for label in ("defaults", "short 16/4w/2s x4 new_first")]
+    rows.append(sweep.run_variant("tiny", case, "partial tile", {"BLOCK_N": 32}, torch.device("cpu"), smoke=True))
+    rows.append(sweep.run_variant("tiny", case, "skipped", {}, torch.device("cpu"), smoke=True, skip=True))
+    assert [r["check"] for r in rows] == ["PASS", "PASS", "FAIL", "SKIP"], rows
+    assert "together or none" in rows[2]["note"]
+    assert sweep.best_index(rows) is None  # nothing timed on the CPU
+    assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each

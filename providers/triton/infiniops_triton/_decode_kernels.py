@@ -21,7 +21,9 @@ the same counters at once (two streams) would race, so the launcher keeps them p
 
 With ``APPEND`` (a paged cache, no ``cache_batch_idx``) the decode kernel also does the append: keys at
 positions ``>= cache_seqlens[b]`` are read from the new k/v instead of the cache, and the first program of
-each (sequence, kv head) writes them into the cache, so a decode step's cache write costs no launch.
+each (sequence, kv head) writes them into the cache, so a decode step's cache write costs no launch. With
+``NEW_FIRST`` the new keys and that write come before the cache loop (their loads and stores then overlap the
+cache's), else after it.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def decode_split_kernel(
     SPLIT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, PRECISION: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LSE: tl.constexpr, FUSED: tl.constexpr, APPEND: tl.constexpr, PDL: tl.constexpr,
+    NEW_FIRST: tl.constexpr = False,  # APPEND: the new keys and the cache write before the cache loop
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -178,37 +181,28 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = i[:, None] + q_off
     cached_end = tl.minimum(end, cached) if APPEND else end  # APPEND: the cache holds the keys before `cached`
-    for start_n in range(start, cached_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, cached_end, stride_btb, max_blocks,
-                                         num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)
-        if not PAGED:
-            k_off += row.to(tl.int64) * stride_kb
-            v_off += row.to(tl.int64) * stride_vb
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
-        m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
-                                      window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
-    if APPEND:  # then this split's new keys (a decode step: one), read from KNew/VNew
-        for start_n in range(tl.maximum(start, cached), end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            _, _, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks, num_pages, stride_kb,
-                                     stride_kt, stride_vb, stride_vt, PAGED, PAGE_SIZE)  # keys on pages in range
-            t = tl.where(valid, offs_n - cached, 0).to(tl.int64)
-            ok = valid[:, None] & d_ok
-            k = tl.load(KNew + b.to(tl.int64) * stride_nb + t[:, None] * stride_nt + h_kv * stride_nh
-                        + offs_d[None, :], mask=ok, other=0.0)
-            v = tl.load(VNew + b.to(tl.int64) * stride_vnb + t[:, None] * stride_vnt + h_kv * stride_vnh
-                        + offs_d[None, :], mask=ok, other=0.0)
-            m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
-                                          window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
-
-    if APPEND:  # noqa: SIM102 (a constexpr, tested apart: `and` does not take tensors in Triton)
-        # one program per (sequence, kv head) writes its new keys and values into the paged cache
-        if (tile == 0) & (split == 0):
-            _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
-                          stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,
-                          stride_vb, stride_vt, stride_btb, offs_d, HEAD_DIM, PAGE_SIZE)
+    for phase in tl.static_range(2):  # the cache loop and APPEND's new keys (first with NEW_FIRST, else last)
+        if phase == (1 - NEW_FIRST):  # constexprs: the order is fixed at compile time
+            if APPEND:  # the new keys (a decode step: one) from KNew/VNew, and the cache write
+                m_i, l_i, acc = _new_keys(q, KNew, VNew, K, V, BlockTable, b, h_kv, tile, split, start, end, cached,
+                                          new_len, capacity, max_blocks, num_pages, diag, m_i, l_i, acc, offs_d,
+                                          d_ok, stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh,
+                                          stride_kb, stride_kt, stride_vb, stride_vt, stride_btb, qk_scale,
+                                          softcap_scale, window_left, window_right, HEAD_DIM, BLOCK_N, HAS_LEFT,
+                                          HAS_RIGHT, SOFTCAP, PAGE_SIZE, PRECISION)
+        else:
+            for start_n in range(start, cached_end, BLOCK_N):
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                k_off, v_off, valid = kv_offsets(BlockTable, b, offs_n, 0, cached_end, stride_btb, max_blocks,
+                                                 num_pages, stride_kb, stride_kt, stride_vb, stride_vt, PAGED,
+                                                 PAGE_SIZE)
+                if not PAGED:
+                    k_off += row.to(tl.int64) * stride_kb
+                    v_off += row.to(tl.int64) * stride_vb
+                k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+                v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=valid[:, None] & d_ok, other=0.0)
+                m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                              window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     mask = row_ok[:, None] & d_ok
     o_ptrs = Out + b.to(tl.int64) * stride_ob + i[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
@@ -257,6 +251,35 @@ def _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = weighted_values(p, v, acc * alpha[:, None], PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _new_keys(q, KNew, VNew, K, V, BlockTable, b, h_kv, tile, split, start, end, cached, new_len, capacity,
+              max_blocks, num_pages, diag, m_i, l_i, acc, offs_d, d_ok, stride_nb, stride_nt, stride_nh, stride_vnb,
+              stride_vnt, stride_vnh, stride_kb, stride_kt, stride_vb, stride_vt, stride_btb, qk_scale,
+              softcap_scale, window_left, window_right, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAGE_SIZE: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """APPEND: this split's keys at positions ``>= cached`` (a decode step: one), read from KNew/VNew into the
+    online softmax; then the first program of each (sequence, kv head) writes the new k/v into the paged cache
+    (K/V: the head's base pointers there)."""
+    for start_n in range(tl.maximum(start, cached), end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        _, _, valid = kv_offsets(BlockTable, b, offs_n, 0, end, stride_btb, max_blocks, num_pages, stride_kb,
+                                 stride_kt, stride_vb, stride_vt, True, PAGE_SIZE)  # keys on pages in range
+        t = tl.where(valid, offs_n - cached, 0).to(tl.int64)
+        ok = valid[:, None] & d_ok
+        k = tl.load(KNew + b.to(tl.int64) * stride_nb + t[:, None] * stride_nt + h_kv * stride_nh
+                    + offs_d[None, :], mask=ok, other=0.0)
+        v = tl.load(VNew + b.to(tl.int64) * stride_vnb + t[:, None] * stride_vnt + h_kv * stride_vnh
+                    + offs_d[None, :], mask=ok, other=0.0)
+        m_i, l_i, acc = _online_block(q, k, v, offs_n, valid, diag, m_i, l_i, acc, qk_scale, softcap_scale,
+                                      window_left, window_right, HAS_LEFT, HAS_RIGHT, SOFTCAP, PRECISION)
+    if (tile == 0) & (split == 0):
+        _write_new_kv(KNew, VNew, K, V, BlockTable, b, h_kv, cached, new_len, capacity, max_blocks, num_pages,
+                      stride_nb, stride_nt, stride_nh, stride_vnb, stride_vnt, stride_vnh, stride_kb, stride_kt,
+                      stride_vb, stride_vt, stride_btb, offs_d, HEAD_DIM, PAGE_SIZE)
+    return m_i, l_i, acc
 
 
 @triton.jit

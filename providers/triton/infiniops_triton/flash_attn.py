@@ -35,10 +35,11 @@ from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton._common import PRIORITY, base_constraints, pdl, raw_stream, sm_count
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._fastlaunch import Launcher
-from infiniops_triton._flash_attn_kernels import LOG2E, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
+from infiniops_triton._flash_attn_kernels import LOG2E, SMEM_BUDGET, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 from infiniops_triton._launch import Tuned
 
-__all__ = ["BLOCK_SIZES", "HEAD_DIMS", "IMPLEMENTATIONS", "flash_attn_varlen", "flash_attn_with_kvcache"]
+__all__ = ["BLOCK_SIZES", "DECODE_DEFAULTS", "HEAD_DIMS", "IMPLEMENTATIONS", "decode_settings", "flash_attn_varlen",
+           "flash_attn_with_kvcache"]
 
 HEAD_DIMS: Final = (32, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
 BLOCK_SIZES: Final = (16, 32, 64, 128, 256)  # paged block sizes (0 = contiguous K/V)
@@ -58,9 +59,26 @@ FUSED_COMBINE = True
 MIN_SPLIT_BLOCKS = 4
 FOLD_APPEND = True  # the decode kernel writes the new k/v of a paged cache itself
 SPLIT_WAVES = 2  # programs per SM the launched splits aim at (`num_splits`)
+_TILE_KEYS: Final = ("BLOCK_N", "num_warps", "num_stages", "maxnreg")
+DECODE_KEYS: Final = frozenset({"BLOCK_N", "num_warps", "num_stages", "maxnreg", "min_split_blocks",
+                                "min_split_keys", "split_waves", "fused", "new_first"})
+# The decode launch's settings by launch size, the first row whose bounds hold: (most programs = batch x kv heads
+# x row tiles, most capacity = block table width x block size in keys (the engine's max model length, not the
+# context: the host cannot see the lengths), settings). Settings (`flash_attn_with_kvcache`'s `config`): BLOCK_N,
+# num_warps, num_stages, maxnreg (the first three together or none: none autotunes them), min_split_keys (keys
+# of the capacity a launched split covers at least, host side), min_split_blocks (key blocks a split takes at
+# least, device side: a short context uses fewer of the launched splits), split_waves (programs per SM the
+# splits aim at), fused (the last split merges), new_first (APPEND: the new keys and the cache write before the
+# cache loop). benchmarks/gpu_sweep_decode.py times the candidates and prints its winners as rows; edit here.
+DECODE_DEFAULTS: list[tuple[int, int, dict[str, Any]]] = [
+    (256, 1 << 62, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "min_split_keys": 32, "min_split_blocks": 1,
+                    "split_waves": 4, "new_first": True}),  # few programs: more of them, each a short chain
+    (1 << 62, 1 << 62, {}),  # the rest: the autotuned kernel, the module-level split rules
+]
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
 _DECODE = Tuned(decode_split_tuned)
+_DECODE_FIXED = Launcher(decode_split_kernel)  # a fixed configuration (`DECODE_DEFAULTS`, a call's `config`)
 _APPEND_KV = Launcher(append_kv_kernel)  # the decode path's plain kernels
 _COMBINE = Launcher(combine_kernel)
 
@@ -189,16 +207,44 @@ def split_counters(device: torch.device, programs: int) -> torch.Tensor:
     return found
 
 
-def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int) -> int:
+def num_splits(programs: int, capacity: int, num_sms: int, min_keys: int, waves: float = SPLIT_WAVES) -> int:
     """How many programs share the keys of one (sequence, kv head, row tile).
 
-    Decode programs do equal, memory-bound work: with `SPLIT_WAVES` of them per SM in total every SM stays
-    busy (each tile then uses as many of them as its own context fills, on the device). Each split keeps at
-    least `min_keys` of the `capacity` keys (so the combine stays cheap), and there are at most 64.
+    Decode programs do equal, memory-bound work: with `waves` (default `SPLIT_WAVES`) of them per SM in total
+    every SM stays busy (each tile then uses as many of them as its own context fills, on the device). Each split
+    keeps at least `min_keys` of the `capacity` keys (so the combine stays cheap), and there are at most 64.
     """
-    want = math.ceil(SPLIT_WAVES * num_sms / max(programs, 1))
-    most = min(64, capacity // min_keys)
+    want = math.ceil(waves * num_sms / max(programs, 1))
+    most = min(64, capacity // max(min_keys, 1))
     return max(1, min(want, most))
+
+
+def decode_settings(programs: int, capacity: int, element_size: int = 2, block_d: int = 128) -> dict[str, Any]:
+    """The `DECODE_DEFAULTS` row of a decode launch of `programs` (sequence, kv head, row tile) programs over a
+    cache of `capacity` keys: the first whose bounds hold (a copy). Its kernel tile applies to 16-bit inputs
+    whose K/V stages fit the shared memory (what the sweep measures); other launches autotune the tile (float32
+    takes the first configuration that fits)."""
+    for most_programs, most_capacity, settings in DECODE_DEFAULTS:
+        if programs <= most_programs and capacity <= most_capacity:
+            found = dict(settings)
+            if "BLOCK_N" in found and (element_size != 2 or found["num_stages"] * 2 * found["BLOCK_N"] * block_d
+                                       * element_size > SMEM_BUDGET):
+                found = {k: v for k, v in found.items() if k not in _TILE_KEYS}
+            return found
+    return {}
+
+
+def _check_decode_config(config: dict[str, Any] | None) -> None:
+    if config is None:
+        return
+    unknown = set(config) - DECODE_KEYS
+    if unknown:
+        raise ValueError(f"triton flash_attn_with_kvcache: config has unknown keys {sorted(unknown)}; "
+                         f"known: {sorted(DECODE_KEYS)}")
+    given = {"BLOCK_N", "num_warps", "num_stages"} & set(config)
+    if given and len(given) < 3:
+        raise ValueError("triton flash_attn_with_kvcache: config gives BLOCK_N, num_warps and num_stages together "
+                         f"or none of them, got {sorted(given)}")
 
 
 def flash_attn_with_kvcache(
@@ -206,6 +252,7 @@ def flash_attn_with_kvcache(
     block_table: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor | None, softmax_scale: float,
     causal: bool, window_size: tuple[int, int], softcap: float, out: torch.Tensor, *,
     cache_batch_idx: torch.Tensor | None = None, softmax_lse: torch.Tensor | None = None, splits: int | None = None,
+    config: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Decode attention over a KV cache (flash-attention ``flash_attn_with_kvcache``), the contract's
     calling convention.
@@ -214,12 +261,15 @@ def flash_attn_with_kvcache(
     None) or paged ``[num_pages, block_size, Hkv, D]`` with `block_table` int32 ``[B, max_blocks]``;
     `cache_seqlens` int32 ``[B]``; new `k`/`v` ``[B, Sq_new, Hkv, D]`` are first written at ``cache_seqlens[b] +
     t`` (in place, positions outside the cache skipped). Writes and returns `out` ``[B, Sq, Hq, D]``, and
-    `softmax_lse` fp32 ``[B, Hq, Sq]`` when given. `splits` forces the split-K count (default: `num_splits`).
+    `softmax_lse` fp32 ``[B, Hq, Sq]`` when given. `splits` forces the split-K count (default: `num_splits`);
+    `config` overrides the launch settings `decode_settings` picks (keys `DECODE_KEYS`, see `DECODE_DEFAULTS`).
 
     Raises:
-        ValueError: head_dim > 256, or `splits` < 1.
+        ValueError: head_dim > 256, `splits` < 1, or a `config` with an unknown key, or with only some of
+        BLOCK_N / num_warps / num_stages.
     """
     block_d = _check_head_dim("flash_attn_with_kvcache", q.shape[-1])
+    _check_decode_config(config)
     batch, q_len, num_heads_q, head_dim = q.shape
     num_heads_kv = k_cache.shape[2]
     paged = block_table is not None
@@ -252,12 +302,17 @@ def flash_attn_with_kvcache(
     num_m_tiles = triton.cdiv(rows, block_m)
     programs = batch * num_heads_kv * num_m_tiles
     interpreting = _interpreting()
+    settings = decode_settings(programs, capacity, q.element_size(), block_d) | (config or {})
+    kernel = {key: settings[key] for key in _TILE_KEYS if key in settings}
+    if interpreting:  # one small key block, unless the call forces one (the table's tile is the GPU's)
+        kernel = {"BLOCK_N": (config or {}).get("BLOCK_N", _INTERPRET_DECODE_BLOCK_N)}
     if splits is None:
         sms = 4 if interpreting or not q.is_cuda else sm_count(q.device)
-        splits = num_splits(programs, capacity, sms, 4 * (_INTERPRET_DECODE_BLOCK_N if interpreting else 64))
+        min_keys = settings.get("min_split_keys", 4 * (_INTERPRET_DECODE_BLOCK_N if interpreting else 64))
+        splits = num_splits(programs, capacity, sms, min_keys, settings.get("split_waves", SPLIT_WAVES))
     if splits < 1:
         raise ValueError(f"triton flash_attn_with_kvcache: splits must be >= 1, got {splits}")
-    fused = splits > 1 and FUSED_COMBINE
+    fused = splits > 1 and bool(settings.get("fused", FUSED_COMBINE))
     if splits > 1:
         o_part = torch.empty((batch, q_len, num_heads_q, splits, head_dim), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((batch, q_len, num_heads_q, splits), dtype=torch.float32, device=q.device)
@@ -272,18 +327,18 @@ def flash_attn_with_kvcache(
             *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv, num_heads_q, q_len, group, new_len, capacity,
             max_blocks, num_pages, k_cache.shape[0], num_m_tiles, splits, qk_scale, softcap_scale, left, right,
-            MIN_SPLIT_BLOCKS, tune_size)
+            settings.get("min_split_blocks", MIN_SPLIT_BLOCKS), tune_size)
     meta = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "SPLIT": splits > 1,
             "HAS_LEFT": has_left, "HAS_RIGHT": has_right, "SOFTCAP": softcap > 0, "PAGED": paged,
             "PAGE_SIZE": page, "PRECISION": FP32_PRECISION if q.dtype == torch.float32 else "tf32",
             "HAS_BATCH_IDX": cache_batch_idx is not None, "HAS_LSE": softmax_lse is not None, "FUSED": fused,
-            "APPEND": folded, "PDL": False}
+            "APPEND": folded, "NEW_FIRST": folded and bool(settings.get("new_first", False))}
     grid = (programs, splits)
-    if interpreting:
-        decode_split_kernel[grid](*args, **meta, BLOCK_N=_INTERPRET_DECODE_BLOCK_N)
+    if kernel:  # a fixed configuration (and the interpreter's)
+        _DECODE_FIXED(grid, *args, **meta, **(pdl() if q.is_cuda else {"PDL": False}), **kernel)
     else:
         key = (head_dim, block_m, paged, splits > 1, q.dtype, k_cache.dtype, cache_seqlens.dtype, table.dtype,
-               cache_batch_idx is not None, softmax_lse is not None, fused, folded, tune_size)
+               cache_batch_idx is not None, softmax_lse is not None, fused, folded, meta["NEW_FIRST"], tune_size)
         _DECODE.launch(key, grid, *args, **meta | pdl())
     if splits > 1 and not fused:
         _COMBINE((batch * q_len * num_heads_q,),
