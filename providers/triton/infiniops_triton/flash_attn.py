@@ -70,9 +70,11 @@ DECODE_KEYS: Final = frozenset({"BLOCK_N", "num_warps", "num_stages", "maxnreg",
 # least, device side: a short context uses fewer of the launched splits), split_waves (programs per SM the
 # splits aim at), fused (the last split merges), new_first (APPEND: the new keys and the cache write before the
 # cache loop). benchmarks/gpu_sweep_decode.py times the candidates and prints its winners as rows; edit here.
-DECODE_DEFAULTS: list[tuple[int, int, dict[str, Any]]] = [
+DECODE_DEFAULTS: list[tuple[int, int, dict[str, Any]]] = [  # the H200 sweep's winners (benchmarks/RESULTS.md)
+    (64, 1 << 62, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "min_split_keys": 32, "min_split_blocks": 1,
+                   "split_waves": 4, "fused": False}),  # few programs: many short splits, a separate combine
     (256, 1 << 62, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "min_split_keys": 32, "min_split_blocks": 1,
-                    "split_waves": 4, "new_first": True}),  # few programs: more of them, each a short chain
+                    "split_waves": 2}),
     (1 << 62, 1 << 62, {}),  # the rest: the autotuned kernel, the module-level split rules
 ]
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
