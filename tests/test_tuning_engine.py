@@ -124,3 +124,27 @@ def test_the_tune_command_tunes_a_models_closure(qwen3: Path, monkeypatch: pytes
     assert "tuning and warm-up: " in captured.err
     assert "INFINILM_TUNE" not in os.environ  # the command's switch does not outlive it
     assert main(["tune", "--model", str(qwen3), "--force"]) == 2
+
+
+def test_the_warm_up_samples_once_so_a_compiling_sampler_compiles_before_the_first_request(
+        qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Triton sampler compiles one kernel per logits dtype (for every batch size): the warm-up calls the
+    operator once with a sampled row of the model's logits, as a request would (the greedy argmax needs none)."""
+    from infinilm.engine import warmup
+
+    seen: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
+    original = warmup.sample_ids
+
+    def spy(logits: torch.Tensor, seqs: Any) -> torch.Tensor:
+        seen.append((tuple(logits.shape), logits.dtype, all(s.params.temperature > 0 for s in seqs)))
+        return original(logits, seqs)
+
+    monkeypatch.setattr(warmup, "sample_ids", spy)
+    monkeypatch.setenv("INFINILM_TUNE", "1")
+    engine = Engine.from_pretrained(qwen3, EngineOptions(**OPTIONS))
+    assert engine.warmup.ran
+    assert seen == [((1, engine.config.vocab_size), torch.float32, True)]
+    monkeypatch.setenv("INFINILM_TUNE", "0")
+    seen.clear()
+    Engine.from_pretrained(qwen3, EngineOptions(**OPTIONS))
+    assert seen == []

@@ -29,6 +29,7 @@ import torch
 
 from infinilm.batch import Batch
 from infinilm.engine.graphs.decode import capture_sizes
+from infinilm.engine.sampling import sample_ids
 from infinilm.engine.sequence import SamplingParams, Sequence
 from infiniops_py import Implementation, Problem, unchecked_indices
 from infiniops_py._env import parse_flag
@@ -112,18 +113,19 @@ def _prefill(engine: Any, n: int) -> None:
         alloc.free(seq.block_table)
 
 
-def decode_padding(engine: Any, batch: int) -> Callable[[], None]:
+def decode_padding(engine: Any, batch: int) -> Callable[[], torch.Tensor]:
     """A decode step of `batch` padding rows (they write nothing), as a decode CUDA graph runs it: the call that
-    runs it (the warm-up's decode buckets, the CPU thread calibration of `infinilm.engine.threads`)."""
+    runs it and returns its logits (the warm-up's decode buckets, the CPU thread calibration of
+    `infinilm.engine.threads`)."""
     runner = engine.runner
     rows = torch.tensor(runner.padding, dtype=torch.int64, device=engine.device)[:, None].repeat(1, batch)
     width = runner.table_width
     tables = torch.zeros(batch, width, dtype=torch.int32, device=engine.device) if width else None
 
     @torch.inference_mode()
-    def step() -> None:
+    def step() -> torch.Tensor:
         with unchecked_indices():  # padding rows hold out-of-range values on purpose, as in a graph's capture
-            runner.graph_step(rows, tables)
+            return runner.graph_step(rows, tables)
 
     return step
 
@@ -131,6 +133,14 @@ def decode_padding(engine: Any, batch: int) -> Callable[[], None]:
 def _decode(engine: Any, batch: int) -> None:
     """One decode step of `batch` padding rows (see `decode_padding`)."""
     decode_padding(engine, batch)()
+
+
+def _sample(engine: Any) -> None:
+    """One sampled (temperature 1, top_p 0.9) call of the sampling operator on a row of the model's logits (its
+    vocabulary and dtype), so that a provider that compiles per dtype (the Triton sampler: one kernel for every
+    batch size) does it here and not under the first sampled request; the greedy argmax needs no warming."""
+    logits = decode_padding(engine, 1)()
+    sample_ids(logits[:1], [Sequence([0], SamplingParams(temperature=1.0, top_p=0.9, seed=0))])
 
 
 def _bar(total: int, show: bool | None) -> Any:
@@ -183,6 +193,8 @@ def warm_up(engine: Any, *, tune: bool | None = None, progress: bool | None = No
                 step()
             problems += [c.problem for c in calls]
             bar.update()
+        if sizes:
+            _sample(engine)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     report.chosen = _chosen(problems)
