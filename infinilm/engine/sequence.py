@@ -135,10 +135,13 @@ class Sequence:
         block_table: the cache block ids this sequence owns.
         row: its row of the engine's persistent step inputs while it runs (`infinilm.engine.input_batch`), else
             None.
+        stop_len / stop_ids: the length at which it finishes (``max_new_tokens`` output tokens, and at most the
+            scheduler's ``max_model_len``) and the tokens that finish it (``stop_token_ids``, and the model's EOS
+            ids unless ``ignore_eos``): from `params` here, completed by the scheduler when it queues the request.
     """
 
     __slots__ = ("block_table", "draws", "error", "finish_reason", "id", "num_cached", "num_prompt", "params",
-                 "row", "seed", "status", "tokens")
+                 "row", "seed", "status", "stop_ids", "stop_len", "tokens")
 
     def __init__(self, prompt: list[int], params: SamplingParams, request_id: int = 0) -> None:
         """A waiting request of `prompt` (token ids).
@@ -160,6 +163,8 @@ class Sequence:
         self.seed: int | None = None  # the sampler's Philox seed (int64 bits), set at the first sampled draw
         self.draws = 0  # how many tokens were drawn: the sampler's Philox offset of the next one
         self.error: str | None = None  # why the request finished with FinishReason.ERROR
+        self.stop_len = self.num_prompt + params.max_new_tokens
+        self.stop_ids = frozenset(params.stop_token_ids)
 
     @property
     def output(self) -> list[int]:
