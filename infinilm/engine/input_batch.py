@@ -30,6 +30,7 @@ waited for it, so this never blocks there; a tensor-parallel follower, which rea
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence as Seq
 from typing import Any, NamedTuple
 
@@ -43,6 +44,7 @@ __all__ = ["BlockTable", "CpuGpuBuffer", "DecodeInputs", "SeqRows"]
 # rows of the staging buffer: what a decode step gathers per sequence; PREV: the entry of the device's pending ids
 # that holds the token (-1: the token is on the host)
 TOKEN, POSITION, SLOT, LENGTH, ROW, PREV = range(6)
+_ROW_OF = operator.attrgetter("row")
 
 
 class DecodeInputs(NamedTuple):
@@ -252,7 +254,7 @@ class SeqRows:
     @staticmethod
     def rows_of(seqs: Seq[Any]) -> np.ndarray[Any, Any]:
         """The rows of `seqs`, int64 ``[len(seqs)]``."""
-        return np.fromiter((s.row for s in seqs), dtype=np.int64, count=len(seqs))
+        return np.fromiter(map(_ROW_OF, seqs), dtype=np.int64, count=len(seqs))
 
     def advance(self, rows: np.ndarray[Any, Any], tokens: Seq[int]) -> None:
         """After a step: each sequence of `rows` got one token, `tokens` in the same order."""

@@ -87,6 +87,9 @@ class Scheduler:
         bs = alloc.block_size
         extra = int(pending)
         i = 0
+        if not [s for s in running if len(s.tokens) + extra > len(s.block_table) * bs]:
+            decodes.extend(running)  # no sequence's next token starts a block (most steps): the loop below, faster
+            i = len(running)
         while i < len(running):
             seq = running[i]
             n = len(seq.tokens) + extra
