@@ -14,6 +14,7 @@ at a time): the tests hold the operator's draws to them.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,7 +116,8 @@ def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
         ValueError: the number of rows differs from the number of sequences.
     """
     if len(seqs) == logits.shape[0] and seqs and _all_greedy(seqs):
-        return _greedy(logits).tolist()  # int64: the int32 cast of `sample_ids` is one op more, for nothing here
+        ids = _greedy_numpy(logits)  # int64 (the int32 cast of `sample_ids` is one op more, for nothing here)
+        return (ids if ids is not None else _greedy(logits)).tolist()
     return sample_ids(logits, seqs).tolist()
 
 
@@ -132,13 +134,21 @@ def _greedy(logits: torch.Tensor) -> torch.Tensor:
     or no logit above -inf (the operator's answer for such a row: its max is not finite). On the CPU, for the
     dtypes NumPy has, by NumPy on the logits' memory (the same answer, without torch's per-op dispatch, which
     on rows this small costs more than the work)."""
-    if logits.device.type == "cpu" and logits.dtype in _NUMPY_DTYPES:
-        rows = logits.detach().numpy()
-        ids = rows.argmax(-1)
-        ids[~np.isfinite(rows.max(-1))] = -1
+    ids = _greedy_numpy(logits)
+    if ids is not None:
         return torch.from_numpy(ids)
     top, ids = logits.max(-1)
     return torch.where(top.isfinite(), ids, -1)
+
+
+def _greedy_numpy(logits: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """`_greedy` by NumPy, int64, for CPU logits of a dtype NumPy has; None for any other."""
+    if logits.device.type != "cpu" or logits.dtype not in _NUMPY_DTYPES:
+        return None
+    rows = (logits.detach() if logits.requires_grad else logits).numpy()
+    ids = rows.argmax(-1)
+    ids[~np.isfinite(rows.max(-1))] = -1
+    return ids
 
 
 def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
