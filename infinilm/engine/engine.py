@@ -52,7 +52,7 @@ from infinilm.engine.overlap import HostIds, InFlight
 from infinilm.engine.runner import AttentionRunner, RecurrentRunner, Runner
 from infinilm.engine.sampling import logprobs, sample, sample_ids
 from infinilm.engine.scheduler import Scheduler
-from infinilm.engine.sequence import SamplingParams, Sequence
+from infinilm.engine.sequence import SamplingParams, SeqStatus, Sequence
 from infinilm.engine.state_pool import StatePool
 from infinilm.engine.threads import calibrate_threads, using_threads
 from infinilm.engine.warmup import WarmupReport, decode_padding, warm_up
@@ -372,7 +372,7 @@ class Engine:
         batch, latest = done.batch, self._in_flight is None
         self.rows.resolved(batch.rows, tokens, latest)
         late = self.scheduler.take_deferred()  # finished while `done` was in flight: this token is dropped
-        live = [not s.finished for s in batch.seqs]
+        live = [s.status is not SeqStatus.FINISHED for s in batch.seqs]
         lps = logprobs(done.logits, batch.seqs, tokens) if done.logits is not None else None
         finished = self.scheduler.postprocess(batch, tokens, in_flight=not latest)
         self.scheduler.release_deferred(late)

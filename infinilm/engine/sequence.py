@@ -95,10 +95,16 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs={self.logprobs} must be in [0, {MAX_LOGPROBS}] (or None: no logprobs)")
 
-    @property
+    @functools.cached_property
     def penalized(self) -> bool:
-        """Whether a presence, frequency or repetition penalty is on."""
+        """Whether a presence, frequency or repetition penalty is on (computed once per params)."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @functools.cached_property
+    def needs_host(self) -> bool:
+        """Whether a step of this request needs its sampled token on the host before the next one launches
+        (penalties over the output, or logprobs: `infinilm.engine.overlap`); computed once per params."""
+        return self.penalized or self.logprobs is not None
 
     @functools.cached_property
     def plain_greedy(self) -> bool:
