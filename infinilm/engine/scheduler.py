@@ -21,8 +21,6 @@ and cancellation.
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections import deque
 
 from infinilm.batch import Batch
@@ -31,8 +29,6 @@ from infinilm.engine.kv_cache import BlockAllocator
 from infinilm.engine.sequence import FinishReason, SeqStatus, Sequence
 
 __all__ = ["Scheduler"]
-
-_TOKENS, _STOP_LEN, _STOP_IDS, _STATUS = map(operator.attrgetter, ("tokens", "stop_len", "stop_ids", "status"))
 
 
 class Scheduler:
@@ -143,14 +139,9 @@ class Scheduler:
         A token of -1 (the sampler's mark of non-finite logits) is not appended: it finishes the sequence with
         `FinishReason.ERROR` and the reason in `Sequence.error`.
         """
-        seqs = batch.seqs
-        if len(seqs) != len(tokens):
-            raise ValueError(f"tokens: {len(tokens)} for {len(seqs)} sequences")
-        if seqs and min(tokens) >= 0 and SeqStatus.FINISHED not in map(_STATUS, seqs):
-            return self._postprocess_running(seqs, tokens, in_flight)
         finished = []
         done = SeqStatus.FINISHED
-        for seq, token in zip(seqs, tokens, strict=True):
+        for seq, token in zip(batch.seqs, tokens, strict=True):
             if seq.status is done:
                 continue
             seq_tokens = seq.tokens
@@ -168,24 +159,6 @@ class Scheduler:
                 self._finish(seq, FinishReason.EOS, in_flight)
             else:
                 continue
-            finished.append(seq)
-        return finished
-
-    def _postprocess_running(self, seqs: list[Sequence], tokens: list[int], in_flight: bool) -> list[Sequence]:
-        """`postprocess` of a step whose sequences all run and all got a token (every step but a rare one): the
-        same rules, each applied to the whole step by C-level iteration (``map``), then the loop over those that
-        finish only."""
-        lists = list(map(_TOKENS, seqs))
-        deque(map(setattr, seqs, itertools.repeat("num_cached"), map(len, lists)), maxlen=0)
-        deque(map(list.append, lists, tokens), maxlen=0)
-        full = list(map(operator.ge, map(len, lists), map(_STOP_LEN, seqs)))
-        stops = list(map(frozenset.__contains__, map(_STOP_IDS, seqs), tokens))
-        if not (any(full) or any(stops)):
-            return []
-        finished = []
-        for i in itertools.compress(range(len(seqs)), map(operator.or_, full, stops)):
-            seq = seqs[i]
-            self._finish(seq, FinishReason.LENGTH if full[i] else FinishReason.EOS, in_flight)
             finished.append(seq)
         return finished
 
