@@ -185,6 +185,10 @@ class SeqRows:
         self.pending: torch.Tensor | None = None
         self.lens32 = CpuGpuBuffer((2, max_rows), torch.int32, device)  # an eager step's context and cache lengths
         self._views: dict[int, _Views] = {}
+        # `decode_step`'s `tables_out`: the last one written, the rows written into it (in order) and each row's
+        # place there (-1: none); and the rows whose tables changed since (only those are written again)
+        self._out: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
+        self._changed: set[int] = set()
         self._free = list(range(max_rows - 1, -1, -1))  # pop() hands out the lowest free row
         self._copied: torch.cuda.Event | None = None
 
@@ -215,6 +219,7 @@ class SeqRows:
         if n > self.max_blocks:
             raise CacheError(f"a block table of {n} blocks exceeds the {self.max_blocks} a row holds")
         self.tables.write(row, 0, table)
+        self._changed.add(row)
         self.num_blocks[row], self.lens[row], self.last[row], self.prev[row] = n, length, last, -1
 
     def mirror(self, batch: Any) -> None:
@@ -229,6 +234,7 @@ class SeqRows:
             if not 0 < n <= self.max_blocks:
                 raise CacheError(f"a block table of {n} blocks: a row holds 1 to {self.max_blocks}")
             self.tables.write(row, n - 1, s.block_table[-1:])
+            self._changed.add(row)
             self.num_blocks[row], self.lens[row], self.last[row] = n, len(s), s.tokens[-1]
 
     def grow(self, seq: Any) -> None:
@@ -239,6 +245,7 @@ class SeqRows:
             if new > self.max_blocks:
                 raise CacheError(f"a block table of {new} blocks exceeds the {self.max_blocks} a row holds")
             self.tables.write(row, old, seq.block_table[old:])
+            self._changed.add(row)
             self.num_blocks[row] = new
 
     def remove(self, seq: Any) -> None:
@@ -330,9 +337,30 @@ class SeqRows:
         if tables_out is not None:
             if self.tables.transposed:
                 raise ValueError("tables_out: the transposed tables are gathered on the device")
-            tables_out[:n, :width] = self.tables.buffer.np[rows, :width]
+            self._tables_into(tables_out, rows, width)
             return first, None
         return first, self.tables.gather(rows, v.row if self.tables.transposed else None, width)
+
+    def _tables_into(self, out: np.ndarray[Any, Any], rows: np.ndarray[Any, Any], width: int) -> None:
+        """Gather the tables of `rows` into `out`'s first rows (the CPU layout): when the last call wrote the same
+        rows into the same `out`, only the rows whose tables changed since (a few a step, none on most), else all
+        of them, `width` wide (vLLM's block table copies changed rows only)."""
+        last, src, changed = self._out, self.tables.buffer.np, self._changed
+        if (last is not None and last[0] is out and last[1].shape == rows.shape and np.array_equal(last[1], rows)
+                and 4 * len(changed) < len(rows)):
+            where = last[2]
+            for row in changed:
+                i = where[row]
+                if i >= 0:
+                    k = self.num_blocks[row]
+                    out[i, :k] = src[row, :k]
+        else:
+            n = len(rows)
+            out[:n, :width] = src[rows, :width]
+            where = np.full(self.max_rows, -1, dtype=np.int64)
+            where[rows] = np.arange(n)
+            self._out = (out, rows.copy(), where)
+        changed.clear()
 
     def _step_view(self, n: int) -> _Views:
         """The `_Views` of `n` columns (made on the first step of `n` sequences)."""
