@@ -8,7 +8,10 @@ length and its last token. The scheduler writes a row's table when the row is gi
 gets a block (only the new entries); the engine advances lengths and last tokens with one array operation
 after each step's sampling. A decode step then gathers its inputs (token, position, slot, context length,
 row) with NumPy fancy indexing into one staging buffer and copies it, and the block tables' columns in use,
-to the device: two copies per step whatever the batch, the context or max_model_len.
+to the device: two copies per step whatever the batch, the context or max_model_len (an eager attention step
+copies a third, its int32 context and cache lengths). The device views a step hands out are made once per batch
+size. On the CPU a decode graph's static tables are written by NumPy straight from the rows, and when a step's
+rows are the last step's, only the rows whose tables changed since (vLLM's changed-rows copy).
 
 The host buffers are `CpuGpuBuffer`s (vLLM's ``CpuGpuBuffer``): pinned on CUDA, so the copies are
 asynchronous; on the CPU the host tensor is the device tensor and nothing is copied. `BlockTable` keeps the
