@@ -8,7 +8,10 @@ length and its last token. The scheduler writes a row's table when the row is gi
 gets a block (only the new entries); the engine advances lengths and last tokens with one array operation
 after each step's sampling. A decode step then gathers its inputs (token, position, slot, context length,
 row) with NumPy fancy indexing into one staging buffer and copies it, and the block tables' columns in use,
-to the device: two copies per step whatever the batch, the context or max_model_len.
+to the device: two copies per step whatever the batch, the context or max_model_len (an eager attention step
+copies a third, its int32 context and cache lengths). The device views a step hands out are made once per batch
+size. On the CPU a decode graph's static tables are written by NumPy straight from the rows, and when a step's
+rows are the last step's, only the rows whose tables changed since (vLLM's changed-rows copy).
 
 The host buffers are `CpuGpuBuffer`s (vLLM's ``CpuGpuBuffer``): pinned on CUDA, so the copies are
 asynchronous; on the CPU the host tensor is the device tensor and nothing is copied. `BlockTable` keeps the
@@ -30,19 +33,49 @@ waited for it, so this never blocks there; a tensor-parallel follower, which rea
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from infinilm.engine.kv_cache import CacheError
 
-__all__ = ["BlockTable", "CpuGpuBuffer", "SeqRows"]
+__all__ = ["BlockTable", "CpuGpuBuffer", "DecodeInputs", "SeqRows"]
 
 # rows of the staging buffer: what a decode step gathers per sequence; PREV: the entry of the device's pending ids
 # that holds the token (-1: the token is on the host)
 TOKEN, POSITION, SLOT, LENGTH, ROW, PREV = range(6)
+_ROW_OF = operator.attrgetter("row")
+
+
+class DecodeInputs(NamedTuple):
+    """An eager decode step's inputs on the device (`SeqRows.decode_inputs`), n sequences: int64 ``[n]`` token ids,
+    positions and cache slots, int32 ``[n]`` context lengths (with the new token) and cache lengths (without it),
+    and int32 ``[n, width]`` block tables."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    context_lens: torch.Tensor
+    cache_seqlens: torch.Tensor
+    block_tables: torch.Tensor
+
+
+class _Views(NamedTuple):
+    """Views of the device staging buffers' first n columns, made once per n (slicing a tensor costs a
+    microsecond or two of host time): the whole step, its ROW row, its rows before ROW (a decode graph's
+    values), its TOKEN, POSITION and SLOT rows, and the int32 context and cache lengths."""
+
+    step: torch.Tensor
+    row: torch.Tensor
+    values: torch.Tensor
+    token: torch.Tensor
+    position: torch.Tensor
+    slot: torch.Tensor
+    context_lens: torch.Tensor
+    cache_seqlens: torch.Tensor
 
 
 class CpuGpuBuffer:
@@ -112,10 +145,13 @@ class BlockTable:
         if self.transposed:
             self.buffer.copy_to_gpu(width)
 
-    def gather(self, rows: np.ndarray[Any, Any], rows_on_device: torch.Tensor, width: int) -> torch.Tensor:
-        """The first `width` entries of `rows` (also given on the device), int32 ``[n, width]`` on the device:
-        a gather on the device from the last `copy_to_gpu` (a transposed view), or by NumPy on the CPU."""
+    def gather(self, rows: np.ndarray[Any, Any], rows_on_device: torch.Tensor | None, width: int) -> torch.Tensor:
+        """The first `width` entries of `rows` (also given on the device; needed when transposed), int32
+        ``[n, width]`` on the device: a gather on the device from the last `copy_to_gpu` (a transposed view), or
+        by NumPy on the CPU."""
         if self.transposed:
+            if rows_on_device is None:
+                raise ValueError("rows_on_device: the transposed tables are gathered on the device")
             return self.buffer.gpu[:width].index_select(1, rows_on_device).t()
         return torch.from_numpy(self.buffer.np[rows, :width])
 
@@ -145,11 +181,17 @@ class SeqRows:
         self.max_rows, self.max_blocks, self.block_size, self.device = max_rows, max_blocks, block_size, device
         self.tables = BlockTable(max_rows, max_blocks, device, transposed=transposed)
         self.step = CpuGpuBuffer((6, max_rows), torch.int64, device)
-        self.num_blocks = np.zeros(max_rows, dtype=np.int64)
-        self.lens = np.zeros(max_rows, dtype=np.int64)
-        self.last = np.zeros(max_rows, dtype=np.int64)
-        self.prev = np.full(max_rows, -1, dtype=np.int64)
+        # one array, so that a step gathers the four per-row values of its rows in one `take`
+        self._state = np.zeros((4, max_rows), dtype=np.int64)
+        self.last, self.lens, self.prev, self.num_blocks = self._state  # views: writes go to `_state`
+        self.prev.fill(-1)
         self.pending: torch.Tensor | None = None
+        self.lens32 = CpuGpuBuffer((2, max_rows), torch.int32, device)  # an eager step's context and cache lengths
+        self._views: dict[int, _Views] = {}
+        # `decode_step`'s `tables_out`: the last one written, the rows written into it (in order) and each row's
+        # place there (-1: none); and the rows whose tables changed since (only those are written again)
+        self._out: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
+        self._changed: set[int] = set()
         self._free = list(range(max_rows - 1, -1, -1))  # pop() hands out the lowest free row
         self._copied: torch.cuda.Event | None = None
 
@@ -180,6 +222,7 @@ class SeqRows:
         if n > self.max_blocks:
             raise CacheError(f"a block table of {n} blocks exceeds the {self.max_blocks} a row holds")
         self.tables.write(row, 0, table)
+        self._changed.add(row)
         self.num_blocks[row], self.lens[row], self.last[row], self.prev[row] = n, length, last, -1
 
     def mirror(self, batch: Any) -> None:
@@ -194,6 +237,7 @@ class SeqRows:
             if not 0 < n <= self.max_blocks:
                 raise CacheError(f"a block table of {n} blocks: a row holds 1 to {self.max_blocks}")
             self.tables.write(row, n - 1, s.block_table[-1:])
+            self._changed.add(row)
             self.num_blocks[row], self.lens[row], self.last[row] = n, len(s), s.tokens[-1]
 
     def grow(self, seq: Any) -> None:
@@ -204,6 +248,7 @@ class SeqRows:
             if new > self.max_blocks:
                 raise CacheError(f"a block table of {new} blocks exceeds the {self.max_blocks} a row holds")
             self.tables.write(row, old, seq.block_table[old:])
+            self._changed.add(row)
             self.num_blocks[row] = new
 
     def remove(self, seq: Any) -> None:
@@ -219,7 +264,7 @@ class SeqRows:
     @staticmethod
     def rows_of(seqs: Seq[Any]) -> np.ndarray[Any, Any]:
         """The rows of `seqs`, int64 ``[len(seqs)]``."""
-        return np.fromiter((s.row for s in seqs), dtype=np.int64, count=len(seqs))
+        return np.fromiter(map(_ROW_OF, seqs), dtype=np.int64, count=len(seqs))
 
     def advance(self, rows: np.ndarray[Any, Any], tokens: Seq[int]) -> None:
         """After a step: each sequence of `rows` got one token, `tokens` in the same order."""
@@ -262,28 +307,86 @@ class SeqRows:
             self._copied.synchronize()
             self._copied = None
 
-    def decode_step(self, rows: np.ndarray[Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_step(self, rows: np.ndarray[Any, Any], *, values: bool = False,
+                    tables_out: np.ndarray[Any, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The inputs of a decode step over `rows` (n of them), on the device: the int64 ``[5, n]`` token,
         position (length - 1), cache slot of the new token, context length (with the new token) and row of
-        each, and their block tables, int32 ``[n, width]`` (width: the longest among them; any strides)."""
+        each (`values`: only the first four, ``[4, n]``, as a decode graph takes them), and their block tables,
+        int32 ``[n, width]`` (width: the longest among them; any strides). `tables_out` (the CPU layout only: a
+        decode graph's static tables, int32 ``[>= n, >= width]``): the tables are gathered into its first
+        `n` rows and `width` columns instead, by NumPy, and None is returned for them (one copy, not two)."""
         n = len(rows)
         st = self.step.np
-        lens = self.lens[rows]
-        positions = lens - 1
-        st[TOKEN, :n] = self.last[rows]
-        st[POSITION, :n] = positions
+        last, lens, prev, num_blocks = self._state.take(rows, 1)
+        st[TOKEN, :n] = last
+        positions = st[POSITION, :n]
+        np.subtract(lens, 1, out=positions)
         bs = self.block_size
-        st[SLOT, :n] = self.tables.at(rows, positions // bs) * bs + positions % bs
+        index, offset = np.divmod(positions, bs)
+        slots = st[SLOT, :n]
+        np.multiply(self.tables.at(rows, index), bs, out=slots, dtype=np.int64)
+        slots += offset
         st[LENGTH, :n] = lens
         st[ROW, :n] = rows
         src = st[PREV, :n]
-        src[:] = self.prev[rows]
-        width = int(self.num_blocks[rows].max()) if n else 0
-        step = self.step.copy_to_gpu()[:, :n]
+        src[:] = prev
+        width = int(num_blocks.max()) if n else 0
+        self.step.copy_to_gpu()
+        v = self._step_view(n)
         self.tables.copy_to_gpu(width)
         self._record()
-        self._device_tokens(step, src)
-        return step, self.tables.gather(rows, step[ROW], width)
+        self._device_tokens(v.step, src)
+        first = v.values if values else v.step
+        if tables_out is not None:
+            if self.tables.transposed:
+                raise ValueError("tables_out: the transposed tables are gathered on the device")
+            self._tables_into(tables_out, rows, width)
+            return first, None
+        return first, self.tables.gather(rows, v.row if self.tables.transposed else None, width)
+
+    def _tables_into(self, out: np.ndarray[Any, Any], rows: np.ndarray[Any, Any], width: int) -> None:
+        """Gather the tables of `rows` into `out`'s first rows (the CPU layout): when the last call wrote the same
+        rows into the same `out`, only the rows whose tables changed since (a few a step, none on most), else all
+        of them, `width` wide (vLLM's block table copies changed rows only)."""
+        last, src, changed = self._out, self.tables.buffer.np, self._changed
+        if (last is not None and last[0] is out and last[1].shape == rows.shape and np.array_equal(last[1], rows)
+                and 4 * len(changed) < len(rows)):
+            where = last[2]
+            for row in changed:
+                i = where[row]
+                if i >= 0:
+                    k = self.num_blocks[row]
+                    out[i, :k] = src[row, :k]
+        else:
+            n = len(rows)
+            out[:n, :width] = src[rows, :width]
+            where = np.full(self.max_rows, -1, dtype=np.int64)
+            where[rows] = np.arange(n)
+            self._out = (out, rows.copy(), where)
+        changed.clear()
+
+    def _step_view(self, n: int) -> _Views:
+        """The `_Views` of `n` columns (made on the first step of `n` sequences)."""
+        views = self._views.get(n)
+        if views is None:
+            with torch.inference_mode(False):  # normal views, which a step may write in place in or out of it
+                step, lens = self.step.gpu[:, :n], self.lens32.gpu[:, :n]
+                views = self._views[n] = _Views(step, step[ROW], step[:ROW], step[TOKEN], step[POSITION],
+                                                step[SLOT], lens[0], lens[1])
+        return views
+
+    def decode_inputs(self, rows: np.ndarray[Any, Any]) -> DecodeInputs:
+        """`decode_step`'s inputs as an eager attention step takes them, the lengths also as int32 (from the host:
+        one more copy instead of casts on the device)."""
+        _, tables = self.decode_step(rows)
+        n = len(rows)
+        lens = self.lens32.np
+        lens[0, :n] = self.step.np[LENGTH, :n]
+        lens[1, :n] = self.step.np[POSITION, :n]
+        self.lens32.copy_to_gpu()
+        self._record()
+        v = self._step_view(n)
+        return DecodeInputs(v.token, v.position, v.slot, v.context_lens, v.cache_seqlens, tables.contiguous())
 
     def recurrent_step(self, rows: np.ndarray[Any, Any]) -> torch.Tensor:
         """The inputs of a recurrent model's decode step over `rows` (n of them) on the device: int64 ``[2, n]``,
@@ -294,7 +397,8 @@ class SeqRows:
         st[1, :n] = self.tables.at(rows, np.zeros(n, dtype=np.int64))
         src = st[PREV, :n]
         src[:] = self.prev[rows]
-        step = self.step.copy_to_gpu()[:, :n]
+        self.step.copy_to_gpu()
+        step = self._step_view(n).step
         self._record()
         self._device_tokens(step, src)
         return step[:2]

@@ -67,7 +67,7 @@ class InFlight:
         """`host`: a pinned buffer of at least ``len(ids)`` entries (`HostIds.take`) the ids are copied to without
         blocking, or None (the ids are on the host already)."""
         self.batch, self.ids, self.start = batch, ids, start
-        self.overlap = not any(s.params.penalized or s.params.logprobs is not None for s in batch.seqs)
+        self.overlap = not any(s.params.needs_host for s in batch.seqs)
         self.logits = None if self.overlap else logits
         self._ready: torch.cuda.Event | None = None
         if host is not None and ids.device.type == "cuda":

@@ -29,7 +29,7 @@ from infinilm.batch import Batch
 from infinilm.config import ConfigError
 from infinilm.engine.graphs.decode import DecodeGraphs
 from infinilm.engine.graphs.prefill import PrefillGraphs
-from infinilm.engine.input_batch import LENGTH, POSITION, ROW, SLOT, TOKEN, SeqRows
+from infinilm.engine.input_batch import SeqRows
 from infinilm.engine.kv_cache import KVCache, slots_for
 from infinilm.engine.state_pool import StatePool
 from infinilm.layers.attention import AttnContext
@@ -54,6 +54,7 @@ class Runner(abc.ABC):
     def __init__(self, model: Any, cache: KVCache | StatePool, device: torch.device, rows: SeqRows) -> None:
         self.model, self.cache, self.device, self.rows = model, cache, device, rows
         self.graphs: DecodeGraphs | None = None
+        self._static_tables: np.ndarray[Any, Any] | None = None  # NumPy's view of the CPU graphs' static tables
 
     def _tensor(self, values: Any, dtype: torch.dtype) -> torch.Tensor:
         """`values` (a list or an array) on the device: through pinned memory on CUDA, so the copy is
@@ -123,6 +124,7 @@ class Runner(abc.ABC):
         graphs = DecodeGraphs(self, self.device, implementations)
         status = graphs.capture(min(max_batch, self.cache.allocator.num_blocks))
         self.graphs = graphs if graphs.sizes else None
+        self._static_tables = None
         return status
 
     def capture_prefill_graphs(self, lengths: Iterable[int], implementations: Iterable[Implementation] = ()) -> str:
@@ -149,14 +151,16 @@ class AttentionRunner(Runner):
     def prepare(self, batch: Batch) -> tuple[tuple[Any, ...], np.ndarray[Any, Any] | None]:
         """``(input_ids, positions, AttnContext, cache)`` and the index of each sequence's last token."""
         i64, i32 = torch.int64, torch.int32
-        ctx = AttnContext(slot_mapping=torch.empty(0, dtype=i64), num_decode=len(batch.decodes))
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         if batch.decodes:
-            step, tables = self.rows.decode_step(self.decode_rows_of(batch))
-            parts.append((step[TOKEN], step[POSITION], step[SLOT]))
-            ctx.context_lens = step[LENGTH].to(i32)
-            ctx.cache_seqlens = (step[LENGTH] - 1).to(i32)
-            ctx.block_tables = tables.contiguous()
+            d = self.rows.decode_inputs(self.decode_rows_of(batch))
+            ctx = AttnContext(slot_mapping=d.slot_mapping, num_decode=len(batch.decodes), context_lens=d.context_lens,
+                              cache_seqlens=d.cache_seqlens, block_tables=d.block_tables)
+            if not batch.prefills:  # a decode-only step: the rows' views as they are
+                return (d.input_ids, d.positions, ctx, self.cache), None
+            parts.append((d.input_ids, d.positions, d.slot_mapping))
+        else:
+            ctx = AttnContext(slot_mapping=torch.empty(0, dtype=i64), num_decode=0)
         last = None
         if batch.prefills:
             ids, last = self._prefill_tokens(batch)
@@ -175,9 +179,14 @@ class AttentionRunner(Runner):
         return (ids_t, positions_t, ctx, self.cache), last
 
     def graph_inputs(self, rows: np.ndarray[Any, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Rows token, position, slot, context length; block tables as wide as the longest in the step."""
-        step, tables = self.rows.decode_step(rows)
-        return step[:ROW], tables
+        """Rows token, position, slot, context length; block tables as wide as the longest in the step (on the
+        CPU gathered straight into the graphs' static tables, and None returned for them)."""
+        static = self.graphs.tables if self.graphs is not None else None
+        if static is not None and not self.rows.tables.transposed:
+            if self._static_tables is None:
+                self._static_tables = static.numpy()
+            return self.rows.decode_step(rows, values=True, tables_out=self._static_tables)
+        return self.rows.decode_step(rows, values=True)
 
     def graph_step(self, rows: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
         """Logits of a decode step whose rows are token, position, slot and context length."""

@@ -14,7 +14,9 @@ at a time): the tests hold the operator's draws to them.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import Any
 
+import numpy as np
 import torch
 
 from infinilm.engine.sequence import Sequence
@@ -113,7 +115,40 @@ def sample(logits: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
     Raises:
         ValueError: the number of rows differs from the number of sequences.
     """
+    if len(seqs) == logits.shape[0] and seqs and _all_greedy(seqs):
+        ids = _greedy_numpy(logits)  # int64 (the int32 cast of `sample_ids` is one op more, for nothing here)
+        return (ids if ids is not None else _greedy(logits)).tolist()
     return sample_ids(logits, seqs).tolist()
+
+
+def _all_greedy(seqs: Seq[Sequence]) -> bool:
+    """Whether every one of `seqs` is greedy and unpenalized (vLLM's all-greedy step)."""
+    return all(s.params.plain_greedy for s in seqs)
+
+
+_NUMPY_DTYPES = frozenset((torch.float16, torch.float32, torch.float64))
+
+
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    """vLLM's all-greedy step: the argmax of each row (the first on ties), int64, -1 for a row with a NaN, a +inf
+    or no logit above -inf (the operator's answer for such a row: its max is not finite). On the CPU, for the
+    dtypes NumPy has, by NumPy on the logits' memory (the same answer, without torch's per-op dispatch, which
+    on rows this small costs more than the work)."""
+    ids = _greedy_numpy(logits)
+    if ids is not None:
+        return torch.from_numpy(ids)
+    top, ids = logits.max(-1)
+    return torch.where(top.isfinite(), ids, -1)
+
+
+def _greedy_numpy(logits: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """`_greedy` by NumPy, int64, for CPU logits of a dtype NumPy has; None for any other."""
+    if logits.device.type != "cpu" or logits.dtype not in _NUMPY_DTYPES:
+        return None
+    rows = (logits.detach() if logits.requires_grad else logits).numpy()
+    ids = rows.argmax(-1)
+    ids[~np.isfinite(rows.max(-1))] = -1
+    return ids
 
 
 def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
@@ -132,11 +167,8 @@ def sample_ids(logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
     dev = logits.device
     if not seqs:
         return torch.empty(0, dtype=torch.int32, device=dev)
-    if all(s.params.plain_greedy for s in seqs):
-        # vLLM's all-greedy step: the argmax (the first on ties), -1 for a row with a NaN, a +inf or no logit
-        # above -inf (the operator's answer for such a row: its max is not finite), without per-row options
-        top, ids = logits.max(-1)
-        return ids.int().masked_fill_(top.isfinite().logical_not_(), -1)
+    if _all_greedy(seqs):  # without per-row options
+        return _greedy(logits).int()
     tiny = torch.finfo(torch.float32).tiny  # a positive temperature below it would round to 0 (greedy)
     # one option per row of these [3, B] tensors: each row is a contiguous [B] tensor on the device
     options = _to(torch.tensor([[s.params.temperature and max(s.params.temperature, tiny) for s in seqs],

@@ -60,6 +60,9 @@ class Scheduler:
         if self.allocator.blocks_needed(len(seq) + 1) > self.allocator.num_blocks:
             raise ValueError(f"prompt: {len(seq)} tokens need more KV blocks than the cache holds "
                              f"({self.allocator.num_blocks} of {self.allocator.block_size} tokens)")
+        p = seq.params
+        seq.stop_len = min(seq.num_prompt + p.max_new_tokens, self.max_model_len)
+        seq.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_token_ids)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -84,6 +87,9 @@ class Scheduler:
         bs = alloc.block_size
         extra = int(pending)
         i = 0
+        if not [s for s in running if len(s.tokens) + extra > len(s.block_table) * bs]:
+            decodes.extend(running)  # no sequence's next token starts a block (most steps): the loop below, faster
+            i = len(running)
         while i < len(running):
             seq = running[i]
             n = len(seq.tokens) + extra
@@ -134,12 +140,12 @@ class Scheduler:
         `FinishReason.ERROR` and the reason in `Sequence.error`.
         """
         finished = []
-        max_len, eos = self.max_model_len, self.eos_token_ids
+        done = SeqStatus.FINISHED
         for seq, token in zip(batch.seqs, tokens, strict=True):
-            if seq.status is SeqStatus.FINISHED:
+            if seq.status is done:
                 continue
             seq_tokens = seq.tokens
-            seq.num_cached = len(seq_tokens)
+            n = seq.num_cached = len(seq_tokens)
             if token < 0:  # the sampler's mark of a row of non-finite logits
                 seq.error = ("the model's logits for this request are non-finite (NaN or inf): no token can be "
                              "sampled")
@@ -147,11 +153,9 @@ class Scheduler:
                 finished.append(seq)
                 continue
             seq_tokens.append(token)
-            p = seq.params
-            n = len(seq_tokens)
-            if n - seq.num_prompt >= p.max_new_tokens or n >= max_len:
+            if n >= seq.stop_len - 1:  # max_new_tokens output tokens, or max_model_len tokens (set by `add`)
                 self._finish(seq, FinishReason.LENGTH, in_flight)
-            elif token in p.stop_token_ids or (not p.ignore_eos and token in eos):
+            elif token in seq.stop_ids:  # its stop_token_ids, and the model's EOS ids unless ignore_eos
                 self._finish(seq, FinishReason.EOS, in_flight)
             else:
                 continue

@@ -95,10 +95,16 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs={self.logprobs} must be in [0, {MAX_LOGPROBS}] (or None: no logprobs)")
 
-    @property
+    @functools.cached_property
     def penalized(self) -> bool:
-        """Whether a presence, frequency or repetition penalty is on."""
+        """Whether a presence, frequency or repetition penalty is on (computed once per params)."""
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @functools.cached_property
+    def needs_host(self) -> bool:
+        """Whether a step of this request needs its sampled token on the host before the next one launches
+        (penalties over the output, or logprobs: `infinilm.engine.overlap`); computed once per params."""
+        return self.penalized or self.logprobs is not None
 
     @functools.cached_property
     def plain_greedy(self) -> bool:
@@ -135,10 +141,13 @@ class Sequence:
         block_table: the cache block ids this sequence owns.
         row: its row of the engine's persistent step inputs while it runs (`infinilm.engine.input_batch`), else
             None.
+        stop_len / stop_ids: the length at which it finishes (``max_new_tokens`` output tokens, and at most the
+            scheduler's ``max_model_len``) and the tokens that finish it (``stop_token_ids``, and the model's EOS
+            ids unless ``ignore_eos``): from `params` here, completed by the scheduler when it queues the request.
     """
 
     __slots__ = ("block_table", "draws", "error", "finish_reason", "id", "num_cached", "num_prompt", "params",
-                 "row", "seed", "status", "tokens")
+                 "row", "seed", "status", "stop_ids", "stop_len", "tokens")
 
     def __init__(self, prompt: list[int], params: SamplingParams, request_id: int = 0) -> None:
         """A waiting request of `prompt` (token ids).
@@ -160,6 +169,8 @@ class Sequence:
         self.seed: int | None = None  # the sampler's Philox seed (int64 bits), set at the first sampled draw
         self.draws = 0  # how many tokens were drawn: the sampler's Philox offset of the next one
         self.error: str | None = None  # why the request finished with FinishReason.ERROR
+        self.stop_len = self.num_prompt + params.max_new_tokens
+        self.stop_ids = frozenset(params.stop_token_ids)
 
     @property
     def output(self) -> list[int]:

@@ -172,3 +172,35 @@ def test_the_cuda_layout_of_the_tables_gives_the_same_tokens_on_the_cpu(checkpoi
     assert rows.tables.transposed and rows.num_free == 4
     if graphs:
         assert sum(g.replays for g, _ in moved.runner.graphs.graphs.values()) > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tables_gathered_into_a_static_buffer_hold_each_steps_rows_tables(seed: int) -> None:
+    """The CPU decode graphs' tables (`decode_step(tables_out=...)`: all rows written when the step's rows differ
+    from the last step's, else only those whose tables changed) hold each step's tables in the step's order, through
+    growth, finishes, row reuse, preemption and reordering; the stale entries of the other rows are never read."""
+    rng = random.Random(seed)
+    alloc = BlockAllocator(num_blocks=14, block_size=2)  # few: preemptions
+    rows = SeqRows(6, 16, 2, CPU)
+    sched = Scheduler(alloc, max_num_seqs=6, max_num_batched_tokens=64, max_model_len=32, rows=rows)
+    out = np.full((6, 16), -7, dtype=np.int32)
+    prompts = [[rng.randrange(1, 50) for _ in range(rng.randint(1, 6))] for _ in range(14)]
+    for p in prompts:
+        sched.add(Sequence(p, SamplingParams(max_new_tokens=rng.randint(1, 12), ignore_eos=True)))
+    steps = 0
+    while sched.has_work() and steps < 200:
+        steps += 1
+        batch = sched.schedule()
+        decodes = list(batch.decodes)
+        if len(decodes) > 2 and rng.random() < 0.2:  # another order of the same sequences
+            rng.shuffle(decodes)
+        if decodes:
+            idx = SeqRows.rows_of(decodes)
+            _, none = rows.decode_step(idx, values=True, tables_out=out)
+            assert none is None
+            for i, s in enumerate(decodes):
+                assert out[i, :len(s.block_table)].tolist() == s.block_table
+        tokens = [rng.randrange(1, 50) for _ in batch.seqs]
+        rows.advance(SeqRows.rows_of(batch.seqs), tokens)
+        sched.postprocess(batch, tokens)
+    assert not sched.has_work() and sched.num_preemptions > 0

@@ -289,3 +289,36 @@ def test_unchecked_index_mode_gives_the_same_tokens(checkpoint: CheckpointFactor
     seen.clear()
     assert _engine(checkpoint, num_blocks=16, check_indices=False).generate(prompts, params) == checked
     assert seen and not any(seen)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_postprocess_applies_the_stop_rules_to_random_steps_as_written(seed: int) -> None:
+    """`Scheduler.postprocess` (its whole-step path, and the per-sequence loop a -1 token sends a step to) against
+    the rules written out per sequence: -1 is an error, then the length limit (``max_new_tokens`` or
+    ``max_model_len``) before the stop tokens and the EOS ids unless ``ignore_eos``."""
+    rng = random.Random(seed)
+    eos, max_len = (5, 6), 14
+    scheduler = Scheduler(BlockAllocator(num_blocks=64, block_size=4), max_num_seqs=12, max_num_batched_tokens=256,
+                          max_model_len=max_len, eos_token_ids=eos)
+    seqs = [Sequence([1] * rng.randint(1, 6), SamplingParams(
+        max_new_tokens=rng.randint(1, 10), ignore_eos=rng.random() < 0.5,
+        stop_token_ids=tuple(rng.sample(range(8), rng.randint(0, 2)))), i) for i in range(12)]
+    for seq in seqs:
+        scheduler.add(seq)
+    expect: dict[int, tuple[list[int], FinishReason]] = {}
+    while scheduler.has_work():
+        batch = scheduler.schedule()
+        tokens = [rng.randrange(8) if rng.random() > 0.03 else -1 for _ in batch.seqs]
+        for seq, token in zip(batch.seqs, tokens):
+            out = [*seq.output, token]
+            p = seq.params
+            if token < 0:
+                expect[seq.id] = (out[:-1], FinishReason.ERROR)
+            elif len(out) >= p.max_new_tokens or seq.num_prompt + len(out) >= max_len:
+                expect[seq.id] = (out, FinishReason.LENGTH)
+            elif token in p.stop_token_ids or (not p.ignore_eos and token in eos):
+                expect[seq.id] = (out, FinishReason.EOS)
+        finished = scheduler.postprocess(batch, tokens)
+        assert {s.id for s in finished} == {s.id for s in batch.seqs if s.id in expect and s.finished}
+    assert {s.id: (s.output, s.finish_reason) for s in seqs} == expect
+    assert scheduler.allocator.num_free == 64 and not scheduler.running

@@ -205,3 +205,23 @@ def test_infinilm_generate_reports_non_finite_logits_and_exits_1(tmp_path, capsy
                  "--temperature", "0.8", "--max-model-len", "64"])
     assert code == 1
     assert "non-finite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_all_greedy_step_is_the_first_argmax_and_minus_one_where_the_max_is_not_finite(dtype) -> None:  # type: ignore[no-untyped-def]
+    """The all-greedy path (NumPy on the CPU where it has the dtype, torch's ops otherwise): ties give the first
+    index; a row holding a NaN or a +inf, or only -inf, gives -1; `sample_ids` the same ids as int32."""
+    from infinilm.engine.sampling import sample_ids
+
+    logits = torch.randint(-3, 4, (9, 40)).to(dtype)  # few distinct values: many ties
+    logits[1, 7] = float("nan")
+    logits[2, 30] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, 0] = float("-inf")  # one -inf among finite logits changes nothing
+    seqs = _seqs(*[SamplingParams()] * 9)
+    expect = [-1 if not torch.isfinite(row.max()) else next(i for i, v in enumerate(row.tolist()) if v == row.max())
+              for row in logits.double()]
+    assert expect[1:4] == [-1, -1, -1]
+    assert sample(logits, seqs) == expect
+    ids = sample_ids(logits, seqs)
+    assert ids.dtype == torch.int32 and ids.tolist() == expect

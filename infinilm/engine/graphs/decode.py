@@ -60,6 +60,10 @@ class DecodeGraphs(CapturedSteps):
         self.rows = torch.empty(0)
         self.tables: torch.Tensor | None = None
         self._padding = torch.empty(0)
+        # per batch size n: the captured size that serves it, its graph, and the views a replay of n copies into
+        # and returns (made once per n: slicing costs host time on every step)
+        self._replays: dict[int, tuple[int, torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None,
+                                       torch.Tensor]] = {}
 
     def serves(self, n: int) -> bool:
         """Whether a decode step of `n` sequences fits a captured size."""
@@ -85,6 +89,7 @@ class DecodeGraphs(CapturedSteps):
         self._padding = torch.tensor(self.step.padding, dtype=torch.int64, device=self.device)[:, None]
         width = self.step.table_width
         self.tables = torch.zeros(max_batch, width, dtype=torch.int32, device=self.device) if width else None
+        self._replays.clear()
         failed = self._capture_all(sizes)
         if failed is not None:
             return failed
@@ -96,12 +101,20 @@ class DecodeGraphs(CapturedSteps):
         the device (the columns past `width` keep older entries, which the step's context lengths never reach).
         """
         n = rows.shape[1]
-        bs = next(s for s in self.sizes if s >= n)
+        bs, graph, static_rows, static_tables, out = self._replays.get(n) or self._replay_of(n)
         if bs > n:
             self._pad(n, bs)
-        self.rows[:, :n].copy_(rows)
-        if self.tables is not None and tables is not None:
-            self.tables[:n, :tables.shape[1]].copy_(tables)
-        graph, out = self.graphs[bs]
+        static_rows.copy_(rows)
+        if static_tables is not None and tables is not None:
+            static_tables[:, :tables.shape[1]].copy_(tables)
         graph.replay()
-        return out[:n]
+        return out
+
+    def _replay_of(self, n: int) -> tuple[int, torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """What a replay of `n` sequences uses: the captured size serving it, its graph, the static rows' and
+        tables' first `n` entries, and its output's first `n` rows (kept for the next replay of `n`)."""
+        bs = next(s for s in self.sizes if s >= n)
+        graph, out = self.graphs[bs]
+        entry = self._replays[n] = (bs, graph, self.rows[:, :n], None if self.tables is None else self.tables[:n],
+                                    out[:n])
+        return entry
