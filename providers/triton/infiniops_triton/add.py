@@ -124,6 +124,7 @@ _even = triton.heuristics({"EVEN": lambda args: args["numel"] % args["BLOCK"] ==
 _add_flat_tuned = Tuned(triton.autotune(list(_FLAT_CANDIDATES), key=["size_class", "WIDE"],
                                         restore_value=["OUT"])(_even(_add_flat_kernel)))
 _add_flat_fixed = _even(_add_flat_kernel)
+_MAX_FLAT_BLOCK = max(c.kwargs["BLOCK"] for c in _FLAT_CANDIDATES)
 
 
 _ADD = Launcher(_add_kernel)
@@ -133,7 +134,7 @@ _ADD_FLAT = Launcher(_add_flat_fixed)
 def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float) -> None:
     numel = out.numel()
     args = (a, b, out, numel, alpha, numel.bit_length())
-    wide = numel + 2 * max(c.kwargs["BLOCK"] for c in _FLAT_CANDIDATES) >= 2**31  # the last block's offsets too
+    wide = numel + 2 * _MAX_FLAT_BLOCK >= 2**31  # the last block's offsets too
     if numel >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
         _add_flat_tuned.launch((args[-1], wide, out.dtype), lambda meta: (cdiv(numel, meta["BLOCK"]),), *args,
                                WIDE=wide)

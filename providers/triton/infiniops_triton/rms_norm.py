@@ -8,6 +8,8 @@ pack several rows per program so every program moves a few kilobytes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -82,6 +84,7 @@ _RMS_NORM = Launcher(_rms_norm_kernel)
 _FUSED_ADD_RMS_NORM = Launcher(_fused_add_rms_norm_kernel)
 
 
+@functools.lru_cache(maxsize=4096)  # a model has a few hidden sizes and at most its maximum token count of rows
 def _launch_params(rows: int, hidden: int) -> tuple[int, int, int]:
     """(ROWS, BLOCK, num_warps) for `rows` rows of `hidden` elements."""
     if hidden > MAX_HIDDEN:
