@@ -158,9 +158,12 @@ def _gemm_kernel(
 _GEMM = Tuned(_gemm_kernel)
 
 
-def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
-    """One past the largest element offset of a tensor of `shape` and `stride` (how far its addresses reach)."""
-    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+def _reach(t: torch.Tensor) -> int:
+    """One past the largest element offset of `t` (how far its addresses reach): its element count when it is
+    contiguous."""
+    if t.is_contiguous():
+        return t.numel()
+    return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
 
 def gemm(
@@ -229,7 +232,7 @@ def gemm(
         float(alpha), float(beta), tune_key,
         HAS_C=has_c, HAS_BIAS=has_bias,
         PRECISION="ieee" if dtype is torch.float32 else "tf32",
-        WIDE=max(_span(shape_a, st_a), _span(shape_b, st_b), _span(out.shape, out.stride())) >= 2**31,
+        WIDE=max(_reach(a), _reach(b), _reach(out)) >= 2**31,
     )
     return out
 
