@@ -893,6 +893,34 @@ def test_index_checks_default_per_device_and_a_scope_belongs_to_its_thread(monke
                     "out": torch.Size([5, 4, 16])}
 
 
+def test_index_checks_on_cuda_skip_the_capture_query_by_default_and_never_check_while_capturing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA default (no scope, no ``INFINIOPS_CHECK_INDICES``) answers without asking whether the stream
+    captures (issue #25: host cost per call); a check asked for by a scope or the switch is still off while
+    capturing."""
+    from infiniops_py.operators import _base
+
+    cuda = torch.device("cuda")
+    asked: list[bool] = []
+    capturing = [False]
+
+    def query() -> bool:
+        asked.append(True)
+        return capturing[0]
+
+    monkeypatch.setattr(_base, "_capturing", query)
+    monkeypatch.delenv("INFINIOPS_CHECK_INDICES", raising=False)
+    assert not is_checked(cuda) and not asked
+    with ip.checked_indices():
+        assert is_checked(cuda) and len(asked) == 1
+        capturing[0] = True
+        assert not is_checked(cuda)
+    monkeypatch.setenv("INFINIOPS_CHECK_INDICES", "1")
+    assert not is_checked(cuda)
+    capturing[0] = False
+    assert is_checked(cuda)
+
+
 def test_the_new_arguments_compile_into_one_custom_operator_node_each() -> None:
     """``return_softmax_lse`` (the ``with_lse`` overloads), ALiBi, seqused_k, an int cache_seqlens, rotary,
     cache_batch_idx and an fp8 cache write go through torch.compile(fullgraph=True) and match eager."""

@@ -120,6 +120,33 @@ def test_heuristics_are_evaluated_into_the_key() -> None:
     assert launcher.key(x, x, 6, 0.5, True)[5] == 2
 
 
+def test_a_heuristic_sees_the_values_of_those_before_it_as_in_triton() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def block(args: dict[str, Any]) -> int:
+        seen.append(dict(args))
+        return 32 if args["MODE"] == 1 else 64
+
+    tuned = triton.heuristics({"MODE": lambda args: args["n"] % 4, "BLOCK": block})(_toy)
+    x = torch.zeros(64)
+    key = Launcher(tuned).key(x, x, 5, 0.5, True)
+    assert key[5:7] == (1, 32) and seen[0]["MODE"] == 1 and seen[0]["n"] == 5 and seen[0]["X"] is x
+
+
+def test_a_tuned_hit_calls_a_grid_with_the_chosen_configuration() -> None:
+    from infiniops_triton._launch import Tuned
+
+    launches: list[tuple[Any, ...]] = []
+    tuned = Tuned(triton.autotune([triton.Config({"BLOCK": 32})], key=["n"])(_toy))
+    tuned._chosen["k"] = {"BLOCK": 32, "num_warps": 4}
+    tuned._inner = lambda grid, *args, **kwargs: launches.append((grid, args, kwargs))
+    x = torch.zeros(64)
+    tuned.launch("k", lambda meta: (64 // meta["BLOCK"], meta["num_warps"]), x, x, 3, 0.5, True, MODE=1)
+    tuned.launch("k", (7,), x, x, 3, 0.5, True, MODE=1)
+    assert [g for g, _, _ in launches] == [(2, 4), (7,)]
+    assert launches[0][2] == {"MODE": 1, "BLOCK": 32, "num_warps": 4}
+
+
 def test_the_switched_kernels_bind_as_triton_does() -> None:
     for launcher in switched_launchers():
         assert not launcher._plain, launcher.kernel

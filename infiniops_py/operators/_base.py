@@ -120,9 +120,11 @@ def is_checked(device: torch.device) -> bool:
     kind = device.type
     if kind == "meta":
         return False
+    scoped = _INDEX_CHECKS.get()
+    if scoped is None and kind == "cuda" and "INFINIOPS_CHECK_INDICES" not in os.environ:
+        return False  # the CUDA default, capturing or not: no capture query on the hot path
     if kind == "cuda" and _capturing():
         return False
-    scoped = _INDEX_CHECKS.get()
     if scoped is not None:
         return scoped
     forced = _env_index_checks(os.environ.get("INFINIOPS_CHECK_INDICES"))

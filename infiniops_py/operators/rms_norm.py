@@ -223,28 +223,55 @@ def fused_add_rms_norm(
             `eps`, an expanded `x` or `residual`, any two of the tensors sharing memory, or a tensor that
             requires grad while grad mode is on.
     """
-    check_tensor(_FUSED, "x", x)
-    check_tensor(_FUSED, "residual", residual)
-    check_tensor(_FUSED, "weight", weight)
-    check_no_grad(_FUSED, {"x": x, "residual": residual, "weight": weight})
-    check_real(_FUSED, "eps", eps, low=0.0, low_inclusive=False)
-    h = _check_rows(_FUSED, "x", x)
-    if residual.shape != x.shape:
+    # As rms_norm's: each attribute read once, a helper called only to raise, in the order of the arguments.
+    if not (isinstance(x, _Tensor) and isinstance(residual, _Tensor) and isinstance(weight, _Tensor)
+            and x.layout is _STRIDED and residual.layout is _STRIDED and weight.layout is _STRIDED):
+        check_tensor(_FUSED, "x", x)
+        check_tensor(_FUSED, "residual", residual)
+        check_tensor(_FUSED, "weight", weight)
+    if _grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
+        check_no_grad(_FUSED, {"x": x, "residual": residual, "weight": weight})
+    if type(eps) is not float or not 0.0 < eps < _INF:
+        check_real(_FUSED, "eps", eps, low=0.0, low_inclusive=False)
+    dtype, shape = x.dtype, x.shape
+    if dtype not in _FLOAT_SET or not shape:
+        _check_rows(_FUSED, "x", x)
+    h = shape[-1]
+    x_contiguous = x.is_contiguous()
+    if not x_contiguous:
+        check_last_stride(_FUSED, "x", x)
+    if residual.shape != shape:
         raise ContractError(
-            _FUSED, "residual", f"expected shape {list(x.shape)} (same as x), got {list(residual.shape)}"
+            _FUSED, "residual", f"expected shape {list(shape)} (same as x), got {list(residual.shape)}"
         )
-    check_like(_FUSED, "residual", residual, x)
-    check_last_stride(_FUSED, "residual", residual)
-    _check_weight(_FUSED, weight, x, h)
-    if x.numel() == 0:
+    on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
+    if residual.dtype is not dtype or ((not residual.is_cpu) if on_cpu else residual.device != x.device):
+        check_like(_FUSED, "residual", residual, x)
+    r_contiguous = residual.is_contiguous()
+    if not r_contiguous:
+        check_last_stride(_FUSED, "residual", residual)
+    if (weight.dtype is not dtype or ((not weight.is_cpu) if on_cpu else weight.device != x.device)
+            or weight.shape != (h,) or not weight.is_contiguous()):
+        _check_weight(_FUSED, weight, x, h)
+    if 0 in shape:
         return x, residual
-    check_writable(_FUSED, "x", x)
-    check_writable(_FUSED, "residual", residual)
-    check_no_overlap(_FUSED, "residual", residual, "x", x)
-    check_no_overlap(_FUSED, "weight", weight, "x", x)
-    check_no_overlap(_FUSED, "weight", weight, "residual", residual)
-    key = FUSED_SPEC.key(x.device.type, x.dtype, hidden_size=h, tokens=x.numel() // h)
-    if x.dim() == 2:
+    if not x_contiguous:
+        check_writable(_FUSED, "x", x)
+    if not r_contiguous:
+        check_writable(_FUSED, "residual", residual)
+    # byte ranges first: `overlaps` runs only when two of them meet (weight is contiguous, checked above)
+    x_lo, r_lo, w_lo = x.data_ptr(), residual.data_ptr(), weight.data_ptr()
+    x_hi = x_lo + (x.nbytes if x_contiguous else byte_extent(x))
+    r_hi = r_lo + (residual.nbytes if r_contiguous else byte_extent(residual))
+    w_hi = w_lo + weight.nbytes
+    if r_lo < x_hi and x_lo < r_hi:
+        check_no_overlap(_FUSED, "residual", residual, "x", x)
+    if w_lo < x_hi and x_lo < w_hi:
+        check_no_overlap(_FUSED, "weight", weight, "x", x)
+    if w_lo < r_hi and r_lo < w_hi:
+        check_no_overlap(_FUSED, "weight", weight, "residual", residual)
+    key = FUSED_SPEC.key("cpu" if on_cpu else device_type(x), dtype, hidden_size=h, tokens=x.numel() // h)
+    if len(shape) == 2:
         dispatch(FUSED_SPEC, key, x, residual, weight, eps)
         return x, residual
     if _viewable(x) and _viewable(residual):

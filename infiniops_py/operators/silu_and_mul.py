@@ -33,6 +33,10 @@ from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_te
 __all__ = ["SPECS", "reference", "silu_and_mul"]
 
 _OP = "silu_and_mul"
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
+_Tensor = torch.Tensor
+_STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor (issue #30)
+_grad_enabled = torch.is_grad_enabled
 
 
 def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -87,26 +91,40 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
             (shape, dtype, device, layout, or memory shared with `x`), or a tensor that requires grad while
             grad mode is on (there is no backward).
     """
-    check_tensor(_OP, "x", x)
-    check_tensor(_OP, "out", out, optional=True)
-    check_no_grad(_OP, {"x": x, "out": out})
-    check_dtype(_OP, "x", x, FLOAT_DTYPES)
-    if x.dim() == 0:
+    # The checks run on every call (benchmarks/host_overhead.py times them): each attribute is read once, and
+    # a helper is only called to raise.
+    if not (isinstance(x, _Tensor) and x.layout is _STRIDED):
+        check_tensor(_OP, "x", x)
+    if out is not None and not (isinstance(out, _Tensor) and out.layout is _STRIDED):
+        check_tensor(_OP, "out", out, optional=True)
+    if _grad_enabled() and (x.requires_grad or (out is not None and out.requires_grad)):
+        check_no_grad(_OP, {"x": x, "out": out})
+    dtype = x.dtype
+    if dtype not in _FLOAT_SET:
+        check_dtype(_OP, "x", x, FLOAT_DTYPES)
+    xs = x.shape
+    if not xs:
         raise ContractError(_OP, "x", "expected at least one dim [..., 2d], got a 0-d tensor")
-    width = x.shape[-1]
+    width = xs[-1]
     if width % 2:
         raise ContractError(_OP, "x", f"expected an even last dim 2d (the gate half, then the up half), got {width}")
-    check_last_stride(_OP, "x", x)
+    if width > 1 and x.stride(-1) != 1:
+        check_last_stride(_OP, "x", x)
     d = width // 2
-    shape = (*x.shape[:-1], d)
+    shape = (*xs[:-1], d)
     if out is None:
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        out = torch.empty(shape, dtype=dtype, device=x.device)
     else:
         _check_out(x, out, shape)
+    if len(xs) == 2:
+        tokens = xs[0]
+        if tokens and d:
+            dispatch(SPEC, SPEC.key(device_type(x), dtype, d=d, tokens=tokens), x, out)
+        return out
     if out.numel() == 0:
         return out
     x2 = x.view(-1, width) if _viewable(x) else x.reshape(-1, width)
-    dispatch(SPEC, SPEC.key(device_type(x), x.dtype, d=d, tokens=x2.shape[0]), x2, out.view(-1, d))
+    dispatch(SPEC, SPEC.key(device_type(x), dtype, d=d, tokens=x2.shape[0]), x2, out.view(-1, d))
     return out
 
 

@@ -17,9 +17,23 @@ import triton.language as tl
 
 from infiniops_py import Constraint, OneOf, Requires
 
-__all__ = ["PDL", "PRIORITY", "base_constraints", "interpreting_on_cpu", "pdl", "pdl_start", "raw_stream", "sm_count"]
+__all__ = [
+    "PDL", "PRIORITY", "base_constraints", "cdiv", "interpreting_on_cpu", "next_power_of_2", "pdl", "pdl_start",
+    "raw_stream", "sm_count",
+]
 
 PRIORITY: Final = 20
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints, as ``triton.cdiv`` (which in Triton 3.6 is a ``constexpr_function``: a few
+    microseconds of Triton's jit machinery per host call, issue #25)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ``>= n`` (0 for 0), as ``triton.next_power_of_2``, in plain int arithmetic."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def interpreting_on_cpu() -> bool:

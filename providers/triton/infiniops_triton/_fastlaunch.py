@@ -196,8 +196,12 @@ class Launcher:
 
     def _apply_heuristics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         for layer in self._heuristics:  # as Heuristics.run, from the outermost in
+            named = None  # the bound arguments, built once per layer (Triton builds them once per heuristic)
             for name, heur in layer.values.items():
-                kwargs[name] = heur({**dict(zip(layer.arg_names, args)), **kwargs})
+                if named is None:
+                    named = {**dict(zip(layer.arg_names, args)), **kwargs}
+                value = kwargs[name] = heur(named)
+                named[name] = value  # the next heuristic sees it, as in Triton
         return kwargs
 
     def __call__(self, grid: Any, /, *args: Any, **kwargs: Any) -> None:

@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._common import pdl, pdl_start, raw_stream
+from infiniops_triton._common import cdiv, next_power_of_2, pdl, pdl_start, raw_stream
 from infiniops_triton._launch import Tuned
 
-__all__ = ["MAX_ROWS", "gemv", "serves"]
+__all__ = ["MAX_ROWS", "gemv", "launch", "serves", "takes"]
 
 MAX_ROWS = 16  # the rows of x this kernel takes; more go to the tiled kernel
 
@@ -199,24 +199,30 @@ def serves(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether this kernel takes the Gemm of `a` ``[M, K]`` by `b` ``[K, N]`` (as read, the transposes applied)
     into `out`: 2-D, 1 <= M <= `MAX_ROWS`, unit K strides of `a` and of `b`'s ``[N, K]`` storage, and offsets
     that fit int32 in `a`."""
-    return (a.dim() == 2 and out.dim() == 2 and 1 <= a.shape[0] <= MAX_ROWS and a.stride(1) == 1
-            and b.stride(0) == 1 and b.shape[1] > 0 and a.shape[0] * a.stride(0) < 2**31)
+    return (a.dim() == 2 and out.dim() == 2 and b.dim() == 2
+            and takes(a.shape[0], b.shape[1], a.stride(0), a.stride(1), b.stride(0)))
 
 
-def _scratch(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def takes(m: int, n: int, stride_xm: int, stride_xk: int, stride_wk: int) -> bool:
+    """`serves` from the sizes and strides of a 2-D product already read: ``x [m, K]``, the weight ``[n, K]``."""
+    return 1 <= m <= MAX_ROWS and stride_xk == 1 and stride_wk == 1 and n > 0 and m * stride_xm < 2**31
+
+
+def _scratch(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The fp32 partial sums and zeroed int32 counters of a split-K product of `n` columns on `device` and its
-    current stream (the kernel leaves the counters at 0), grown as needed; enough for every configuration."""
+    current stream (the kernel leaves the counters at 0), grown as needed, and how many counters there are;
+    enough for every configuration."""
     key = (device, raw_stream(device))
-    tiles = triton.cdiv(n + 64, 8)  # the narrowest configuration's column tiles, past the edge of the widest
+    tiles = cdiv(n + 64, 8)  # the narrowest configuration's column tiles, past the edge of the widest
     found = _SCRATCH.get(key)
-    if found is None or found[1].numel() < tiles:
-        size = triton.next_power_of_2(max(tiles, 1024))
+    if found is None or found[2] < tiles:
+        size = next_power_of_2(max(tiles, 1024))
         found = _SCRATCH[key] = (torch.empty(2 * MAX_SPLIT_K * size * 8 * MAX_BLOCK_M, dtype=torch.float32,
-                                             device=device), torch.zeros(size, dtype=torch.int32, device=device))
+                                             device=device), torch.zeros(size, dtype=torch.int32, device=device), size)
     return found
 
 
-_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
 
 
 def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float,
@@ -226,19 +232,29 @@ def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
     `b` is ``[K, 2d]`` (the gate columns, then the up columns), `bias` None or ``[2d]`` and `out` ``[M, d]``:
     ``out = silu(a @ gate + b_gate) * (a @ up + b_up)`` (`c`, `alpha`, `beta` unused)."""
     m, k = a.shape
-    n = out.shape[1]
+    return launch(a, b, m, out.shape[1], k, a.stride(0), b.stride(1), c, bias, alpha, beta, out, swiglu=swiglu)
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: int, stride_wn: int,
+           c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float, beta: float, out: torch.Tensor, *,
+           swiglu: bool = False) -> torch.Tensor:
+    """`gemv` with the sizes and strides already read (the callers have them): `x` ``[m, k]`` with rows `stride_xm`
+    apart, `w` the storage of the ``[n, k]`` weight (``[2n, k]`` with `swiglu`) with rows `stride_wn` apart, both
+    of unit K stride; `out` ``[m, n]``."""
     block_m = 1 if m == 1 else 16
+    has_c, has_bias = c is not None, bias is not None
     c_arg = out if c is None else c
     bias_arg = out if bias is None else bias
-    part, counter = _scratch(a.device, n)
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    part, counter, _ = _scratch(x.device, n)
+    grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    dtype = x.dtype
     _GEMV.launch(
-        (n, k, block_m, c is not None, bias is not None, swiglu, a.dtype, c_arg.dtype, bias_arg.dtype), grid,
-        a, b, c_arg, bias_arg, out, part, counter, m, n, k,
-        a.stride(0), b.stride(1), *c_arg.stride(), *out.stride(),
+        (n, k, block_m, has_c, has_bias, swiglu, dtype, c_arg.dtype, bias_arg.dtype), grid,
+        x, w, c_arg, bias_arg, out, part, counter, m, n, k,
+        stride_xm, stride_wn, *c_arg.stride(), *out.stride(),
         float(alpha), float(beta),
-        HAS_C=c is not None, HAS_BIAS=bias is not None,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        HAS_C=has_c, HAS_BIAS=has_bias,
+        PRECISION="ieee" if dtype is torch.float32 else "tf32",
         BLOCK_M=block_m, SWIGLU=swiglu, **pdl(),
     )
     return out

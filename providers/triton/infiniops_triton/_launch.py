@@ -36,10 +36,13 @@ class Tuned:
 
     def launch(self, key: Hashable, grid: Callable[[dict[str, Any]], tuple[int, ...]] | tuple[int, ...],
                *args: Any, **kwargs: Any) -> None:
-        """Launch on `grid`; `key` must determine the autotuner's key (its key arguments and dtypes)."""
+        """Launch on `grid`; `key` must determine the autotuner's key (its key arguments and dtypes).
+
+        A callable `grid` may read only the configuration's keywords (its block sizes): once the configuration is
+        chosen it is called with those alone, not with the dict of every bound argument Triton builds."""
         config = self._chosen.get(key)
         if config is None:
             self._tuned[grid](*args, **kwargs)
             self._chosen[key] = self._tuned.best_config.all_kwargs()
             return
-        self._inner(grid, *args, **kwargs, **config)
+        self._inner(grid(config) if callable(grid) else grid, *args, **kwargs, **config)

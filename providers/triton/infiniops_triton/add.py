@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv
 from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._launch import Tuned
 
@@ -124,6 +124,7 @@ _even = triton.heuristics({"EVEN": lambda args: args["numel"] % args["BLOCK"] ==
 _add_flat_tuned = Tuned(triton.autotune(list(_FLAT_CANDIDATES), key=["size_class", "WIDE"],
                                         restore_value=["OUT"])(_even(_add_flat_kernel)))
 _add_flat_fixed = _even(_add_flat_kernel)
+_MAX_FLAT_BLOCK = max(c.kwargs["BLOCK"] for c in _FLAT_CANDIDATES)
 
 
 _ADD = Launcher(_add_kernel)
@@ -133,13 +134,13 @@ _ADD_FLAT = Launcher(_add_flat_fixed)
 def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float) -> None:
     numel = out.numel()
     args = (a, b, out, numel, alpha, numel.bit_length())
-    wide = numel + 2 * max(c.kwargs["BLOCK"] for c in _FLAT_CANDIDATES) >= 2**31  # the last block's offsets too
+    wide = numel + 2 * _MAX_FLAT_BLOCK >= 2**31  # the last block's offsets too
     if numel >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
-        _add_flat_tuned.launch((args[-1], wide, out.dtype), lambda meta: (triton.cdiv(numel, meta["BLOCK"]),), *args,
+        _add_flat_tuned.launch((args[-1], wide, out.dtype), lambda meta: (cdiv(numel, meta["BLOCK"]),), *args,
                                WIDE=wide)
         return
     block = _FLAT.kwargs["BLOCK"]
-    _ADD_FLAT((triton.cdiv(numel, block),), *args, WIDE=wide, BLOCK=block, EVICT=_FLAT.kwargs["EVICT"],
+    _ADD_FLAT((cdiv(numel, block),), *args, WIDE=wide, BLOCK=block, EVICT=_FLAT.kwargs["EVICT"],
               num_warps=_FLAT.num_warps)
 
 
@@ -182,7 +183,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float) -
     span = max(sum((n - 1) * st for n, st in zip(sizes, strides)) for strides in (sa, sb, so))
     sizes, sa, sb, so = (_kernel_slots(v, fill) for v, fill in ((sizes, 1), (sa, 0), (sb, 0), (so, 0)))
     wide = max(numel, span + 1) >= 2**31
-    _ADD((triton.cdiv(numel, _BLOCK),),
+    _ADD((cdiv(numel, _BLOCK),),
         a, b, out, numel, alpha, sizes[1], sizes[2], sizes[3], *sa, *sb, *so,
         NDIM=ndim, WIDE=wide, BLOCK=_BLOCK, num_warps=_NUM_WARPS,
     )

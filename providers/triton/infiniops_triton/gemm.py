@@ -26,7 +26,7 @@ import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_triton import _gemv
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv
 from infiniops_triton._launch import Tuned
 
 __all__ = ["IMPLEMENTATIONS", "gemm"]
@@ -158,15 +158,11 @@ def _gemm_kernel(
 _GEMM = Tuned(_gemm_kernel)
 
 
-def _as_batched(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch stride, row stride, column stride) of a 2-D or 3-D operand (batch stride 0 when 2-D)."""
-    if t.dim() == 2:
-        return 0, t.stride(0), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
-def _span(t: torch.Tensor) -> int:
-    """One past the largest element offset of `t` (how far its addresses reach)."""
+def _reach(t: torch.Tensor) -> int:
+    """One past the largest element offset of `t` (how far its addresses reach): its element count when it is
+    contiguous."""
+    if t.is_contiguous():
+        return t.numel()
     return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
 
@@ -196,31 +192,47 @@ def gemm(
     Returns:
         `out`.
     """
-    a_view = a.transpose(-1, -2) if trans_a else a
-    b_view = b.transpose(-1, -2) if trans_b else b
-    m, k = a_view.shape[-2:]
-    n = b_view.shape[-1]
-    out3 = out if out.dim() == 3 else out.unsqueeze(0)
-    batches = out3.shape[0]
+    # op(a) and op(b) read through the strides (no transposed views made): the host cost counts (issue #25)
+    shape_a, shape_b = a.shape, b.shape
+    st_a, st_b = a.stride(), b.stride()
+    if trans_a:
+        m, k, stride_am, stride_ak = shape_a[-1], shape_a[-2], st_a[-1], st_a[-2]
+    else:
+        m, k, stride_am, stride_ak = shape_a[-2], shape_a[-1], st_a[-2], st_a[-1]
+    if trans_b:
+        n, stride_bk, stride_bn = shape_b[-2], st_b[-1], st_b[-2]
+    else:
+        n, stride_bk, stride_bn = shape_b[-1], st_b[-2], st_b[-1]
+    flat = len(shape_a) == 2
+    batches = 1 if flat else shape_a[0]
     if m == 0 or n == 0 or batches == 0:
         return out
     if c is not None and c.data_ptr() == out.data_ptr():
         c = c.clone()  # out=c: the autotuner may run the kernel several times, each must read the original c
-    if out.dim() == 2 and a_view.dim() == 2 and b_view.dim() == 2 and _gemv.serves(a_view, b_view, out):
-        return _gemv.gemv(a_view, b_view, None if c is None else c.expand(out.shape), bias, alpha, beta, out)
-    c_view = out3 if c is None else c.expand(out3.shape)
-    bias_arg = out if bias is None else bias
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), batches)  # noqa: E731
-    tune_key = _size_class(m, n) * 4 + (a_view.stride(-1) == 1) * 2 + (b_view.stride(-1) == 1)
+    if c is not None and c.shape != out.shape:
+        c = c.expand(out.shape)
+    if flat and _gemv.takes(m, n, stride_am, stride_ak, stride_bk):
+        return _gemv.launch(a, b, m, n, k, stride_am, stride_bn, c, bias, alpha, beta, out)
+    st_o = out.stride()
+    if flat:
+        st_o = (0, *st_o)
+        st_c = (0, 0, 0) if c is None else (0, *c.stride())
+    else:
+        st_c = (0, 0, 0) if c is None else c.stride()
     has_c, has_bias = c is not None, bias is not None
+    c_arg = out if c is None else c
+    bias_arg = out if bias is None else bias
+    grid = lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), batches)  # noqa: E731
+    tune_key = _size_class(m, n) * 4 + (stride_ak == 1) * 2 + (stride_bn == 1)
+    dtype = a.dtype
     _GEMM.launch(
-        (tune_key, has_c, has_bias, a.dtype, c_view.dtype, bias_arg.dtype), grid,
-        a_view, b_view, c_view, bias_arg, out3, m, n, k,
-        *_as_batched(a_view), *_as_batched(b_view), *c_view.stride(), *out3.stride(),
+        (tune_key, has_c, has_bias, dtype, c_arg.dtype, bias_arg.dtype), grid,
+        a, b, c_arg, bias_arg, out, m, n, k,
+        0 if flat else st_a[0], stride_am, stride_ak, 0 if flat else st_b[0], stride_bk, stride_bn, *st_c, *st_o,
         float(alpha), float(beta), tune_key,
         HAS_C=has_c, HAS_BIAS=has_bias,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        WIDE=max(_span(t) for t in (a, b, out3)) >= 2**31,
+        PRECISION="ieee" if dtype is torch.float32 else "tf32",
+        WIDE=max(_reach(a), _reach(b), _reach(out)) >= 2**31,
     )
     return out
 

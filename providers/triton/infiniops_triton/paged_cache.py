@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "reshape_and_cache_flash"]
@@ -85,10 +85,10 @@ def reshape_and_cache_flash(
     tokens = slot_mapping.shape[0]
     if tokens == 0 or num_heads == 0 or head_dim == 0:
         return
-    block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(num_heads), max(1, _ELEMS_PER_PROGRAM // block_d))
+    block_d = next_power_of_2(head_dim)
+    block_h = min(next_power_of_2(num_heads), max(1, _ELEMS_PER_PROGRAM // block_d))
     num_warps = min(8, max(1, block_h * block_d // 256))
-    grid = (tokens, triton.cdiv(num_heads, block_h))
+    grid = (tokens, cdiv(num_heads, block_h))
     _RESHAPE_AND_CACHE(grid,
         key, value, key_cache, value_cache, slot_mapping, slot_mapping.stride(0), num_blocks * block_size,
         block_size, num_heads, head_dim, *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),

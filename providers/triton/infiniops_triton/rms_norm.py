@@ -8,12 +8,14 @@ pack several rows per program so every program moves a few kilobytes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, pdl, pdl_start
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "fused_add_rms_norm", "rms_norm"]
@@ -82,13 +84,14 @@ _RMS_NORM = Launcher(_rms_norm_kernel)
 _FUSED_ADD_RMS_NORM = Launcher(_fused_add_rms_norm_kernel)
 
 
+@functools.lru_cache(maxsize=4096)  # a model has a few hidden sizes and at most its maximum token count of rows
 def _launch_params(rows: int, hidden: int) -> tuple[int, int, int]:
     """(ROWS, BLOCK, num_warps) for `rows` rows of `hidden` elements."""
     if hidden > MAX_HIDDEN:
         raise ValueError(f"triton rms_norm: hidden size {hidden} > {MAX_HIDDEN} (one row must fit in registers); "
                          "use the torch provider")
-    block = triton.next_power_of_2(hidden)
-    per_program = max(1, min(_ELEMS_PER_PROGRAM // block, triton.next_power_of_2(rows)))
+    block = next_power_of_2(hidden)
+    per_program = max(1, min(_ELEMS_PER_PROGRAM // block, next_power_of_2(rows)))
     num_warps = min(32, max(4, per_program * block // 512))
     return per_program, block, num_warps
 
@@ -112,7 +115,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     if t == 0 or h == 0:
         return out
     rows, block, num_warps = _launch_params(t, h)
-    _RMS_NORM((triton.cdiv(t, rows),),
+    _RMS_NORM((cdiv(t, rows),),
         x, weight, out, t, h, x.stride(0), out.stride(0), eps, ROWS=rows, BLOCK=block, num_warps=num_warps,
         **pdl(),
     )
@@ -134,7 +137,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     if t == 0 or h == 0:
         return
     rows, block, num_warps = _launch_params(t, h)
-    _FUSED_ADD_RMS_NORM((triton.cdiv(t, rows),),
+    _FUSED_ADD_RMS_NORM((cdiv(t, rows),),
         x, residual, weight, t, h, x.stride(0), residual.stride(0), eps, ROWS=rows, BLOCK=block,
         num_warps=num_warps, **pdl(),
     )

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, pdl, pdl_start
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "silu_and_mul"]
@@ -64,9 +64,9 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"triton silu_and_mul: d {d} > {MAX_D}; use the torch provider")
     if t == 0 or d == 0:
         return out
-    block = min(_BLOCK, triton.next_power_of_2(d))
+    block = min(_BLOCK, next_power_of_2(d))
     num_warps = max(1, min(4, block // 256))
-    _SILU_AND_MUL((t, triton.cdiv(d, block)),
+    _SILU_AND_MUL((t, cdiv(d, block)),
         x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=num_warps, **pdl(),
     )
     return out
