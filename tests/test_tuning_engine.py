@@ -128,8 +128,9 @@ def test_the_tune_command_tunes_a_models_closure(qwen3: Path, monkeypatch: pytes
 
 def test_the_warm_up_samples_once_so_a_compiling_sampler_compiles_before_the_first_request(
         qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Triton sampler compiles one kernel per logits dtype (for every batch size): the warm-up calls the
-    operator once with a sampled row of the model's logits, as a request would (the greedy argmax needs none)."""
+    """The Triton sampler compiles one kernel per logits dtype and row class (1, a multiple of 16, other): the
+    warm-up calls the operator with sampled rows of the model's logits for each class up to the largest decode
+    batch (4 here), as requests would (the greedy argmax needs none)."""
     from infinilm.engine import warmup
 
     seen: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
@@ -143,7 +144,7 @@ def test_the_warm_up_samples_once_so_a_compiling_sampler_compiles_before_the_fir
     monkeypatch.setenv("INFINILM_TUNE", "1")
     engine = Engine.from_pretrained(qwen3, EngineOptions(**OPTIONS))
     assert engine.warmup.ran
-    assert seen == [((1, engine.config.vocab_size), torch.float32, True)]
+    assert seen == [((n, engine.config.vocab_size), torch.float32, True) for n in (1, 2, 4)]
     monkeypatch.setenv("INFINILM_TUNE", "0")
     seen.clear()
     Engine.from_pretrained(qwen3, EngineOptions(**OPTIONS))

@@ -135,12 +135,15 @@ def _decode(engine: Any, batch: int) -> None:
     decode_padding(engine, batch)()
 
 
-def _sample(engine: Any) -> None:
-    """One sampled (temperature 1, top_p 0.9) call of the sampling operator on a row of the model's logits (its
-    vocabulary and dtype), so that a provider that compiles per dtype (the Triton sampler: one kernel for every
-    batch size) does it here and not under the first sampled request; the greedy argmax needs no warming."""
-    logits = decode_padding(engine, 1)()
-    sample_ids(logits[:1], [Sequence([0], SamplingParams(temperature=1.0, top_p=0.9, seed=0))])
+def _sample(engine: Any, most: int) -> None:
+    """Sampled (temperature 1, top_p 0.9) calls of the sampling operator on rows of the model's logits (its
+    vocabulary and dtype) for 1, 2 and 16 rows (up to `most`), so that a provider that compiles per dtype and row
+    class (the Triton sampler: one row, a multiple of 16, other) does it here and not under the first sampled
+    request of a batch; the greedy argmax needs no warming."""
+    row = decode_padding(engine, 1)()[:1]
+    for n in sorted({1, min(2, most), min(16, most)}):
+        sample_ids(row.expand(n, -1).contiguous(),
+                   [Sequence([0], SamplingParams(temperature=1.0, top_p=0.9, seed=0)) for _ in range(n)])
 
 
 def _bar(total: int, show: bool | None) -> Any:
@@ -194,7 +197,7 @@ def warm_up(engine: Any, *, tune: bool | None = None, progress: bool | None = No
             problems += [c.problem for c in calls]
             bar.update()
         if sizes:
-            _sample(engine)
+            _sample(engine, max(sizes))
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     report.chosen = _chosen(problems)

@@ -168,7 +168,16 @@ def _uniform(seed, cols, off_lo, off_hi):
     return ((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
 
 
-@triton.jit
+# Arguments that change with the batch size (the programs per row, the places of the per-row options and of
+# the workspace's parts in their buffers) are not specialized: each "equal to 1" or "divisible by 16" change
+# would be a compile in the middle of serving. The logits, their row stride, V and CHUNK decide the vector loads
+# and are; so is the row count N (unspecialized, the penalized kernel spills), whose three classes (1, a multiple
+# of 16, other) the engine's warm-up compiles.
+_UNSPECIALIZED = ("ROWS", "TOPK", "TOPP", "TEMP", "MINP", "SEED", "OFFSET", "REP", "FREQ", "PRES", "SMAX", "SARG",
+                  "SFLAG", "PART", "DBEST", "DIDX", "GMAX", "DW", "DI", "CNT", "OUT", "P", "NG", "FIRST", "LAST")
+
+
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _sample_kernel(
     LOGITS, stride_l, ROWS, TOPK, TOPP, TEMP, MINP, SEED, OFFSET,
     REP, FREQ, PRES, COUNTS, stride_c, SEEN, stride_s,
