@@ -24,7 +24,8 @@ On a GPU the steps run in one launch, the programs of a row meeting at a barrier
 steps; the launch has at most two programs per SM (four warps each), so a row's programs are resident
 together. Splitting a row over many programs is what makes a single row fast (a row streamed by one program is
 latency-bound); one launch is what keeps the host's cost at one kernel, and the per-row tiles are as wide at
-every batch size, so one compiled kernel serves them all. The interpreter runs programs one after another, so
+every batch size, so three compiled kernels (one row, a multiple of 16 rows, other) serve every batch (the
+engine's warm-up compiles them). The interpreter runs programs one after another, so
 there a row is one program; a row split over programs there (the tests) runs each step as its own launch,
 replaying the earlier levels' narrowing from their partials.
 """
