@@ -426,6 +426,7 @@ def test_kvcache_fused_combine_adapts_the_splits_to_each_context(dtype: torch.dt
     the separate combine kernel gives the same within the tolerance rule, and the counters are back at 0 after
     each call."""
     monkeypatch.setattr(tfa, "MIN_SPLIT_BLOCKS", 1)
+    monkeypatch.setattr(tfa, "DECODE_DEFAULTS", [(1 << 62, 1 << 62, {})])  # the module-level rules, fused
     args = _kvcache_args("paged 32, no append, D=96", dtype, seed=21)
     batch = args["q"].shape[0]
     lengths = [3, 40, 0][:batch] + [17] * max(0, batch - 3)
