@@ -37,7 +37,7 @@ import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
 from infiniops_py.operators.sampling import Penalties
-from infiniops_triton._common import PRIORITY, base_constraints, sm_count
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, sm_count
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "launch", "split", "top_k_top_p_sampling_from_logits"]
@@ -388,9 +388,9 @@ def split(n: int, v: int, device: torch.device) -> tuple[int, int]:
     """``(P, CHUNK)``: the programs per output row and the columns per program, at most `_PER_SM` programs per
     SM in all (so a row's programs are resident together and its barriers cannot deadlock)."""
     sms = sm_count(device) if device.type == "cuda" else _INTERPRETER_SMS
-    p = max(1, min(_PER_SM * sms // n, triton.cdiv(v, _MIN_CHUNK), _MAX_SPLIT))  # 1 under the interpreter
-    chunk = triton.cdiv(triton.cdiv(v, p), _SEARCH) * _SEARCH
-    return triton.cdiv(v, chunk), chunk
+    p = max(1, min(_PER_SM * sms // n, cdiv(v, _MIN_CHUNK), _MAX_SPLIT))  # 1 under the interpreter
+    chunk = cdiv(cdiv(v, p), _SEARCH) * _SEARCH
+    return cdiv(v, chunk), chunk
 
 
 def top_k_top_p_sampling_from_logits(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor,
@@ -416,7 +416,7 @@ def launch(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, top_p:
         one_launch = dev.type == "cuda" or p == 1
     if one_launch and dev.type == "cuda" and n * p > _PER_SM * sm_count(dev) and p > 1:
         raise ValueError(f"{n} rows x {p} programs exceed the SMs: the barriers could deadlock")
-    groups = triton.cdiv(v, _GROUP)
+    groups = cdiv(v, _GROUP)
     stats = n * p * (5 + 2 * _ITERS * _WAYS)
     ws = torch.empty(stats + n * groups + 2 * n * _CAP, dtype=torch.int32, device=dev)
     smax, sarg, sflag, dbest, didx = (ws[i * n * p:(i + 1) * n * p] for i in range(5))
@@ -435,8 +435,8 @@ def launch(logits: torch.Tensor, rows: torch.Tensor, top_k: torch.Tensor, top_p:
         stride_c, stride_s = counts.stride(0), seen.stride(0)
         work = torch.empty((n, v), dtype=torch.float32, device=dev)
     # the tiles over a row's programs are as wide on a GPU at every batch size: one compiled kernel
-    pp = max(triton.next_power_of_2(p), _MAX_SPLIT if dev.type == "cuda" else 1)
-    ngp = triton.next_power_of_2(groups) if groups <= _MAX_GROUPS else 1  # 1: no compaction
+    pp = max(next_power_of_2(p), _MAX_SPLIT if dev.type == "cuda" else 1)
+    ngp = next_power_of_2(groups) if groups <= _MAX_GROUPS else 1  # 1: no compaction
     steps = [(0, _STEPS - 1)] if one_launch else [(s, s) for s in range(_STEPS)]
     for first, last in steps:
         _SAMPLE((n, p),
