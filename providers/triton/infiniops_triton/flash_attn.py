@@ -32,7 +32,7 @@ import torch
 import triton
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl, raw_stream, sm_count
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, pdl, raw_stream, sm_count
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._flash_attn_kernels import LOG2E, SMEM_BUDGET, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
@@ -204,7 +204,7 @@ def split_counters(device: torch.device, programs: int) -> torch.Tensor:
     key = (device, raw_stream(device))
     found = _COUNTERS.get(key)
     if found is None or found.numel() < programs:
-        found = _COUNTERS[key] = torch.zeros(triton.next_power_of_2(max(programs, 1024)), dtype=torch.int32,
+        found = _COUNTERS[key] = torch.zeros(next_power_of_2(max(programs, 1024)), dtype=torch.int32,
                                              device=device)
     return found
 
@@ -291,7 +291,7 @@ def flash_attn_with_kvcache(
         _APPEND_KV((batch * new_len,),
             k, v, k_cache, v_cache, cache_seqlens, table, cache_rows, *k.stride()[:3], *v.stride()[:3],
             *k_cache.stride()[:3], *v_cache.stride()[:3], stride_btb, new_len, num_heads_kv, capacity, max_blocks,
-            num_pages, k_cache.shape[0], HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads_kv),
+            num_pages, k_cache.shape[0], HEAD_DIM=head_dim, BLOCK_H=next_power_of_2(num_heads_kv),
             BLOCK_D=block_d, PAGED=paged, PAGE_SIZE=page, HAS_BATCH_IDX=cache_batch_idx is not None,
         )
     if batch * q_len == 0:
@@ -300,8 +300,8 @@ def flash_attn_with_kvcache(
     has_left, has_right, left, right = _window(causal, window_size)
     group = num_heads_q // num_heads_kv
     rows = group * q_len
-    block_m = min(64, max(16, triton.next_power_of_2(rows)))
-    num_m_tiles = triton.cdiv(rows, block_m)
+    block_m = min(64, max(16, next_power_of_2(rows)))
+    num_m_tiles = cdiv(rows, block_m)
     programs = batch * num_heads_kv * num_m_tiles
     interpreting = _interpreting()
     settings = decode_settings(programs, capacity, q.element_size(), block_d) | (config or {})
@@ -324,7 +324,7 @@ def flash_attn_with_kvcache(
     lse = lse_part if softmax_lse is None else softmax_lse  # a placeholder pointer when not given
     lse_b, lse_h = (0, 0) if softmax_lse is None else softmax_lse.stride()[:2]
     k_new, v_new = (k, v) if folded else (q, q)  # placeholder pointers when not folded
-    tune_size = triton.next_power_of_2(programs) * 128 + splits  # tuned per launch size and split count
+    tune_size = next_power_of_2(programs) * 128 + splits  # tuned per launch size and split count
     args = (q, k_cache, v_cache, cache_seqlens, table, cache_rows, out, o_part, lse_part, lse, counter, k_new, v_new,
             *k_new.stride()[:3], *v_new.stride()[:3], *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
             *out.stride()[:3], stride_btb, lse_b, lse_h, num_heads_kv, num_heads_q, q_len, group, new_len, capacity,
@@ -345,7 +345,7 @@ def flash_attn_with_kvcache(
     if splits > 1 and not fused:
         _COMBINE((batch * q_len * num_heads_q,),
             o_part, lse_part, out, lse, *out.stride()[:3], lse_b, lse_h, q_len, num_heads_q, splits, HEAD_DIM=head_dim,
-            BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(splits), HAS_LSE=softmax_lse is not None,
+            BLOCK_D=block_d, BLOCK_S=next_power_of_2(splits), HAS_LSE=softmax_lse is not None,
         )
     return out
 
