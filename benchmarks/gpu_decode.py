@@ -220,7 +220,7 @@ def bench_engine(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
 
     rows = []
     qwen3 = gpu_infinilm.SMOKE if smoke else gpu_infinilm.QWEN3_0_6B
-    models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32), False),
+    models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32, 64), False),
               ("mamba2-130m", gpu_mamba2, gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M, (1,), False),
               ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True))
     for name, module, shape, batches, pdl in models:
