@@ -6,7 +6,8 @@ Runs each a few times (the first calls autotune and compile), then once more bet
 ``Stop`` (what ncu profiles with ``--profile-from-start off``): the paged decode attention of the Qwen3-0.6B
 shape at batch 1 and 32 (context 130, 16/8 heads, head dim 128, blocks of 16, the new token appended), the
 Triton GEMV of its qkv and o projections at M 1, and the batched sampler at batch 1 over 151936 logits. No
-timing: the profiler measures. ``--smoke``: tiny sizes on the CPU under the Triton interpreter.
+timing: the profiler measures. ``--long``: only the paged decode attention of issue #26's bandwidth case
+(batch 64, context 4096, 32/8 heads). ``--smoke``: tiny sizes on the CPU under the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -29,11 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--long", action="store_true", help="only the batch-64, context-4096 decode attention")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     ctx, vocab = (20, 300) if args.smoke else (130, 151936)
     calls: list[Callable[[], object]] = []
+    if args.long:
+        long_case = _paged_case(2 if args.smoke else 64, 40 if args.smoke else 4096, 4 if args.smoke else 32,
+                                2 if args.smoke else 8, device, gen, d=64 if args.smoke else 128)
+        return _profile([lambda: _our_attention(long_case)], device, args.repeats)
     for batch in (1, 32):
         case = _paged_case(batch, ctx, 16, 8, device, gen, d=64 if args.smoke else 128)
         calls.append(lambda case=case: _our_attention(case))
@@ -49,8 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             return ops.top_k_top_p_sampling_from_logits(logits, 50, 0.9, temperature=0.8, seed=1)
 
     calls.append(sample)
+    return _profile(calls, device, args.repeats)
+
+
+def _profile(calls: list[Callable[[], object]], device: torch.device, repeats: int) -> int:
+    """Each call `repeats` times (autotuning, compiles), then once each inside the profiler's range."""
     for call in calls:
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             call()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -62,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.profiler.stop()
     print("done")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
