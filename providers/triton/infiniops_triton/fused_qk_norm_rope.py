@@ -12,6 +12,8 @@ columns are never loaded nor stored: one pass over the Q and K bytes, where the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -148,6 +150,7 @@ def fused_qk_norm_rope(
     )
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a model's few head shapes (issue #25: host cost)
 def launch_params(qk_heads: int, head_dim: int, rotary_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_R, BLOCK_P, num_warps) for `qk_heads` Q and K heads of `head_dim` channels, the first
     `rotary_dim` of them rotated: every value a power of two (BLOCK_P 0 without a pass-through part)."""

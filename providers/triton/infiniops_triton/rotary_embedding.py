@@ -11,6 +11,8 @@ the token is left as it is and no cache row is read. Channels past ``rotary_dim`
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -72,6 +74,7 @@ def _rotary_kernel(
 _ROTARY = Launcher(_rotary_kernel)
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a model's few head shapes (issue #25: host cost)
 def launch_params(heads: int, half: int) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_R, num_warps) for turning `heads` heads of `half` pairs each."""
     block_r = next_power_of_2(half)

@@ -18,6 +18,8 @@ is bound by the state's bytes, so each program streams one contiguous ``BLOCK_P 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -162,6 +164,7 @@ def selective_state_update(
     launch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, out, block_p, num_warps)
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a model's few head shapes (issue #25: host cost)
 def update_config(head_dim: int, d_state: int) -> tuple[int, int]:
     """``(BLOCK_P, num_warps)``: 4096-value fp32 tiles (16 KB read, 16 KB written; 32 values per thread,
     eight 16-byte loads in flight each) over 4 warps: 3072 programs at batch 64, H=24, P=64, N=128."""
