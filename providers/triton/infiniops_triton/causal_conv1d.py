@@ -55,6 +55,7 @@ from infiniops_triton._conv_kernels import (
     _update_kernel,
 )
 from infiniops_triton._fastlaunch import Launcher
+from infiniops_triton._launch import Tuned
 
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 
@@ -84,6 +85,7 @@ def _prune_channel_first(configs: list[triton.Config], named_args: dict, **kwarg
 _conv_channel_first_tuned = triton.autotune(
     list(_CHANNEL_FIRST_CANDIDATES), key=["D", "size_class"],
     prune_configs_by={"early_config_prune": _prune_channel_first})(_conv_channel_first_kernel)
+_CHANNEL_FIRST_TUNED = Tuned(_conv_channel_first_tuned)  # tuned once per key, then the fast launch
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,10 @@ def causal_conv1d(
         args = (x, weight, bias_arg, init, out, final, dim, length, length.bit_length(), *x.stride(), *common,
                 *final_strides)
         if x.numel() >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
-            _conv_channel_first_tuned[lambda meta: (cdiv(length, meta["BLOCK_L"]),
-                                                    cdiv(dim, meta["BLOCK_D"]), batch)](
-                *args, **flags, BLOCK_W=blocks["BLOCK_W"])
+            # the autotuner's own key: D, the size class of L and every tensor's dtype
+            key = (dim, args[8], x.dtype, weight.dtype, bias_arg.dtype, init.dtype, out.dtype, final.dtype)
+            _CHANNEL_FIRST_TUNED.launch(key, lambda meta: (cdiv(length, meta["BLOCK_L"]), cdiv(dim, meta["BLOCK_D"]),
+                                                           batch), *args, **flags, BLOCK_W=blocks["BLOCK_W"])
         else:
             _CHANNEL_FIRST(grid, *args, **flags, **blocks)
         return
