@@ -1,6 +1,7 @@
 """Host cost and no-sync behaviour of every public entry point on the GPU, against each operator's peer.
 
     python3 benchmarks/gpu_host_cost.py [--write FILE] [--json FILE] [--only gemm,add,...] [--calls 50] [--rounds 5]
+    python3 benchmarks/gpu_host_cost.py --smoke [--only ...]   # every case on the CPU at small sizes (a dry run)
 
 One row per case (bf16; the sizes are in each case's name: a Llama-8B-class layer as in benchmarks/ops.py,
 Mamba-2-130m's for the SSM operators), our public call (``infiniops_py.<op>``, the resolver's choice unless
@@ -815,10 +816,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=50, help="calls per timed round (default 50)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, the median is kept (default 5)")
     parser.add_argument("--provider", help="force this provider for our calls (default: the resolver's choice)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a dry run: every case on the CPU at small sizes, 2 calls, 1 round (no CUDA needed)")
     json_option(parser)
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1:
         parser.error(f"--calls and --rounds must be >= 1, got {args.calls} and {args.rounds}")
+    if args.smoke:
+        print(format_table([]), flush=True)
+        rows = run("cpu", small=True, only=args.only, calls=2, rounds=1, provider=args.provider, progress=True)
+        failed = [r.case.name for r in rows if r.ours.errors or (r.peer is not None and r.peer.errors)]
+        print(f"\n{len(rows)} cases on the CPU; failed: {', '.join(failed) or 'none'}")
+        return 1 if failed else 0
     if not torch.cuda.is_available():
         print("benchmarks/gpu_host_cost.py needs a CUDA device", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ Each figure is the best over `rounds` rounds of `calls` calls of this thread's C
 (``time.thread_time_ns``: other processes on a shared machine do not count), rounds interleaving the cases,
 the garbage collector off.
 
-    python benchmarks/host_overhead.py [--rounds 30] [--calls 300] [--only gemm_m1,add] [--profile gemm_m1]
+    python benchmarks/host_overhead.py [--rounds 30] [--calls 300] [--only gemm_m1,add] [--profile selective_scan]
     python benchmarks/host_overhead.py --smoke   # every case a few times (a test runs this)
 """
 
@@ -43,11 +43,16 @@ BF16 = torch.bfloat16
 
 
 def stub_launches() -> None:
-    """Make every Triton launch of the provider a no-op (the launch path is not what this script measures)."""
+    """Make every Triton launch of the provider a no-op (the launch path is not what this script measures):
+    `Launcher` and `Tuned` calls, and under them the interpreter's own launch (``InterpretedFunction.run``),
+    which a ``kernel[grid](...)`` outside them reaches (the SSD chunk kernels, the varlen prefill's chosen
+    configuration); there Triton's heuristics and autotuner wrappers still run, as on the GPU."""
     from infiniops_triton import _fastlaunch, _launch
+    from triton.runtime.interpreter import InterpretedFunction
 
     _fastlaunch.Launcher.__call__ = lambda self, grid, *args, **kwargs: None  # type: ignore[method-assign]
     _launch.Tuned.launch = lambda self, key, grid, *args, **kwargs: None  # type: ignore[method-assign]
+    InterpretedFunction.run = lambda self, *args, grid, warmup, **kwargs: None  # type: ignore[method-assign]
 
 
 def cases() -> dict[str, Callable[[], Any]]:
@@ -57,6 +62,10 @@ def cases() -> dict[str, Callable[[], Any]]:
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g).to(BF16)
 
+    return {**_dense(r, g), **_attention(r, g), **_ssm(r, g), **_rope(r, g)}
+
+
+def _dense(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Callable[[], Any]]:
     k, n = 1024, 4096
     w = r(n, k)
     a1, a32 = r(1, k), r(32, k)
@@ -77,6 +86,70 @@ def cases() -> dict[str, Callable[[], Any]]:
         "add": lambda: ops.add(x, y),
         "reshape_and_cache_flash": lambda: ops.reshape_and_cache_flash(key, value, kc, vc, slots),
         "gemm_swiglu": lambda: ops.gemm_swiglu(xs, ws),
+    }
+
+
+def _attention(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Callable[[], Any]]:
+    b, s, h, d = 4, 32, 4, 64  # varlen prefill: 4 sequences of 32
+    q, k, v = r(b * s, h, d), r(b * s, h, d), r(b * s, h, d)
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32)
+    batch, ctx, hq, hkv, bs = 8, 64, 8, 2, 16  # paged decode
+    per = ctx // bs
+    kc, vc = r(batch * per, bs, hkv, d), r(batch * per, bs, hkv, d)
+    table = torch.randperm(batch * per, generator=g).to(torch.int32).view(batch, per)
+    lens = torch.full((batch,), ctx, dtype=torch.int32)
+    qd = r(batch, 1, hq, d)
+    return {
+        "flash_attn_varlen": lambda: ops.flash_attn_varlen(q, k, v, cu, cu, s, s, causal=True),
+        "flash_attn_with_kvcache": lambda: ops.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens,
+                                                                       block_table=table),
+    }
+
+
+def _ssm(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Callable[[], Any]]:
+    f32 = torch.float32
+    bt, ln, h, p, n, chunk = 2, 64, 4, 16, 16, 32  # Mamba-2's scan, small
+    x, dt = r(bt, ln, h, p), r(bt, ln, h)
+    a = -torch.rand(h, generator=g) - 0.5
+    b, c = r(bt, ln, 1, n), r(bt, ln, 1, n)
+    dd, dt_bias = r(h).to(f32), r(h).to(f32)
+    batch, slots = 8, 16  # its decode step: the state of 8 of 16 slots
+    state = r(slots, h, p, n).to(f32)
+    xu, dtu, bu, cu = r(batch, h, p), r(batch, h), r(batch, 1, n), r(batch, 1, n)
+    idx = torch.randperm(slots, generator=g)[:batch].to(torch.int32)
+    cb, dim, cl, width = 2, 64, 40, 4  # the short convolution before it
+    cx, cw, cbias = r(cb, dim, cl), r(dim, width), r(dim)
+    ux, ustate = r(batch, dim), r(slots, dim, width - 1)
+    hg, groups = 64, 2  # the gated norm after it
+    gx, gz, gw = r(batch, hg), r(batch, hg), r(hg)
+    return {
+        "selective_scan": lambda: ops.selective_scan(x, dt, a, b, c, D=dd, dt_bias=dt_bias, dt_softplus=True,
+                                                     chunk_size=chunk),
+        "selective_state_update": lambda: ops.selective_state_update(state, xu, dtu, a, bu, cu, D=dd,
+                                                                     dt_bias=dt_bias, dt_softplus=True,
+                                                                     state_batch_indices=idx),
+        "causal_conv1d": lambda: ops.causal_conv1d(cx, cw, cbias, activation="silu"),
+        "causal_conv1d_update": lambda: ops.causal_conv1d_update(ux, ustate, cw, cbias, activation="silu",
+                                                                 conv_state_indices=idx),
+        "rms_norm_gated": lambda: ops.rms_norm_gated(gx, gw, None, z=gz, eps=1e-5, group_size=hg // groups,
+                                                     norm_before_gate=False),
+    }
+
+
+def _rope(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Callable[[], Any]]:
+    t, hq, hkv, d = 16, 8, 2, 64  # a decode batch of 16 tokens
+    positions = torch.randint(0, 256, (t,), generator=g)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.arange(256, dtype=torch.float32)[:, None] * inv
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(BF16)
+    qkv = r(t, (hq + 2 * hkv) * d)
+    q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d]
+    qw, kw = r(d), r(d)
+    return {
+        "rotary_embedding": lambda: ops.rotary_embedding(positions, q, k, d, cache, True),
+        "fused_qk_norm": lambda: ops.fused_qk_norm(qkv, qw, kw, num_q_heads=hq, num_kv_heads=hkv, head_dim=d),
+        "fused_qk_norm_rope": lambda: ops.fused_qk_norm_rope(qkv, qw, kw, cache, positions, num_q_heads=hq,
+                                                             num_kv_heads=hkv, head_dim=d),
     }
 
 

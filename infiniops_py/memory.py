@@ -29,9 +29,12 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     if (a.is_meta or b.is_meta) and a.untyped_storage()._cdata != b.untyped_storage()._cdata:  # no addresses
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
-    isa, isb = a.element_size(), b.element_size()
-    if a0 + _span(a) * isa <= b0 or b0 + _span(b) * isb <= a0:  # byte ranges apart: the common case
+    # byte ranges apart: the common case (a contiguous tensor's range is its nbytes)
+    if a0 + (a.nbytes if a.is_contiguous() else byte_extent(a)) <= b0:
         return False
+    if b0 + (b.nbytes if b.is_contiguous() else byte_extent(b)) <= a0:
+        return False
+    isa, isb = a.element_size(), b.element_size()
     # Solve  sum_i sa_i * i_i - sum_j sb_j * j_j + x - y = b0 - a0  over index vectors i, j in range and
     # byte offsets x < a's element size, y < b's: terms (stride in bytes, lowest, highest multiple).
     terms: dict[int, list[int]] = {1: [1 - isb, isa - 1]}
@@ -51,7 +54,10 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _span(t: torch.Tensor) -> int:
     """Elements from `t`'s first to its last element, both included (`t` not empty)."""
-    return 1 + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape))
+    span = 1
+    for st, n in zip(t.stride(), t.shape):  # a plain loop: the operators' overlap checks run on every call
+        span += st * (n - 1)
+    return span
 
 
 def byte_extent(t: torch.Tensor) -> int:

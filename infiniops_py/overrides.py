@@ -75,6 +75,13 @@ class Override:
     ops: frozenset[str] | None = None
     deny: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # every dispatch inside the scope hashes the scopes in its cache key: hash the fields once
+        object.__setattr__(self, "_hash", hash((self.providers, self.ops, self.deny)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
     def covers(self, op: str) -> bool:
         return self.ops is None or op in self.ops
 

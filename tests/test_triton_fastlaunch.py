@@ -32,7 +32,8 @@ SWITCHED = ("rms_norm._RMS_NORM", "rms_norm._FUSED_ADD_RMS_NORM", "silu_and_mul.
             "gemm._GEMM._inner", "add._ADD", "add._ADD_FLAT", "add._add_flat_tuned._inner", "rotary_embedding._ROTARY",
             "fused_qk_norm._QK_NORM", "causal_conv1d._UPDATE", "state_update._STATE_UPDATE",
             "causal_conv1d._CHANNEL_LAST", "causal_conv1d._CHANNEL_FIRST", "causal_conv1d._CONV",
-            "causal_conv1d._CONV_UNIT_L", "rms_norm_gated._RMS_NORM_GATED", "sampling._SAMPLE")
+            "causal_conv1d._CONV_UNIT_L", "causal_conv1d._CHANNEL_FIRST_TUNED._inner", "rms_norm_gated._RMS_NORM_GATED",
+            "sampling._SAMPLE")
 
 
 def switched_launchers() -> list[Launcher]:

@@ -322,6 +322,23 @@ def _conv(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
     return run
 
 
+def _conv_tuned(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
+    """The prefill convolution's autotuned channel-first path (``TUNE_MIN_NUMEL`` elements or more)."""
+    batch, dim, length, width = 1, 1024, 16384, 4  # "one" is "aligned" here: the tuned path needs the size
+    assert batch * dim * length >= causal_conv1d.TUNE_MIN_NUMEL
+    off = 1 if variant == "misaligned" else 0
+    x = _rand(batch, dim, length, dtype=dtype, gen=gen, offset=off)
+    weight, bias = _rand(dim, width, dtype=dtype, gen=gen), _rand(dim, dtype=dtype, gen=gen)
+
+    def run() -> list[torch.Tensor]:
+        out = torch.full_like(x, float("nan"))
+        final = torch.full((batch, dim, width - 1), float("nan"), dtype=dtype, device="cuda")
+        causal_conv1d.causal_conv1d(x, weight, bias, "silu", None, None, out, final)
+        return [out, final]
+
+    return run
+
+
 def _rms_norm_gated(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
     t = 1 if variant == "one" else 10
     h, group = 1024, 256
@@ -355,7 +372,8 @@ CASES: dict[str, Callable[[torch.dtype, str, torch.Generator], Case]] = {
     "fused_qk_norm_rope": _qk_norm_rope, "reshape_and_cache_flash": _reshape_and_cache, "gemv": _gemv_case,
     "gemm_swiglu": _gemm_swiglu, "flash_attn_with_kvcache": _decode, "decode_append_combine": _decode_separate,
     "add": _add, "rotary_embedding": _rotary, "fused_qk_norm": _qk_norm, "causal_conv1d_update": _conv_update,
-    "selective_state_update": _state_update, "causal_conv1d": _conv, "rms_norm_gated": _rms_norm_gated,
+    "selective_state_update": _state_update, "causal_conv1d": _conv, "causal_conv1d_tuned": _conv_tuned,
+    "rms_norm_gated": _rms_norm_gated,
     "top_k_top_p_sampling_from_logits": _sampling,
 }
 
@@ -393,7 +411,7 @@ def _assert_same(got: list[torch.Tensor], expected: list[torch.Tensor], what: st
 
 
 # the autotuned ones tune once per dtype and row class (several compiles each): two dtypes
-_TUNED = ("gemv", "gemm_swiglu", "flash_attn_with_kvcache", "decode_append_combine")
+_TUNED = ("gemv", "gemm_swiglu", "flash_attn_with_kvcache", "decode_append_combine", "causal_conv1d_tuned")
 PARAMS = [pytest.param(name, dtype, variant, id=f"{name}-{str(dtype).removeprefix('torch.')}-{variant}")
           for name in CASES for dtype in (DTYPES[1:] if name in _TUNED else DTYPES) for variant in VARIANTS]
 

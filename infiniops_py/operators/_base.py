@@ -33,6 +33,7 @@ __all__ = [
     "byte_extent",
     "check_bool",
     "check_device",
+    "check_disjoint",
     "check_dtype",
     "check_index_range",
     "check_last_stride",
@@ -53,7 +54,9 @@ __all__ = [
     "overlaps",
     "same_view",
     "size_class",
+    "strided",
     "unchecked_indices",
+    "wants_grad",
 ]
 
 FLOAT_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -226,6 +229,8 @@ def check_vector(op: str, name: str, t: torch.Tensor, like: torch.Tensor, n: int
                  like_name: str = "x", dim: str = "H") -> None:
     """Raise `ContractError` unless `t` is a contiguous ``[n]`` tensor of `like`'s dtype and device (a norm's
     weight: `what` says what `n` is, ``H = x.shape[-1]``; `dim` names it in one letter)."""
+    if t.dtype is like.dtype and t.shape == (n,) and (n <= 1 or t.stride(0) == 1) and t.device == like.device:
+        return  # the common case in a few attribute reads; the checks below name what is wrong
     check_like(op, name, t, like, like_name)
     if t.shape != (n,):
         raise ContractError(op, name, f"expected shape [{n}] ({what}), got {list(t.shape)}")
@@ -280,6 +285,26 @@ def check_tensor(op: str, name: str, t: object, *, optional: bool = False) -> No
     raise ContractError(op, name, f"expected a torch.Tensor{hint}, got {type(t).__name__}")
 
 
+def strided(*tensors: object) -> bool:
+    """Whether each of `tensors` is None or a strided `torch.Tensor`: the operators' hot paths test this once
+    and call `check_tensor` per argument (which names the bad one) only when it is false."""
+    for t in tensors:  # a plain loop: a generator under all() costs more than the checks
+        if t is not None and (not isinstance(t, torch.Tensor) or t.layout is not _STRIDED):
+            break
+    else:
+        return True
+    return False
+
+
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether grad mode is on and one of `tensors` (None skipped) requires grad: the hot paths test this
+    and call `check_no_grad` (which names the tensor) only when it is true."""
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return torch.is_grad_enabled()
+    return False
+
+
 def check_bool(op: str, name: str, value: object) -> bool:
     """Raise `ContractError` unless `value` is a bool (``1``, ``"yes"`` or a numpy bool are refused)."""
     if value is True or value is False:
@@ -290,6 +315,8 @@ def check_bool(op: str, name: str, value: object) -> bool:
 def check_real(op: str, name: str, value: object, *, low: float = -math.inf, low_inclusive: bool = True) -> float:
     """Return `value` as a float; raise `ContractError` unless it is a finite int or float (not a bool)
     that is ``>= low`` (``> low`` when not `low_inclusive`)."""
+    if value.__class__ is float and low < value and value - value == 0.0:  # the common case (inf - inf is NaN)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ContractError(op, name, f"expected a real number (int or float), got {type(value).__name__} {value!r}")
     try:
@@ -314,6 +341,11 @@ def check_writable(op: str, name: str, t: torch.Tensor) -> None:
     """
     if t.is_contiguous():
         return
+    shape = t.shape
+    if len(shape) == 2:  # the common case, rows of a wider matrix: dense rows that do not meet
+        (s0, s1), (n0, n1) = t.stride(), shape
+        if s1 == 1 and (n0 <= 1 or s0 >= n1):
+            return
     dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
     extent = 0  # elements spanned by the dims with smaller strides, minus one
     for st, n in dims:
@@ -328,3 +360,17 @@ def check_no_overlap(op: str, name: str, t: torch.Tensor, other_name: str, other
     """Raise `ContractError` when `t` and `other` share any memory (see `overlaps`)."""
     if overlaps(t, other):
         raise ContractError(op, name, f"overlaps {other_name} in memory; pass separate tensors (e.g. .clone())")
+
+
+def check_disjoint(op: str, other_name: str, other: torch.Tensor,
+                tensors: Sequence[tuple[str, torch.Tensor | None]]) -> None:
+    """`check_no_overlap` of each named tensor of `tensors` (None skipped) against `other`, in order; only a
+    tensor whose byte range meets other's is handed to the overlap solver (the common case costs a few
+    attribute reads per tensor)."""
+    low = other.data_ptr()
+    high = low + (other.nbytes if other.is_contiguous() else byte_extent(other))
+    for name, t in tensors:
+        if t is not None:
+            start = t.data_ptr()
+            if start < high and low < start + (t.nbytes if t.is_contiguous() else byte_extent(t)):
+                check_no_overlap(op, name, t, other_name, other)

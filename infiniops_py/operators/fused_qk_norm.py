@@ -26,6 +26,8 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_vector,
     check_writable,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import Operator, Overload, Sampler
 from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
@@ -33,6 +35,7 @@ from infiniops_py.operators.rms_norm import reference as _rms_norm_reference
 __all__ = ["SPECS", "fused_qk_norm", "reference"]
 
 _OP = "fused_qk_norm"
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
 
 
 def reference(
@@ -109,11 +112,15 @@ def fused_qk_norm(
             `eps`, an expanded `qkv`, a weight sharing its memory, or a tensor that requires grad while
             grad mode is on.
     """
-    check_tensor(_OP, "qkv", qkv)
-    check_tensor(_OP, "q_weight", q_weight)
-    check_tensor(_OP, "k_weight", k_weight)
-    check_no_grad(_OP, {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight})
-    check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
+    # The common case in one test each; the per-argument helpers (which name the bad one) run when it fails.
+    if not (strided(qkv, q_weight, k_weight) and qkv is not None and q_weight is not None and k_weight is not None):
+        check_tensor(_OP, "qkv", qkv)
+        check_tensor(_OP, "q_weight", q_weight)
+        check_tensor(_OP, "k_weight", k_weight)
+    if wants_grad(qkv, q_weight, k_weight):
+        check_no_grad(_OP, {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight})
+    if qkv.dtype not in _FLOAT_SET:
+        check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
     check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

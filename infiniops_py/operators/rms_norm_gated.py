@@ -36,12 +36,15 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_vector,
     device_type,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import GIVEN, Operator, Overload, Sampler
 
 __all__ = ["SPECS", "reference", "rms_norm_gated"]
 
 _OP = "rms_norm_gated"
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor | None, eps: float,
@@ -124,35 +127,48 @@ def rms_norm_gated(
             stride other than 1, a `group_size` that does not divide H, a bad `eps`, `norm_before_gate` or
             `out`, or a tensor that requires grad while grad mode is on (there is no backward).
     """
-    check_tensor(_OP, "x", x)
-    check_tensor(_OP, "weight", weight)
-    for name, t in (("bias", bias), ("z", z), ("out", out)):
-        check_tensor(_OP, name, t, optional=True)
-    check_no_grad(_OP, {"x": x, "weight": weight, "bias": bias, "z": z, "out": out})
-    check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
-    check_bool(_OP, "norm_before_gate", norm_before_gate)
-    check_dtype(_OP, "x", x, FLOAT_DTYPES)
-    if x.dim() == 0:
+    # The checks run on every call: each attribute is read once and a helper is called only to raise.
+    if not (strided(x, weight, bias, z, out) and x is not None and weight is not None):
+        check_tensor(_OP, "x", x)
+        check_tensor(_OP, "weight", weight)
+        for name, t in (("bias", bias), ("z", z), ("out", out)):
+            check_tensor(_OP, name, t, optional=True)
+    if wants_grad(x, weight, bias, z, out):
+        check_no_grad(_OP, {"x": x, "weight": weight, "bias": bias, "z": z, "out": out})
+    if type(eps) is not float or not eps > 0.0 or eps - eps != 0.0:  # NaN and +-inf give NaN
+        check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+    if norm_before_gate is not True and norm_before_gate is not False:
+        check_bool(_OP, "norm_before_gate", norm_before_gate)
+    dtype, shape = x.dtype, x.shape
+    if dtype not in _FLOAT_SET:
+        check_dtype(_OP, "x", x, FLOAT_DTYPES)
+    if not shape:
         raise ContractError(_OP, "x", "expected at least one dim [..., H], got a 0-d tensor")
-    h = x.shape[-1]
-    check_last_stride(_OP, "x", x)
+    h = shape[-1]
+    if h > 1 and x.stride(-1) != 1:
+        check_last_stride(_OP, "x", x)
     group = _group(group_size, h)
+    device = x.device
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None:
+        if t is not None and not (t.dtype is dtype and t.device == device and t.shape == (h,)
+                                  and (h <= 1 or t.stride(0) == 1)):
             check_vector(_OP, name, t, x, h, "H = x.shape[-1]")
     if z is not None:
-        if z.shape != x.shape:
+        if z.shape != shape:
             raise ContractError(_OP, "z", f"expected shape {list(x.shape)} (same as x), got {list(z.shape)}")
-        check_like(_OP, "z", z, x)
-        check_last_stride(_OP, "z", z)
+        if z.dtype is not dtype or z.device != device or (h > 1 and z.stride(-1) != 1):
+            check_like(_OP, "z", z, x)
+            check_last_stride(_OP, "z", z)
     if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     else:
         _check_out(x, out, {"x": x, "weight": weight, "bias": bias, "z": z})
-    if out.numel() == 0:
+    numel = out.numel()
+    if numel == 0:
         return out
-    key = SPEC.key(device_type(x), x.dtype, hidden_size=h, group_size=group, has_z=z is not None,
-                   has_bias=bias is not None, norm_before_gate=bool(norm_before_gate), tokens=x.numel() // h)
+    key = SPEC.key("cpu" if x.is_cpu else device_type(x), dtype, hidden_size=h, group_size=group,
+                   has_z=z is not None, has_bias=bias is not None, norm_before_gate=bool(norm_before_gate),
+                   tokens=numel // h)
     dispatch(SPEC, key, _rows(x, h), weight, bias, None if z is None else _rows(z, h), float(eps), group,
              bool(norm_before_gate), out.view(-1, h))
     return out

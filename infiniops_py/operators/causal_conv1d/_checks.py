@@ -23,6 +23,7 @@ __all__ = ["MAX_WIDTH", "MIN_WIDTH", "ConvVarlen", "check_activation", "check_cu
 
 MIN_WIDTH: Final = 2
 MAX_WIDTH: Final = 16
+_FLOAT_SET: Final = frozenset(FLOAT_DTYPES)
 
 
 class ConvVarlen(NamedTuple):
@@ -54,7 +55,11 @@ def check_cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int) -> None:
 
 def check_weight(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     """Check weight [D, W] and bias [D]; return W."""
-    dim = x.shape[1]
+    dim, shape, device = x.shape[1], weight.shape, x.device
+    if len(shape) == 2 and shape[0] == dim and MIN_WIDTH <= shape[1] <= MAX_WIDTH and weight.dtype in _FLOAT_SET \
+            and weight.device == device and (bias is None or (bias.device == device and bias.dtype is weight.dtype
+                                                              and bias.shape == (dim,))):
+        return shape[1]  # the common case in a few attribute reads; the checks below name what is wrong
     check_device(op, "weight", weight, x.device)
     check_dtype(op, "weight", weight, FLOAT_DTYPES)
     check_shape(op, "weight", weight, (dim, None), " ([D, W], D = x.shape[1])")
@@ -77,24 +82,26 @@ def check_activation(op: str, activation: str | None) -> bool:
 
 def check_layout(op: str, name: str, t: torch.Tensor) -> bool:
     """A [*, C, L] tensor must be dense along C (channel-last) or along L; return whether channel-last."""
-    if t.stride(2) != 1 and t.stride(1) != 1:
-        raise ContractError(op, name, f"strides {t.stride()}: need stride 1 along dim 2 (channel-first) or "
+    strides = t.stride()
+    if strides[2] != 1 and strides[1] != 1:
+        raise ContractError(op, name, f"strides {strides}: need stride 1 along dim 2 (channel-first) or "
                                       "dim 1 (channel-last view); call .contiguous()")
-    return t.stride(2) != 1 and t.shape[2] > 1
+    return strides[2] != 1 and t.shape[2] > 1
 
 
 def check_x(op: str, x: torch.Tensor) -> bool:
-    check_dtype(op, "x", x, FLOAT_DTYPES)
+    if x.dtype not in _FLOAT_SET:
+        check_dtype(op, "x", x, FLOAT_DTYPES)
     if x.dim() != 3:
         raise ContractError(op, "x", f"expected shape [B, D, L], got {list(x.shape)}")
     return check_layout(op, "x", x)
 
 
 def empty_like_layout(x: torch.Tensor, channel_last: bool) -> torch.Tensor:
+    if not channel_last:
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
     b, d, length = x.shape
-    if channel_last:
-        return torch.empty(b, length, d, dtype=x.dtype, device=x.device).transpose(1, 2)
-    return torch.empty(b, d, length, dtype=x.dtype, device=x.device)
+    return torch.empty(b, length, d, dtype=x.dtype, device=x.device).transpose(1, 2)
 
 
 def check_state_like_x(op: str, name: str, t: torch.Tensor, x: torch.Tensor, shape: tuple[int | None, ...],

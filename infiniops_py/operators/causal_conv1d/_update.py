@@ -11,15 +11,17 @@ from infiniops_py.operators._base import (
     INDEX_DTYPES,
     ContractError,
     check_device,
+    check_disjoint,
     check_dtype,
     check_index_range,
     check_no_grad,
-    check_no_overlap,
     check_shape,
     check_tensor,
     check_unique_indices,
     check_writable,
     is_checked,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.causal_conv1d._checks import check_activation, check_layout, check_weight, empty_like_layout
@@ -29,6 +31,8 @@ from infiniops_py.operators.causal_conv1d._samples import sample_update
 __all__ = ["SPEC_UPDATE", "causal_conv1d_update"]
 
 _UPDATE = "causal_conv1d_update"
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
+_INDEX_SET = frozenset(INDEX_DTYPES)
 
 
 def _fake(x: torch.Tensor, **_: object) -> torch.Tensor:
@@ -97,46 +101,59 @@ def causal_conv1d_update(
             written in place, a tensor that requires grad while grad mode is on; in checked mode an index
             >= slots, a repeated index or a negative cache_seqlens.
     """
-    check_tensor(_UPDATE, "x", x)
-    check_tensor(_UPDATE, "conv_state", conv_state)
-    check_tensor(_UPDATE, "weight", weight)
-    check_tensor(_UPDATE, "bias", bias, optional=True)
-    check_tensor(_UPDATE, "cache_seqlens", cache_seqlens, optional=True)
-    check_tensor(_UPDATE, "conv_state_indices", conv_state_indices, optional=True)
-    check_no_grad(_UPDATE, {"x": x, "conv_state": conv_state, "weight": weight, "bias": bias,
-                            "conv_state_indices": conv_state_indices})
-    check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
-    if x.dim() not in (2, 3):
+    # The checks run on every call: each attribute is read once and a helper is called only to raise (or
+    # for what it alone can tell: strided layouts, overlaps, indices), in the order of the contract.
+    if not (strided(x, conv_state, weight, bias, cache_seqlens, conv_state_indices) and x is not None
+            and conv_state is not None and weight is not None):
+        check_tensor(_UPDATE, "x", x)
+        check_tensor(_UPDATE, "conv_state", conv_state)
+        check_tensor(_UPDATE, "weight", weight)
+        check_tensor(_UPDATE, "bias", bias, optional=True)
+        check_tensor(_UPDATE, "cache_seqlens", cache_seqlens, optional=True)
+        check_tensor(_UPDATE, "conv_state_indices", conv_state_indices, optional=True)
+    if wants_grad(x, conv_state, weight, bias, conv_state_indices):
+        check_no_grad(_UPDATE, {"x": x, "conv_state": conv_state, "weight": weight, "bias": bias,
+                                "conv_state_indices": conv_state_indices})
+    xdtype, ndim = x.dtype, x.dim()
+    if xdtype not in _FLOAT_SET:
+        check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
+    if ndim != 2 and ndim != 3:
         raise ContractError(_UPDATE, "x", f"expected shape [B, D] or [B, D, L], got {list(x.shape)}")
-    x3 = x.unsqueeze(-1) if x.dim() == 2 else x
+    x3 = x.unsqueeze(-1) if ndim == 2 else x
     channel_last = check_layout(_UPDATE, "x", x3)
     batch, dim, _ = x3.shape
     width = check_weight(_UPDATE, x3, weight, bias)
     silu = check_activation(_UPDATE, activation)
-    check_device(_UPDATE, "conv_state", conv_state, x.device)
-    if conv_state.dtype != x.dtype:
-        raise ContractError(_UPDATE, "conv_state", f"expected dtype {x.dtype} (same as x), got {conv_state.dtype}")
-    check_shape(_UPDATE, "conv_state", conv_state, (None, dim, None), " ([slots, D, S])")
-    state_len = conv_state.shape[2]
+    device, sshape = x.device, conv_state.shape
+    if conv_state.device != device or conv_state.dtype is not xdtype or len(sshape) != 3 or sshape[1] != dim:
+        check_device(_UPDATE, "conv_state", conv_state, device)
+        if conv_state.dtype != xdtype:
+            raise ContractError(_UPDATE, "conv_state", f"expected dtype {x.dtype} (same as x), got "
+                                                       f"{conv_state.dtype}")
+        check_shape(_UPDATE, "conv_state", conv_state, (None, dim, None), " ([slots, D, S])")
+    state_len = sshape[2]
     if state_len < width - 1:
         raise ContractError(_UPDATE, "conv_state", f"state length S={state_len} < W-1={width - 1}")
     check_layout(_UPDATE, "conv_state", conv_state)
     check_writable(_UPDATE, "conv_state", conv_state)
-    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("cache_seqlens", cache_seqlens),
-                    ("conv_state_indices", conv_state_indices)):
-        if t is not None:  # every input is read while conv_state is written
-            check_no_overlap(_UPDATE, name, t, "conv_state", conv_state)
-    slots = conv_state.shape[0]
+    # every input is read while conv_state is written
+    check_disjoint(_UPDATE, "conv_state", conv_state, (("x", x), ("weight", weight), ("bias", bias),
+                                                    ("cache_seqlens", cache_seqlens),
+                                                    ("conv_state_indices", conv_state_indices)))
+    slots = sshape[0]
     if conv_state_indices is None:
         if slots != batch and batch:
             raise ContractError(_UPDATE, "conv_state", f"expected {batch} slots (one per row of x) without "
                                                        f"conv_state_indices, got {slots}")
     else:
-        check_device(_UPDATE, "conv_state_indices", conv_state_indices, x.device)
-        check_dtype(_UPDATE, "conv_state_indices", conv_state_indices, INDEX_DTYPES)
-        check_shape(_UPDATE, "conv_state_indices", conv_state_indices, (batch,), " ([B])")
-        check_index_range(_UPDATE, "conv_state_indices", conv_state_indices, slots, allow_negative=True)
-        check_unique_indices(_UPDATE, "conv_state_indices", conv_state_indices)
+        idx = conv_state_indices
+        if idx.device != device or idx.dtype not in _INDEX_SET or idx.shape != (batch,):
+            check_device(_UPDATE, "conv_state_indices", idx, device)
+            check_dtype(_UPDATE, "conv_state_indices", idx, INDEX_DTYPES)
+            check_shape(_UPDATE, "conv_state_indices", idx, (batch,), " ([B])")
+        if batch and is_checked(device):  # as the two checks' own early returns (B = numel)
+            check_index_range(_UPDATE, "conv_state_indices", idx, slots, allow_negative=True)
+            check_unique_indices(_UPDATE, "conv_state_indices", idx)
     if cache_seqlens is not None:
         check_device(_UPDATE, "cache_seqlens", cache_seqlens, x.device)
         check_dtype(_UPDATE, "cache_seqlens", cache_seqlens, INDEX_DTYPES)
@@ -146,14 +163,14 @@ def causal_conv1d_update(
                                                           "number of columns written so far (>= 0)")
     out = empty_like_layout(x3, channel_last)
     if x3.numel():
-        key = SPEC_UPDATE.key(x.device.type, x.dtype, width=width, state_len=state_len, has_bias=bias is not None,
+        key = SPEC_UPDATE.key(device.type, xdtype, width=width, state_len=state_len, has_bias=bias is not None,
                               silu=silu, has_indices=conv_state_indices is not None,
-                              has_cache_seqlens=cache_seqlens is not None, batch=x3.shape[0])
+                              has_cache_seqlens=cache_seqlens is not None, batch=batch)
         args = (x3, conv_state, weight, bias, activation, conv_state_indices, out)
         if cache_seqlens is None:
             dispatch(SPEC_UPDATE, key, *args)
         else:
             dispatch(SPEC_UPDATE, key, *args, cache_seqlens)
-    return out.squeeze(-1) if x.dim() == 2 else out
+    return out.squeeze(-1) if ndim == 2 else out
 
 

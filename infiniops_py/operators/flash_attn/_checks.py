@@ -28,7 +28,10 @@ __all__ = ["FP8", "INT32", "SCALES", "as_seqlens_tensor", "check_alibi", "check_
 
 INT32 = (torch.int32,)
 FP8 = torch.float8_e4m3fn  # the fp8 KV-cache dtype (vLLM's "fp8" / "fp8_e4m3", flash-attention 3's e4m3)
-SCALES = (torch.float32, torch.float64)  # ALiBi slopes and descales: float32 (float64 in the oracle's copies)
+SCALES = (torch.float32, torch.float64)
+_INT32 = torch.int32
+_STRIDED = torch.strided
+_FLOAT_SET = frozenset(FLOAT_DTYPES)  # ALiBi slopes and descales: float32 (float64 in the oracle's copies)
 
 
 def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
@@ -37,6 +40,11 @@ def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
 
 
 def check_q(op: str, q: torch.Tensor, rank: int) -> tuple[int, int]:
+    shape = q.shape  # the common case in a few attribute reads; the checks below name what is wrong
+    if q.dtype in _FLOAT_SET and len(shape) == rank:
+        hq, d = shape[-2], shape[-1]
+        if hq >= 1 and d >= 1 and (d == 1 or q.stride(-1) == 1):
+            return hq, d
     check_dtype(op, "q", q, FLOAT_DTYPES)
     check_shape(op, "q", q, [None] * rank, " ([total_q, Hq, D])" if rank == 3 else " ([B, Sq, Hq, D])")
     check_last_stride(op, "q", q)
@@ -51,6 +59,14 @@ def check_kv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: 
     """Check a k/v pair against q; returns Hkv. Their dtype is `dtype` when given (new k/v: the caches'),
     else q's or float8_e4m3fn (an fp8 KV cache), the same for both. A rank-4 cache (`dtype` None) needs
     block_size (or S_max) >= 1; new k/v (`dtype` given) may hold 0 tokens, an empty append."""
+    kdtype, shape = k.dtype, k.shape  # the common case in a few attribute reads; the checks below name what is wrong
+    if (dtype is None or kdtype is dtype) and (kdtype is q.dtype or kdtype is FP8) and v.dtype is kdtype \
+            and len(shape) == rank and v.shape == shape and shape[-1] == d:
+        device, hkv = q.device, shape[-2]
+        if k.device == device and v.device == device and (d == 1 or (k.stride(-1) == 1 and v.stride(-1) == 1)) \
+                and (expect_hkv is None or hkv == expect_hkv) and hkv >= 1 and not hq % hkv \
+                and (rank != 4 or dtype is not None or shape[1] >= 1):
+            return hkv
     layout = " ([total_k, Hkv, D])" if rank == 3 else " ([num_blocks or B, block_size or S, Hkv, D])"
     if dtype is not None and k.dtype != dtype:
         raise ContractError(op, names[0], f"expected dtype {dtype} (same as the caches), got {k.dtype}")
@@ -137,6 +153,9 @@ def as_seqlens_tensor(op: str, cache_seqlens: object, b: int, capacity: int, dev
     """`cache_seqlens` as an int32 ``[B]`` tensor: as given, one int for every sequence, or None for full
     caches (flash-attention's meaning; then nothing can be appended)."""
     if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.layout is _STRIDED and cache_seqlens.dtype is _INT32 and cache_seqlens.shape == (b,) \
+                and cache_seqlens.device == device:
+            return cache_seqlens  # the common case; the checks below name what is wrong
         check_tensor(op, "cache_seqlens", cache_seqlens)  # its layout
         check_dtype(op, "cache_seqlens", cache_seqlens, INT32)
         check_device(op, "cache_seqlens", cache_seqlens, device)
@@ -199,6 +218,9 @@ def non_negative_int(op: str, name: str, value: object) -> int:
 
 
 def check_block_table(op: str, table: torch.Tensor, b: int, device: torch.device) -> None:
+    shape = table.shape
+    if table.dtype is _INT32 and len(shape) == 2 and shape[0] == b and (shape[1] or not b) and table.device == device:
+        return  # the common case; the checks below name what is wrong
     check_dtype(op, "block_table", table, INT32)
     check_device(op, "block_table", table, device)
     check_shape(op, "block_table", table, [b, None], " ([B, max_blocks])")

@@ -15,6 +15,8 @@ from infiniops_py.operators._base import (
     check_tensor,
     check_unique_indices,
     is_checked,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import Operator, Overload, Param
 from infiniops_py.operators.flash_attn._call import FIELDS, lse_dtype, set_kwargs
@@ -141,17 +143,26 @@ def flash_attn_with_kvcache(
             is on, or (checked mode) two new k/v rows landing in one cache slot.
     """
     op = _KVCACHE
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(op, name, t)
-    optional = {"k": k, "v": v, "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
-                "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad, "block_table": block_table,
-                "alibi_slopes": alibi_slopes, "k_descale": k_descale, "v_descale": v_descale}
-    for name, t in optional.items():
-        check_tensor(op, name, t, optional=True)
+    # The checks run on every call: the common case is tested in one pass, the per-argument helpers (which
+    # name the bad argument) run when it fails.
+    if not (strided(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+                    alibi_slopes, k_descale, v_descale) and q is not None and k_cache is not None
+            and v_cache is not None):
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            check_tensor(op, name, t)
+        for name, t in _optional(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+                                 alibi_slopes, k_descale, v_descale).items():
+            check_tensor(op, name, t, optional=True)
     seqlens_tensor = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
-    check_no_grad(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": seqlens_tensor, **optional})
-    check_bool(op, "return_softmax_lse", return_softmax_lse)
-    check_bool(op, "rotary_interleaved", rotary_interleaved)
+    if wants_grad(q, k_cache, v_cache, seqlens_tensor, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
+                  block_table, alibi_slopes, k_descale, v_descale):
+        check_no_grad(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": seqlens_tensor,
+                           **_optional(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+                                       alibi_slopes, k_descale, v_descale)})
+    if return_softmax_lse is not True and return_softmax_lse is not False:
+        check_bool(op, "return_softmax_lse", return_softmax_lse)
+    if rotary_interleaved is not True and rotary_interleaved is not False:
+        check_bool(op, "rotary_interleaved", rotary_interleaved)
     paged = block_table is not None
     hq, d = check_q(op, q, 4)
     b = q.shape[0]
@@ -186,6 +197,8 @@ def flash_attn_with_kvcache(
     k_descale = check_descale(op, "k_descale", k_descale, b, hkv, k_cache, "k_cache")
     v_descale = check_descale(op, "v_descale", v_descale, b, hkv, v_cache, "v_cache")
     if k is not None and v is not None:
+        optional = _optional(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                             k_descale, v_descale)
         check_cache_writes(op, k_cache, v_cache, {"k": k, "v": v, "q": q, "cache_seqlens": seqlens_tensor,
                                                   **{n: t for n, t in optional.items() if n not in ("k", "v")}})
     scale, window, softcap = normalize(op, d, softmax_scale, causal, window_size, softcap, capacity)
@@ -202,7 +215,7 @@ def flash_attn_with_kvcache(
             check_append_slots(op, block_table, lengths, new, block_size)
         if seqlen_ro and (causal or window != (-1, -1)):
             check_rotary_positions(op, [n - new + q.shape[1] - 1 for n in lengths], seqlen_ro)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     extras = set_kwargs(cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
                         rotary_sin=rotary_sin, alibi_slopes=slopes, k_descale=k_descale, v_descale=v_descale)
     if rotary_cos is not None:
@@ -220,3 +233,11 @@ def flash_attn_with_kvcache(
     return (out, extras["softmax_lse"]) if return_softmax_lse else out  # what the implementation wrote
 
 
+def _optional(k: torch.Tensor | None, v: torch.Tensor | None, rotary_cos: torch.Tensor | None,
+              rotary_sin: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
+              cache_leftpad: torch.Tensor | None, block_table: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
+              k_descale: torch.Tensor | None, v_descale: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+    """The optional tensor arguments by name, in the order their checks name them."""
+    return {"k": k, "v": v, "rotary_cos": rotary_cos, "rotary_sin": rotary_sin, "cache_batch_idx": cache_batch_idx,
+            "cache_leftpad": cache_leftpad, "block_table": block_table, "alibi_slopes": alibi_slopes,
+            "k_descale": k_descale, "v_descale": v_descale}

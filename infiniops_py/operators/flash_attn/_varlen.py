@@ -14,6 +14,8 @@ from infiniops_py.operators._base import (
     check_shape,
     check_tensor,
     is_checked,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import Operator, Overload, Param
 from infiniops_py.operators.flash_attn._call import FIELDS, lse_dtype, set_kwargs
@@ -36,6 +38,7 @@ from infiniops_py.operators.flash_attn._values import check_seqlens, check_sequs
 __all__ = ["VARLEN_SPEC", "flash_attn_varlen"]
 
 _VARLEN = "flash_attn_varlen"
+_INT32 = torch.int32
 
 
 VARLEN_SPEC = Operator(
@@ -117,27 +120,37 @@ def flash_attn_varlen(
             the contract, or a tensor that requires grad while grad mode is on.
     """
     op = _VARLEN
-    tensors = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
-    optional = {"block_table": block_table, "seqused_k": seqused_k, "alibi_slopes": alibi_slopes,
-                "k_descale": k_descale, "v_descale": v_descale}
-    for name, t in tensors.items():
-        check_tensor(op, name, t)
-    for name, t in optional.items():
-        check_tensor(op, name, t, optional=True)
-    check_no_grad(op, {**tensors, **optional})
-    check_bool(op, "return_softmax_lse", return_softmax_lse)
+    # The checks run on every call: the common case is tested in one pass, the per-argument helpers (which
+    # name the bad argument) run when it fails.
+    if not (strided(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, alibi_slopes, k_descale, v_descale)
+            and q is not None and k is not None and v is not None and cu_seqlens_q is not None
+            and cu_seqlens_k is not None):
+        for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            check_tensor(op, name, t)
+        for name, t in (("block_table", block_table), ("seqused_k", seqused_k), ("alibi_slopes", alibi_slopes),
+                        ("k_descale", k_descale), ("v_descale", v_descale)):
+            check_tensor(op, name, t, optional=True)
+    if wants_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, alibi_slopes, k_descale, v_descale):
+        check_no_grad(op, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+                           "block_table": block_table, "seqused_k": seqused_k, "alibi_slopes": alibi_slopes,
+                           "k_descale": k_descale, "v_descale": v_descale})
+    if return_softmax_lse is not True and return_softmax_lse is not False:
+        check_bool(op, "return_softmax_lse", return_softmax_lse)
     paged = block_table is not None
     hq, d = check_q(op, q, 3)
     hkv = check_kv(op, q, k, v, ("k", "v"), 4 if paged else 3, hq, d)
     fp8 = k.dtype == FP8
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        check_dtype(op, name, cu, INT32)
-        check_device(op, name, cu, q.device)
-        check_shape(op, name, cu, [None], " ([B + 1])")
-        if cu.shape[0] < 1:
-            raise ContractError(op, name, "expected B + 1 >= 1 entries, got none")
-    n = cu_seqlens_q.shape[0]
-    check_shape(op, "cu_seqlens_k", cu_seqlens_k, [n], " ([B + 1], same as cu_seqlens_q)")
+    device, cu_shape = q.device, cu_seqlens_q.shape
+    if not (cu_seqlens_q.dtype is _INT32 and cu_seqlens_k.dtype is _INT32 and len(cu_shape) == 1 and cu_shape[0] >= 1
+            and cu_seqlens_k.shape == cu_shape and cu_seqlens_q.device == device and cu_seqlens_k.device == device):
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            check_dtype(op, name, cu, INT32)
+            check_device(op, name, cu, device)
+            check_shape(op, name, cu, [None], " ([B + 1])")
+            if cu.shape[0] < 1:
+                raise ContractError(op, name, "expected B + 1 >= 1 entries, got none")
+        check_shape(op, "cu_seqlens_k", cu_seqlens_k, [cu_shape[0]], " ([B + 1], same as cu_seqlens_q)")
+    n = cu_shape[0]
     if seqused_k is not None:
         check_per_sequence(op, "seqused_k", seqused_k, n - 1, q.device)
     slopes = check_alibi(op, alibi_slopes, n - 1, hq, q.device)
@@ -159,7 +172,7 @@ def flash_attn_varlen(
         if block_table is not None:
             check_used_blocks(op, block_table, lengths, k.shape[0], block_size)
     scale, window, softcap = normalize(op, d, softmax_scale, causal, window_size, softcap, max_seqlen_k)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     extras = set_kwargs(seqused_k=seqused_k, alibi_slopes=slopes, k_descale=k_descale, v_descale=v_descale)
     if return_softmax_lse:
         extras["softmax_lse"] = torch.empty((hq, q.shape[0]), dtype=lse_dtype(q), device=q.device)

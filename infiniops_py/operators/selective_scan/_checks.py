@@ -12,6 +12,8 @@ from infiniops_py.operators._base import FLOAT_DTYPES, ContractError, check_devi
 __all__ = ["STATE_DTYPES", "check_groups", "check_like_x", "check_params", "last_dense"]
 
 STATE_DTYPES: Final = (torch.float32, torch.float64)
+_STATE_SET: Final = frozenset(STATE_DTYPES)
+_FLOAT_SET: Final = frozenset(FLOAT_DTYPES)
 
 
 def last_dense(op: str, name: str, t: torch.Tensor) -> None:
@@ -31,6 +33,21 @@ def check_params(op: str, x: torch.Tensor, heads: int, head_dim: int, A: torch.T
                  D: torch.Tensor | None, dt_bias: torch.Tensor | None, d_state: int | None = None) -> None:
     """A [H] fp32 (fp64 allowed), D [H] or [H, P], dt_bias [H], any float dtype; with `d_state` (the state
     update) also the untied forms A [H, P, N] and dt_bias [H, P]."""
+    device, per_head, per_channel = x.device, (heads,), (heads, head_dim)
+    shape = A.shape  # the common case first, each attribute read once; the checks below name what is wrong
+    a_ok = A.device == device and A.dtype in _STATE_SET and (
+        shape == per_head or (d_state is not None and shape == (heads, head_dim, d_state)))
+    d_ok = D is None or (D.device == device and D.dtype in _FLOAT_SET and (
+        (shape := D.shape) == per_head or shape == per_channel))
+    bias_ok = dt_bias is None or (dt_bias.device == device and dt_bias.dtype in _FLOAT_SET and (
+        (shape := dt_bias.shape) == per_head or (d_state is not None and shape == per_channel)))
+    if a_ok and d_ok and bias_ok:
+        return
+    _check_params(op, x, heads, head_dim, A, D, dt_bias, d_state)
+
+
+def _check_params(op: str, x: torch.Tensor, heads: int, head_dim: int, A: torch.Tensor,
+                  D: torch.Tensor | None, dt_bias: torch.Tensor | None, d_state: int | None) -> None:
     check_device(op, "A", A, x.device)
     check_dtype(op, "A", A, STATE_DTYPES, " (A is kept in float32)")
     if d_state is None:

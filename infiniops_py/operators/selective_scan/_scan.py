@@ -20,6 +20,8 @@ from infiniops_py.operators._base import (
     check_no_grad,
     check_shape,
     check_tensor,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.causal_conv1d import check_cu_seqlens
@@ -38,6 +40,7 @@ __all__ = ["SPEC", "selective_scan"]
 
 _SCAN = "selective_scan"
 _NO_LIMIT: Final = (0.0, math.inf)
+_FLOAT_SET: Final = frozenset(FLOAT_DTYPES)
 
 
 def _fake(x: torch.Tensor, **_: object) -> torch.Tensor:
@@ -149,34 +152,51 @@ def selective_scan(
             while grad mode is on, or (checked mode) a cu_seqlens that does not cut the row; named by
             argument.
     """
-    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
-        check_tensor(_SCAN, name, t)
-    for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
-                    ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)):
-        check_tensor(_SCAN, name, t, optional=True)
-    check_no_grad(_SCAN, {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
-                          "initial_states": initial_states, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens})
-    check_bool(_SCAN, "dt_softplus", dt_softplus)
-    check_bool(_SCAN, "return_final_states", return_final_states)
-    check_bool(_SCAN, "return_varlen_states", return_varlen_states)
-    check_dtype(_SCAN, "x", x, FLOAT_DTYPES)
-    if x.dim() != 4:
+    # The checks run on every call: each attribute is read once and a helper is called only to raise, in the
+    # order of the contract.
+    if not (strided(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens) and x is not None
+            and dt is not None and A is not None and B is not None and C is not None):
+        for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+            check_tensor(_SCAN, name, t)
+        for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
+                        ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)):
+            check_tensor(_SCAN, name, t, optional=True)
+    if wants_grad(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens):
+        check_no_grad(_SCAN, {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+                              "initial_states": initial_states, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens})
+    for name, flag in (("dt_softplus", dt_softplus), ("return_final_states", return_final_states),
+                       ("return_varlen_states", return_varlen_states)):
+        if flag is not True and flag is not False:
+            check_bool(_SCAN, name, flag)
+    xdtype, xshape = x.dtype, x.shape
+    if xdtype not in _FLOAT_SET:
+        check_dtype(_SCAN, "x", x, FLOAT_DTYPES)
+    if len(xshape) != 4:
         raise ContractError(_SCAN, "x", f"expected shape [Bt, L, H, P], got {list(x.shape)}")
-    last_dense(_SCAN, "x", x)
-    batch, length, heads, head_dim = x.shape
-    check_device(_SCAN, "dt", dt, x.device)
-    check_dtype(_SCAN, "dt", dt, FLOAT_DTYPES)
-    check_shape(_SCAN, "dt", dt, (batch, length, heads), " ([Bt, L, H])")
-    if B.dim() != 4:
+    batch, length, heads, head_dim = xshape
+    if head_dim > 1 and x.stride(3) != 1:
+        last_dense(_SCAN, "x", x)
+    device = x.device
+    if dt.device != device or dt.dtype not in _FLOAT_SET or dt.shape != (batch, length, heads):
+        check_device(_SCAN, "dt", dt, device)
+        check_dtype(_SCAN, "dt", dt, FLOAT_DTYPES)
+        check_shape(_SCAN, "dt", dt, (batch, length, heads), " ([Bt, L, H])")
+    bshape = B.shape
+    if len(bshape) != 4:
         raise ContractError(_SCAN, "B", f"expected shape [Bt, L, G, N], got {list(B.shape)}")
-    groups, d_state = B.shape[2], B.shape[3]
-    check_like_x(_SCAN, "B", B, x, (batch, length, groups, d_state), " ([Bt, L, G, N])")
-    check_groups(_SCAN, B, heads)
-    check_like_x(_SCAN, "C", C, x, (batch, length, groups, d_state), " (same as B)")
+    groups, d_state = bshape[2], bshape[3]
+    expected = (batch, length, groups, d_state)
+    if B.device != device or B.dtype is not xdtype or bshape != expected or groups == 0 or heads % groups \
+            or C.device != device or C.dtype is not xdtype or C.shape != expected \
+            or (d_state > 1 and (B.stride(3) != 1 or C.stride(3) != 1)):
+        check_like_x(_SCAN, "B", B, x, expected, " ([Bt, L, G, N])")
+        check_groups(_SCAN, B, heads)
+        check_like_x(_SCAN, "C", C, x, expected, " (same as B)")
     check_params(_SCAN, x, heads, head_dim, A, D, dt_bias)
-    if z is not None:
-        check_like_x(_SCAN, "z", z, x, tuple(x.shape), " (same as x)")
-    dt_limit = _check_limit(dt_limit)
+    if z is not None and (z.device != device or z.dtype is not xdtype or z.shape != xshape
+                          or (head_dim > 1 and z.stride(3) != 1)):
+        check_like_x(_SCAN, "z", z, x, tuple(xshape), " (same as x)")
+    dt_limit = _NO_LIMIT if dt_limit is _NO_LIMIT else _check_limit(dt_limit)  # the default is valid
     if seq_idx is not None:
         check_device(_SCAN, "seq_idx", seq_idx, x.device)
         check_dtype(_SCAN, "seq_idx", seq_idx, (torch.int32,))
@@ -203,7 +223,7 @@ def selective_scan(
             # (no sequence at all: it belongs to none)
             rest = initial_states.new_zeros(max(sequences - 1, 0), *initial_states.shape[1:])
             initial_states = torch.cat([initial_states, rest])[:sequences]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     final_states = varlen_states = None
     if cu_seqlens is not None and (return_final_states or return_varlen_states):
         varlen_states = torch.empty(sequences, heads, head_dim, d_state, dtype=sdt, device=x.device)
@@ -216,12 +236,12 @@ def selective_scan(
             elif states is not None:
                 states.zero_()
     else:
-        key = SPEC.key(x.device.type, x.dtype, head_dim=head_dim, d_state=d_state, n_groups=groups,
+        key = SPEC.key(device.type, xdtype, head_dim=head_dim, d_state=d_state, n_groups=groups,
                        chunk_size=chunk_size, has_D=D is not None, has_z=z is not None, has_dt_bias=dt_bias is not None,
                        dt_softplus=bool(dt_softplus), has_seq_idx=seq_idx is not None,
                        has_initial_states=initial_states is not None, return_final_states=return_final_states,
                        varlen=cu_seqlens is not None, return_varlen_states=return_varlen_states,
-                       tokens=x.shape[0] * x.shape[1])
+                       tokens=batch * length)
         args = (x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), tuple(dt_limit), initial_states, seq_idx,
                 chunk_size, out, final_states)
         if cu_seqlens is None:

@@ -11,15 +11,18 @@ from infiniops_py.operators._base import (
     ContractError,
     check_bool,
     check_device,
+    check_disjoint,
     check_dtype,
     check_index_range,
     check_no_grad,
-    check_no_overlap,
     check_shape,
     check_tensor,
     check_unique_indices,
     check_writable,
     dtype_name,
+    is_checked,
+    strided,
+    wants_grad,
 )
 from infiniops_py.operators._declare import Operator, Overload
 from infiniops_py.operators.selective_scan._checks import check_groups, check_like_x, check_params, last_dense
@@ -29,6 +32,9 @@ from infiniops_py.operators.selective_scan._samples import sample_update
 __all__ = ["SPEC_UPDATE", "selective_state_update"]
 
 _UPDATE = "selective_state_update"
+_FLOAT_SET = frozenset(FLOAT_DTYPES)
+_INDEX_SET = frozenset(INDEX_DTYPES)
+_CONTIGUOUS = torch.contiguous_format
 
 
 SPEC_UPDATE = Operator(
@@ -100,62 +106,85 @@ def selective_state_update(
             written in place, a tensor that requires grad while grad mode is on; in checked mode an index
             >= slots or a repeated index.
     """
-    for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
-        check_tensor(_UPDATE, name, t)
-    for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)):
-        check_tensor(_UPDATE, name, t, optional=True)
-    check_no_grad(_UPDATE, {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z,
-                            "dt_bias": dt_bias, "state_batch_indices": state_batch_indices})
-    check_bool(_UPDATE, "dt_softplus", dt_softplus)
-    check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
-    if x.dim() != 3:
+    # The checks run on every call: each attribute is read once and a helper is called only to raise (or
+    # for what it alone can tell: strided layouts, overlaps, indices), in the order of the contract.
+    if not (strided(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices) and state is not None
+            and x is not None and dt is not None and A is not None and B is not None and C is not None):
+        for name, t in (("state", state), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C)):
+            check_tensor(_UPDATE, name, t)
+        for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)):
+            check_tensor(_UPDATE, name, t, optional=True)
+    if wants_grad(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices):
+        check_no_grad(_UPDATE, {"state": state, "x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z,
+                                "dt_bias": dt_bias, "state_batch_indices": state_batch_indices})
+    if dt_softplus is not True and dt_softplus is not False:
+        check_bool(_UPDATE, "dt_softplus", dt_softplus)
+    xdtype, xshape = x.dtype, x.shape
+    if xdtype not in _FLOAT_SET:
+        check_dtype(_UPDATE, "x", x, FLOAT_DTYPES)
+    if len(xshape) != 3:
         raise ContractError(_UPDATE, "x", f"expected shape [B, H, P], got {list(x.shape)}")
-    last_dense(_UPDATE, "x", x)
-    batch, heads, head_dim = x.shape
-    check_device(_UPDATE, "state", state, x.device)
-    check_dtype(_UPDATE, "state", state, FLOAT_DTYPES)
-    if state.dim() != 4:
-        raise ContractError(_UPDATE, "state", f"expected shape [slots, H, P, N], got {list(state.shape)}")
-    slots, d_state = state.shape[0], state.shape[3]
-    check_shape(_UPDATE, "state", state, (slots, heads, head_dim, d_state), " ([slots, H, P, N], H and P from x)")
-    last_dense(_UPDATE, "state", state)
+    batch, heads, head_dim = xshape
+    if head_dim > 1 and x.stride(2) != 1:
+        last_dense(_UPDATE, "x", x)
+    device = x.device
+    sshape = state.shape
+    if state.device != device or state.dtype not in _FLOAT_SET or len(sshape) != 4 or sshape[1] != heads \
+            or sshape[2] != head_dim or (sshape[3] > 1 and state.stride(3) != 1):
+        check_device(_UPDATE, "state", state, device)
+        check_dtype(_UPDATE, "state", state, FLOAT_DTYPES)
+        if state.dim() != 4:
+            raise ContractError(_UPDATE, "state", f"expected shape [slots, H, P, N], got {list(state.shape)}")
+        check_shape(_UPDATE, "state", state, (sshape[0], heads, head_dim, sshape[3]),
+                    " ([slots, H, P, N], H and P from x)")
+        last_dense(_UPDATE, "state", state)
+    slots, d_state = sshape[0], sshape[3]
     check_writable(_UPDATE, "state", state)
-    check_device(_UPDATE, "dt", dt, x.device)
-    check_dtype(_UPDATE, "dt", dt, FLOAT_DTYPES)
-    if list(dt.shape) not in ([batch, heads], [batch, heads, head_dim]):
+    dshape = dt.shape
+    if dt.device != device or dt.dtype not in _FLOAT_SET or not (
+            dshape == (batch, heads) or dshape == (batch, heads, head_dim)):
+        check_device(_UPDATE, "dt", dt, device)
+        check_dtype(_UPDATE, "dt", dt, FLOAT_DTYPES)
         raise ContractError(_UPDATE, "dt", f"expected shape [{batch}, {heads}] or [{batch}, {heads}, {head_dim}] "
                                            f"([B, H] or [B, H, P]), got {list(dt.shape)}")
-    if B.dim() != 3:
+    bshape = B.shape
+    if len(bshape) != 3:
         raise ContractError(_UPDATE, "B", f"expected shape [B, G, N], got {list(B.shape)}")
-    groups = B.shape[1]
-    check_like_x(_UPDATE, "B", B, x, (batch, groups, d_state), " ([B, G, N], N from state)")
-    check_groups(_UPDATE, B, heads)
-    check_like_x(_UPDATE, "C", C, x, (batch, groups, d_state), " (same as B)")
+    groups = bshape[1]
+    expected = (batch, groups, d_state)
+    if B.device != device or B.dtype is not xdtype or bshape != expected or groups == 0 or heads % groups \
+            or C.device != device or C.dtype is not xdtype or C.shape != expected \
+            or (d_state > 1 and (B.stride(2) != 1 or C.stride(2) != 1)):
+        check_like_x(_UPDATE, "B", B, x, expected, " ([B, G, N], N from state)")
+        check_groups(_UPDATE, B, heads)
+        check_like_x(_UPDATE, "C", C, x, expected, " (same as B)")
     check_params(_UPDATE, x, heads, head_dim, A, D, dt_bias, d_state)
-    if z is not None:
-        check_like_x(_UPDATE, "z", z, x, tuple(x.shape), " (same as x)")
-    for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z), ("dt_bias", dt_bias),
-                    ("state_batch_indices", state_batch_indices)):
-        if t is not None:
-            check_no_overlap(_UPDATE, name, t, "state", state)
+    if z is not None and (z.device != device or z.dtype is not xdtype or z.shape != xshape
+                          or (head_dim > 1 and z.stride(2) != 1)):
+        check_like_x(_UPDATE, "z", z, x, tuple(xshape), " (same as x)")
+    check_disjoint(_UPDATE, "state", state, (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
+                                          ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)))
     if state_batch_indices is None:
         if slots != batch and batch:
             raise ContractError(_UPDATE, "state", f"expected {batch} slots (one per row of x) without "
                                                   f"state_batch_indices, got {slots}")
     else:
-        check_device(_UPDATE, "state_batch_indices", state_batch_indices, x.device)
-        check_dtype(_UPDATE, "state_batch_indices", state_batch_indices, INDEX_DTYPES)
-        check_shape(_UPDATE, "state_batch_indices", state_batch_indices, (batch,), " ([B])")
-        check_index_range(_UPDATE, "state_batch_indices", state_batch_indices, slots, allow_negative=True)
-        check_unique_indices(_UPDATE, "state_batch_indices", state_batch_indices)
+        idx = state_batch_indices
+        if idx.device != device or idx.dtype not in _INDEX_SET or idx.shape != (batch,):
+            check_device(_UPDATE, "state_batch_indices", idx, device)
+            check_dtype(_UPDATE, "state_batch_indices", idx, INDEX_DTYPES)
+            check_shape(_UPDATE, "state_batch_indices", idx, (batch,), " ([B])")
+        if batch and is_checked(device):  # as the two checks' own early returns (B = numel)
+            check_index_range(_UPDATE, "state_batch_indices", idx, slots, allow_negative=True)
+            check_unique_indices(_UPDATE, "state_batch_indices", idx)
     dt, A, dt_bias = _tie(dt, A, dt_bias)
     untied = dt.dim() == 3 or A.dim() == 3 or (dt_bias is not None and dt_bias.dim() == 2)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x, memory_format=_CONTIGUOUS)
     if x.numel():
-        key = SPEC_UPDATE.key(x.device.type, x.dtype, head_dim=head_dim, d_state=d_state, n_groups=groups,
+        key = SPEC_UPDATE.key(device.type, xdtype, head_dim=head_dim, d_state=d_state, n_groups=groups,
                               has_D=D is not None, has_z=z is not None, has_dt_bias=dt_bias is not None,
                               dt_softplus=bool(dt_softplus), has_indices=state_batch_indices is not None,
-                              untied=untied, state_dtype=dtype_name(state.dtype), batch=x.shape[0])
+                              untied=untied, state_dtype=dtype_name(state.dtype), batch=batch)
         dispatch(SPEC_UPDATE, key, state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices, out)
     return out
 

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import next_power_of_2
 from infiniops_triton._ssd_common import dot_precision
 
 __all__ = ["chunk_cb"]
@@ -82,6 +83,6 @@ def chunk_cb(C: torch.Tensor, B: torch.Tensor, chunk_size: int, cb: torch.Tensor
         VARLEN=table is not None,
         DOT_PRECISION=dot_precision(C.dtype),
         BLOCK=block,
-        BLOCK_N=max(16, triton.next_power_of_2(dstate)),
+        BLOCK_N=max(16, next_power_of_2(dstate)),
         num_warps=4,
     )

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import cdiv, next_power_of_2
 from infiniops_triton._ssd_common import (
     autotune_configs,
     dot_f32_left,
@@ -295,10 +296,10 @@ def chunk_scan(
         d, d_strides = D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
 
     def grid(meta: dict) -> tuple[int]:
-        tiles = triton.cdiv(chunk_size, meta["BLOCK_M"]) * triton.cdiv(headdim, meta["BLOCK_P"])
+        tiles = cdiv(chunk_size, meta["BLOCK_M"]) * cdiv(headdim, meta["BLOCK_P"])
         return (tiles * nheads * bt * nchunks,)
 
-    block_n = max(16, triton.next_power_of_2(dstate))
+    block_n = max(16, next_power_of_2(dstate))
     meta = {"FACTORED": FACTORED, **(config or {})}
     kernel = _chunk_scan_kernel if config is None else _chunk_scan_kernel.fn
     kernel[grid](

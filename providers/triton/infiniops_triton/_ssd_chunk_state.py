@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import cdiv
 from infiniops_triton._ssd_common import (
     autotune_configs,
     dot_f32_left,
@@ -214,7 +215,7 @@ def chunk_state(
     si_strides = (si.stride(0), si.stride(1)) if seq_idx is not None else (0, 0)
 
     def grid(meta: dict) -> tuple[int]:
-        tiles = triton.cdiv(headdim, meta["BLOCK_P"]) * triton.cdiv(dstate, meta["BLOCK_N"])
+        tiles = cdiv(headdim, meta["BLOCK_P"]) * cdiv(dstate, meta["BLOCK_N"])
         return (tiles * nheads * bt * nchunks,)
 
     kernel = _chunk_state_kernel if config is None else _chunk_state_kernel.fn

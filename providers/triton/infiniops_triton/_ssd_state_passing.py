@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infiniops_triton._common import cdiv, next_power_of_2
 from infiniops_triton._ssd_common import interpreting, split_f32
 
 __all__ = ["state_passing"]
@@ -117,13 +118,13 @@ def state_passing(
     else:
         # 8 chunks x 256 states = 8 KB loaded per step and program: at batch 1 and H=24 that is
         # 768 programs keeping ~6 MB in flight, enough to cover the memory latency of the serial walk.
-        block, step = min(256, triton.next_power_of_2(size)), 8
+        block, step = min(256, next_power_of_2(size)), 8
     meta = {"BLOCK": block, "CHUNKS_PER_STEP": step, "num_warps": 4, **(config or {})}
     init = initial_states if initial_states is not None else states
     final = final_states if final_states is not None else states
     init_strides = initial_states.stride() if initial_states is not None else (0, 0, 0, 0)
     final_strides = final_states.stride() if final_states is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(size, meta["BLOCK"]), bt, nheads)
+    grid = (cdiv(size, meta["BLOCK"]), bt, nheads)
     _state_passing_kernel[grid](
         states, carry, init, final, hilo if hilo is not None else states,
         nheads, headdim, dstate, nchunks,

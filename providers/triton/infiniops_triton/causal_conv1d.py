@@ -46,7 +46,7 @@ import triton
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
-from infiniops_triton._common import PRIORITY, base_constraints, sm_count
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, sm_count
 from infiniops_triton._conv_kernels import (
     _conv_channel_first_kernel,
     _conv_channel_last_kernel,
@@ -55,6 +55,7 @@ from infiniops_triton._conv_kernels import (
     _update_kernel,
 )
 from infiniops_triton._fastlaunch import Launcher
+from infiniops_triton._launch import Tuned
 
 __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 
@@ -76,7 +77,7 @@ _CHANNEL_FIRST_CANDIDATES = (_channel_first_config(16, 256, 8), _channel_first_c
 
 def _prune_channel_first(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """The candidates whose time tile is no longer than the row (at least the shortest)."""
-    length = triton.next_power_of_2(named_args["L"])
+    length = next_power_of_2(named_args["L"])
     fits = [c for c in configs if c.kwargs["BLOCK_L"] <= max(8, length)]
     return fits or [min(configs, key=lambda c: c.kwargs["BLOCK_L"])]
 
@@ -84,6 +85,7 @@ def _prune_channel_first(configs: list[triton.Config], named_args: dict, **kwarg
 _conv_channel_first_tuned = triton.autotune(
     list(_CHANNEL_FIRST_CANDIDATES), key=["D", "size_class"],
     prune_configs_by={"early_config_prune": _prune_channel_first})(_conv_channel_first_kernel)
+_CHANNEL_FIRST_TUNED = Tuned(_conv_channel_first_tuned)  # tuned once per key, then the fast launch
 
 
 @dataclass(frozen=True)
@@ -120,12 +122,12 @@ def channel_last_launch(tile: ChannelLastTile, batch: int, dim: int, length: int
     """(rows, channels, warps) per program for `tile` on a ``[batch, dim, length]`` input: channels at most
     the next power of 2 of `dim` (the warps shrink with them, keeping the tile's channels per thread), rows
     at most the input's and halved while the grid is short."""
-    block_d = min(tile.channels, triton.next_power_of_2(dim))
+    block_d = min(tile.channels, next_power_of_2(dim))
     warps = max(1, tile.warps * block_d // tile.channels)
-    rows = min(tile.rows, 8 * triton.cdiv(length, 8))
-    columns = batch * triton.cdiv(dim, block_d)
-    while rows > 8 and columns * triton.cdiv(length, rows) < tile.min_programs_per_sm * sm_count:
-        rows = 8 * triton.cdiv(rows, 16)
+    rows = min(tile.rows, 8 * cdiv(length, 8))
+    columns = batch * cdiv(dim, block_d)
+    while rows > 8 and columns * cdiv(length, rows) < tile.min_programs_per_sm * sm_count:
+        rows = 8 * cdiv(rows, 16)
     return rows, block_d, warps
 
 
@@ -137,10 +139,10 @@ def _sm_count(device: torch.device) -> int:
 def _tile(dim: int, other: int, unit_stride_along_d: bool) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_L) of about `_ELEMS_PER_PROGRAM` elements, the long side along the unit stride."""
     if unit_stride_along_d:
-        block_d = min(triton.next_power_of_2(dim), 64)
-        return block_d, min(triton.next_power_of_2(other), max(1, _ELEMS_PER_PROGRAM // block_d))
-    block_l = min(triton.next_power_of_2(other), 256)
-    return min(triton.next_power_of_2(dim), max(1, _ELEMS_PER_PROGRAM // block_l)), block_l
+        block_d = min(next_power_of_2(dim), 64)
+        return block_d, min(next_power_of_2(other), max(1, _ELEMS_PER_PROGRAM // block_d))
+    block_l = min(next_power_of_2(other), 256)
+    return min(next_power_of_2(dim), max(1, _ELEMS_PER_PROGRAM // block_l)), block_l
 
 
 def causal_conv1d(
@@ -178,13 +180,13 @@ def causal_conv1d(
              "HAS_INIT": initial_states is not None, "HAS_FINAL": final_states is not None, "WIDE": span >= 2**31}
     common = (*weight.stride(), *(init.stride() if initial_states is not None else (0, 0, 0)), *out.stride())
     final_strides = final.stride() if final_states is not None else (0, 0, 0)
-    blocks = {"BLOCK_D": block_d, "BLOCK_L": max(8, block_l), "BLOCK_W": triton.next_power_of_2(width - 1),
+    blocks = {"BLOCK_D": block_d, "BLOCK_L": max(8, block_l), "BLOCK_W": next_power_of_2(width - 1),
               "num_warps": 8 if block_d * block_l >= 4096 else 4}
-    grid = (triton.cdiv(length, blocks["BLOCK_L"]), triton.cdiv(dim, block_d), batch)
+    grid = (cdiv(length, blocks["BLOCK_L"]), cdiv(dim, block_d), batch)
     bias_arg = bias if bias is not None else weight
     if channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
         rows, block_d, warps = channel_last_launch(CHANNEL_LAST_TILE, batch, dim, length, _sm_count(x.device))
-        _CHANNEL_LAST((triton.cdiv(length, rows), triton.cdiv(dim, block_d), batch),
+        _CHANNEL_LAST((cdiv(length, rows), cdiv(dim, block_d), batch),
             x, weight, bias_arg, init, out, final, dim, length, *x.stride(), *common, *final_strides, **flags,
             BLOCK_D=block_d, BLOCK_W=blocks["BLOCK_W"], num_warps=warps,
         )
@@ -193,9 +195,10 @@ def causal_conv1d(
         args = (x, weight, bias_arg, init, out, final, dim, length, length.bit_length(), *x.stride(), *common,
                 *final_strides)
         if x.numel() >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
-            _conv_channel_first_tuned[lambda meta: (triton.cdiv(length, meta["BLOCK_L"]),
-                                                    triton.cdiv(dim, meta["BLOCK_D"]), batch)](
-                *args, **flags, BLOCK_W=blocks["BLOCK_W"])
+            # the autotuner's own key: D, the size class of L and every tensor's dtype
+            key = (dim, args[8], x.dtype, weight.dtype, bias_arg.dtype, init.dtype, out.dtype, final.dtype)
+            _CHANNEL_FIRST_TUNED.launch(key, lambda meta: (cdiv(length, meta["BLOCK_L"]), cdiv(dim, meta["BLOCK_D"]),
+                                                           batch), *args, **flags, BLOCK_W=blocks["BLOCK_W"])
         else:
             _CHANNEL_FIRST(grid, *args, **flags, **blocks)
         return
@@ -242,12 +245,12 @@ def causal_conv1d_update(
         raise ValueError(f"triton causal_conv1d_update: state length {state_len} > {MAX_STATE_LEN}")
     if batch == 0 or dim == 0 or length == 0:
         return
-    block_l = triton.next_power_of_2(length)
-    block_s = triton.next_power_of_2(state_len)
-    block_d = min(triton.next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
+    block_l = next_power_of_2(length)
+    block_s = next_power_of_2(state_len)
+    block_d = min(next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
     index = conv_state_indices.contiguous() if conv_state_indices is not None else out  # read with unit stride
     seqlens = cache_seqlens.contiguous() if cache_seqlens is not None else out
-    _UPDATE((batch, triton.cdiv(dim, block_d)),
+    _UPDATE((batch, cdiv(dim, block_d)),
         x, conv_state, weight, bias if bias is not None else weight, index, seqlens, out, dim, length, state_len,
         slots, *x.stride(), *conv_state.stride(), *weight.stride(), *out.stride(),
         W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation == "silu",

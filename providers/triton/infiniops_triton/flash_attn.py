@@ -126,7 +126,7 @@ def _check_head_dim(op: str, d: int) -> int:
     if d > MAX_HEAD_DIM:
         raise ValueError(f"triton {op}: head_dim {d} > {MAX_HEAD_DIM} (the accumulator lives in registers); "
                          "use the torch provider")
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))
 
 
 def flash_attn_varlen(
@@ -178,7 +178,7 @@ def flash_attn_varlen(
         config = _INTERPRET_PREFILL
     if config is None:
         def grid(m: dict[str, Any]) -> tuple[int]:
-            return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
+            return (num_bh * cdiv(max_seqlen_q, m["BLOCK_M"]),)
 
         key = (head_dim, has_left, has_right, softcap > 0, paged, q.dtype, k.dtype, cu_seqlens_q.dtype, table.dtype,
                seqused_k is not None, softmax_lse is not None)
@@ -188,7 +188,7 @@ def flash_attn_varlen(
     if config["USE_TMA"] and not tma_layout_ok(q, k, v, paged):
         raise ValueError("triton flash_attn_varlen: USE_TMA needs contiguous K/V and 16-byte aligned q/k/v rows, "
                          "heads and head dim")
-    attn_fwd_kernel[(num_bh * triton.cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
+    attn_fwd_kernel[(num_bh * cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
     return out
 
 

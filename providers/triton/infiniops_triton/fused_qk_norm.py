@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "fused_qk_norm"]
@@ -82,10 +82,10 @@ def fused_qk_norm(
     qk_heads = num_q_heads + num_kv_heads
     if tokens == 0 or qk_heads == 0 or head_dim == 0:
         return
-    block_d = triton.next_power_of_2(head_dim)
-    block_h = min(triton.next_power_of_2(qk_heads), max(1, _ELEMS_PER_PROGRAM // block_d))
+    block_d = next_power_of_2(head_dim)
+    block_h = min(next_power_of_2(qk_heads), max(1, _ELEMS_PER_PROGRAM // block_d))
     num_warps = min(8, max(2, block_h * block_d // 256))
-    grid = (tokens, triton.cdiv(qk_heads, block_h))
+    grid = (tokens, cdiv(qk_heads, block_h))
     _QK_NORM(grid,
         qkv, q_weight, k_weight, qkv.stride(0), num_q_heads, qk_heads, head_dim, eps,
         BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps,

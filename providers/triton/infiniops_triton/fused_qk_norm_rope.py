@@ -12,12 +12,14 @@ columns are never loaded nor stored: one pass over the Q and K bytes, where the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, pdl, pdl_start
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "fused_qk_norm_rope"]
@@ -141,21 +143,22 @@ def fused_qk_norm_rope(
     max_position, rotary_dim = cos_sin_cache.shape
     half = rotary_dim // 2
     block_h, block_r, block_p, num_warps = launch_params(qk_heads, head_dim, rotary_dim)
-    _QK_NORM_ROPE((tokens, triton.cdiv(qk_heads, block_h)),
+    _QK_NORM_ROPE((tokens, cdiv(qk_heads, block_h)),
         qkv, q_weight, k_weight, cos_sin_cache, positions, qkv.stride(0), positions.stride(0), num_q_heads, qk_heads,
         head_dim, eps, max_position, half, IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p,
         num_warps=num_warps, **pdl(),
     )
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a model's few head shapes (issue #25: host cost)
 def launch_params(qk_heads: int, head_dim: int, rotary_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_R, BLOCK_P, num_warps) for `qk_heads` Q and K heads of `head_dim` channels, the first
     `rotary_dim` of them rotated: every value a power of two (BLOCK_P 0 without a pass-through part)."""
-    block_r = triton.next_power_of_2(rotary_dim // 2)
-    block_p = triton.next_power_of_2(head_dim - rotary_dim) if head_dim > rotary_dim else 0
+    block_r = next_power_of_2(rotary_dim // 2)
+    block_p = next_power_of_2(head_dim - rotary_dim) if head_dim > rotary_dim else 0
     per_head = 2 * block_r + block_p
     fit = max(1, _ELEMS_PER_PROGRAM // per_head)
-    block_h = min(triton.next_power_of_2(qk_heads), 1 << (fit.bit_length() - 1))  # a power of two <= fit
+    block_h = min(next_power_of_2(qk_heads), 1 << (fit.bit_length() - 1))  # a power of two <= fit
     # 16-byte vectors: 8 elements per thread, rounded down to a power of two (per_head is none with a partial
     # rotary: D 80, rotary_dim 20 gives 16 + 16 + 64)
     warps = min(8, max(1, block_h * per_head // 512))

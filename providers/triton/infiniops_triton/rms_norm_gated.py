@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, pdl, pdl_start
+from infiniops_triton._common import PRIORITY, base_constraints, next_power_of_2, pdl, pdl_start
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "rms_norm_gated"]
@@ -82,7 +82,7 @@ def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         raise ValueError(f"triton rms_norm_gated: group_size {group_size} > {MAX_GROUP}; use the torch provider")
     if t == 0 or h == 0:
         return out
-    block = triton.next_power_of_2(group_size)
+    block = next_power_of_2(group_size)
     num_warps = min(32, max(1, block // 256))
     _RMS_NORM_GATED((t, h // group_size),
         x, x if z is None else z, weight, weight if bias is None else bias, out, group_size, x.stride(0),

@@ -11,12 +11,14 @@ the token is left as it is and no cache row is read. Channels past ``rotary_dim`
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "rotary_embedding"]
@@ -72,10 +74,11 @@ def _rotary_kernel(
 _ROTARY = Launcher(_rotary_kernel)
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a model's few head shapes (issue #25: host cost)
 def launch_params(heads: int, half: int) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_R, num_warps) for turning `heads` heads of `half` pairs each."""
-    block_r = triton.next_power_of_2(half)
-    block_h = min(triton.next_power_of_2(heads), max(1, _PAIRS_PER_PROGRAM // block_r))
+    block_r = next_power_of_2(half)
+    block_h = min(next_power_of_2(heads), max(1, _PAIRS_PER_PROGRAM // block_r))
     return block_h, block_r, min(8, max(1, block_h * block_r // 256))
 
 
@@ -107,7 +110,7 @@ def rotary_embedding(
     num_heads = num_q_heads + (0 if key is None else key.shape[1])
     block_h, block_r, num_warps = launch_params(num_heads, rotary_dim // 2)
     k = query if key is None else key
-    _ROTARY((tokens, triton.cdiv(num_heads, block_h)),
+    _ROTARY((tokens, cdiv(num_heads, block_h)),
         positions, query, k, cos_sin_cache, positions.stride(0), query.stride(0), query.stride(1), k.stride(0),
         k.stride(1), num_q_heads, num_heads, max_position, rotary_dim // 2,
         IS_NEOX=is_neox, BLOCK_H=block_h, BLOCK_R=block_r, num_warps=num_warps,

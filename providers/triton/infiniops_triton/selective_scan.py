@@ -136,7 +136,7 @@ def scan_stages(
              bt * nheads * nchunks,  # fp32 carry
              bt * nchunks * chunk if seq_idx is not None else 0)  # int32 segment numbers
     work = torch.empty(sum(sizes), device=x.device, dtype=torch.float32)  # one allocation per call
-    states, split, cb, per_token, carry, seg = torch.split(work, sizes)
+    states, split, cb, per_token, carry, seg = work.split_with_sizes(sizes)  # torch.split's Python layers skipped
     states = states.view(bt, nchunks, nheads, headdim, dstate)
     hilo = split.view(C.dtype).view(bt, nchunks, nheads, 2, headdim, dstate) if presplit else None
     cb = cb.view(bt, nchunks, ngroups, chunk, chunk)

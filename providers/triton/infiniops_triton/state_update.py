@@ -18,12 +18,14 @@ is bound by the state's bytes, so each program streams one contiguous ``BLOCK_P 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Between, Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints
+from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2
 from infiniops_triton._fastlaunch import Launcher
 
 __all__ = ["IMPLEMENTATIONS", "MAX_D_STATE", "launch", "selective_state_update", "update_config"]
@@ -162,11 +164,12 @@ def selective_state_update(
     launch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, out, block_p, num_warps)
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of a model's few head shapes (issue #25: host cost)
 def update_config(head_dim: int, d_state: int) -> tuple[int, int]:
     """``(BLOCK_P, num_warps)``: 4096-value fp32 tiles (16 KB read, 16 KB written; 32 values per thread,
     eight 16-byte loads in flight each) over 4 warps: 3072 programs at batch 64, H=24, P=64, N=128."""
-    block_n = max(16, triton.next_power_of_2(d_state))
-    return max(1, min(triton.next_power_of_2(head_dim), 4096 // block_n)), 4
+    block_n = max(16, next_power_of_2(d_state))
+    return max(1, min(next_power_of_2(head_dim), 4096 // block_n)), 4
 
 
 def launch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -177,7 +180,7 @@ def launch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     benchmarks that sweep them; same arguments and checks as the public launcher otherwise."""
     batch, nheads, headdim = x.shape
     ngroups, dstate = B.shape[1], B.shape[2]
-    block_n = max(16, triton.next_power_of_2(dstate))
+    block_n = max(16, next_power_of_2(dstate))
     d, d_strides = (x, (0, 0)) if D is None else (D, (D.stride(0), D.stride(1) if D.dim() == 2 else 0))
     zt = z if z is not None else x
     index = state_batch_indices if state_batch_indices is not None else dt
@@ -186,7 +189,7 @@ def launch(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     a_strides = (A.stride(0), 0, 0) if A.dim() == 1 else A.stride()
     bias = dt_bias if dt_bias is not None else A
     bias_strides = (0, 0) if dt_bias is None else (dt_bias.stride(0), dt_bias.stride(1) if dt_bias.dim() == 2 else 0)
-    grid = (triton.cdiv(headdim, block_p) * nheads * batch,)
+    grid = (cdiv(headdim, block_p) * nheads * batch,)
     _STATE_UPDATE(grid,
         state, x, dt, A, B, C, d, zt, bias, index, out,
         state.shape[0], nheads, headdim, dstate, nheads // ngroups,
