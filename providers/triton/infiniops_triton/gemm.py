@@ -211,7 +211,7 @@ def gemm(
         c = c.clone()  # out=c: the autotuner may run the kernel several times, each must read the original c
     if c is not None and c.shape != out.shape:
         c = c.expand(out.shape)
-    if flat and _gemv.takes(m, n, stride_am, stride_ak, stride_bk):
+    if flat and _gemv.takes(m, n, stride_am, stride_ak, stride_bk, k=k):
         return _gemv.launch(a, b, m, n, k, stride_am, stride_bn, c, bias, alpha, beta, out)
     st_o = out.stride()
     if flat:
