@@ -65,25 +65,14 @@ L2_PAST = 160 << 20  # bytes of distinct weights per graph: past the H200's 50 M
 
 
 def _variants(row_class: int, smoke: bool) -> list[Any]:
-    """The candidates of a row class: the autotuner's own, then the new knobs (no-split narrow panels over wide K
-    steps, shared-memory pipelining of the one-row loop, unrolling, evict-first weight loads, per-step sums)."""
+    """The candidates of a row class (`_gemv.SWEEP_ONE_ROW`, `_gemv.SWEEP_TILE`: the autotuner's own first)."""
+    from infiniops_triton import _gemv
     from infiniops_triton._gemv import Variant as V
 
     if smoke:
         return [V(8, 32, 1, 4), V(4, 16, 2, 4, evict=True, pipe=2, unroll=2, sum_each=True)] if row_class == 1 else \
             [V(16, 32, 2, 4, 1), V(32, 16, 1, 4, 2, evict=True)]
-    if row_class == 1:
-        return [V(8, 256, 1, 4, 4), V(16, 256, 1, 4, 3), V(16, 512, 1, 8, 3), V(8, 256, 2, 4, 4), V(16, 256, 2, 4, 3),
-                V(16, 256, 4, 4, 3), V(32, 256, 4, 8, 3), V(8, 512, 4, 4, 3),  # the autotuned candidates
-                V(4, 1024, 1, 4), V(4, 1024, 1, 4, evict=True), V(2, 1024, 1, 2), V(8, 512, 1, 4),
-                V(8, 512, 1, 4, evict=True), V(8, 1024, 1, 4, sum_each=True), V(16, 1024, 1, 8, sum_each=True),
-                V(2, 2048, 1, 4, sum_each=True), V(8, 256, 1, 4, pipe=3), V(4, 512, 1, 4, pipe=3),
-                V(8, 512, 1, 4, pipe=3, evict=True), V(8, 256, 1, 4, unroll=4), V(4, 512, 2, 4), V(8, 512, 2, 4),
-                V(4, 1024, 2, 4, evict=True), V(8, 512, 4, 4, evict=True)]
-    return [V(16, 128, 1, 4, 4), V(32, 128, 1, 4, 4), V(64, 128, 1, 4, 3), V(16, 128, 2, 4, 4), V(32, 128, 2, 4, 4),
-            V(16, 256, 4, 4, 3), V(32, 128, 4, 4, 3),  # the autotuned candidates
-            V(16, 256, 1, 4, 3), V(32, 256, 1, 4, 3), V(64, 64, 1, 4, 4), V(16, 128, 1, 4, 4, evict=True),
-            V(32, 128, 2, 4, 4, evict=True), V(16, 128, 4, 4, 4), V(64, 128, 2, 4, 3)]
+    return list(_gemv.SWEEP_ONE_ROW if row_class == 1 else _gemv.SWEEP_TILE)
 
 
 def _cells(smoke: bool, rows: tuple[int, ...]) -> list[tuple[str, int, int, int, bool]]:

@@ -1,21 +1,25 @@
 """The decode Gemm: ``out = alpha * x @ w.T + beta * c + bias`` for a few rows of x and an ``nn.Linear`` weight.
 
-A decode step multiplies one to sixteen token rows by each projection weight: the work is one pass over the
+A decode step multiplies one to sixty-four token rows by each projection weight: the work is one pass over the
 weight ``w`` ``[N, K]`` (unit K stride), and the time is the time that pass takes. The tiled kernel
 (`infiniops_triton.gemm`) spends it on 64-row tiles of which one row is real; this kernel instead gives each
 program ``BLOCK_N`` rows of ``w`` (output columns) and streams that ``[BLOCK_N, K]`` panel in ``BLOCK_K`` steps
-of contiguous 16-byte loads, software-pipelined ``num_stages`` deep, so that many programs keep many loads in
-flight. The rows of ``x`` (``M * K`` elements, in L2 after the first program) are re-read by every program.
-One row (``BLOCK_M == 1``) accumulates the products elementwise in fp32 registers and sums them over K once,
-after the loop; up to sixteen rows use ``tl.dot`` on a 16-row tile (fp32 accumulation). A weight of few
-panels (N the hidden size, K the intermediate size) also splits its K range over ``SPLIT_K`` programs: each
-stores its fp32 partial, counts itself done on the tile's counter (after a barrier, acquire-release), and
-the last one sums the partials and runs the epilogue, so the product stays one kernel. The epilogue is the
-tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``), the bias, one rounding to the output dtype.
+of contiguous 16-byte loads, so that many programs keep many loads in flight; every row of x is in the one
+``BLOCK_M`` tile, so the weight is read once. The rows of ``x`` (``M * K`` elements, in L2 after the first
+program) are re-read by every program. One row (``BLOCK_M == 1``) multiplies elementwise in fp32 registers and
+sums over K once after the loop (or after each step: ``SUM_EACH``), its loop optionally pipelined through shared
+memory (``PIPE`` stages) or unrolled (``UNROLL``); 2 to 64 rows use ``tl.dot`` on a 16-, 32- or 64-row tile
+(fp32 accumulation, software-pipelined ``num_stages`` deep). ``EVICT`` loads the weight ``evict_first`` (it is read
+once per step). A weight of few panels (N the hidden size, K the intermediate size) also splits its K range over
+``SPLIT_K`` programs: each stores its fp32 partial, counts itself done on the tile's counter (after a barrier,
+acquire-release), and the last one sums the partials and runs the epilogue, so the product stays one kernel. The
+epilogue is the tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``), the bias, one rounding to the
+output dtype; or SiLU-and-multiply of the gate and up halves (``SWIGLU``, `infiniops_triton.gemm_swiglu`).
 
-Configurations are autotuned once per ``(N, K, row class)``: a model has a handful of projection shapes.
+The configuration (a `Variant`) comes from `TABLE` per ``(row class, N, K, swiglu)`` where the GPU sweep
+(`benchmarks/gpu_sweep_gemv.py`) filled it; elsewhere it is autotuned once per ``(N, K, row class)`` (1 to 16
+rows; a model has a handful of projection shapes), and 17 to 64 rows are left to the tiled kernel.
 """
-
 from __future__ import annotations
 
 import json
@@ -64,17 +68,29 @@ class Variant(NamedTuple):
                              num_warps=self.warps, num_stages=self.stages)
 
 
-def _cfg(n: int, k: int, split: int, warps: int, stages: int) -> triton.Config:
-    return Variant(n, k, split, warps, stages).config()
-
-
-# One row: narrow panels, the K range split in up to 4 (the N = hidden-size projections have few panels);
-# 16 rows: tl.dot needs N >= 16.
-_ONE_ROW = (_cfg(8, 256, 1, 4, 4), _cfg(16, 256, 1, 4, 3), _cfg(16, 512, 1, 8, 3), _cfg(8, 256, 2, 4, 4),
-            _cfg(16, 256, 2, 4, 3), _cfg(16, 256, 4, 4, 3), _cfg(32, 256, 4, 8, 3), _cfg(8, 512, 4, 4, 3))
-_FEW_ROWS = (_cfg(16, 128, 1, 4, 4), _cfg(32, 128, 1, 4, 4), _cfg(64, 128, 1, 4, 3), _cfg(16, 128, 2, 4, 4),
-             _cfg(32, 128, 2, 4, 4), _cfg(16, 256, 4, 4, 3), _cfg(32, 128, 4, 4, 3))
-_INTERPRETER = (_cfg(16, 32, 2, 4, 1),)
+_V = Variant
+# One row: narrow panels, the K range split in up to 4 (the N = hidden-size projections have few panels). The first
+# eight are the autotuner's candidates; the rest try the knobs: no split with narrow panels over wide K steps, the
+# loop pipelined through shared memory or unrolled, evict-first weight loads, per-step sums.
+SWEEP_ONE_ROW = (
+    _V(8, 256, 1, 4, 4), _V(16, 256, 1, 4, 3), _V(16, 512, 1, 8, 3), _V(8, 256, 2, 4, 4), _V(16, 256, 2, 4, 3),
+    _V(16, 256, 4, 4, 3), _V(32, 256, 4, 8, 3), _V(8, 512, 4, 4, 3),
+    _V(4, 1024, 1, 4), _V(4, 1024, 1, 4, evict=True), _V(2, 1024, 1, 2), _V(8, 512, 1, 4),
+    _V(8, 512, 1, 4, evict=True), _V(8, 1024, 1, 4, sum_each=True), _V(16, 1024, 1, 8, sum_each=True),
+    _V(2, 2048, 1, 4, sum_each=True), _V(8, 256, 1, 4, pipe=3), _V(4, 512, 1, 4, pipe=3),
+    _V(8, 512, 1, 4, pipe=3, evict=True), _V(8, 256, 1, 4, unroll=4), _V(4, 512, 2, 4), _V(8, 512, 2, 4),
+    _V(4, 1024, 2, 4, evict=True), _V(8, 512, 4, 4, evict=True),
+)
+# 16 to 64 rows on tensor cores (tl.dot needs N >= 16); the first seven are the autotuner's (at 16 rows).
+SWEEP_TILE = (
+    _V(16, 128, 1, 4, 4), _V(32, 128, 1, 4, 4), _V(64, 128, 1, 4, 3), _V(16, 128, 2, 4, 4), _V(32, 128, 2, 4, 4),
+    _V(16, 256, 4, 4, 3), _V(32, 128, 4, 4, 3),
+    _V(16, 256, 1, 4, 3), _V(32, 256, 1, 4, 3), _V(64, 64, 1, 4, 4), _V(16, 128, 1, 4, 4, evict=True),
+    _V(32, 128, 2, 4, 4, evict=True), _V(16, 128, 4, 4, 4), _V(64, 128, 2, 4, 3),
+)
+_ONE_ROW = tuple(v.config() for v in SWEEP_ONE_ROW[:8])
+_FEW_ROWS = tuple(v.config() for v in SWEEP_TILE[:7])
+_INTERPRETER = (_V(16, 32, 2, 4, 1).config(),)
 MAX_SPLIT_K = 4  # of the autotuned candidates
 ROW_CLASSES = (1, 16, 32, 64)  # BLOCK_M: one row, then a tl.dot tile of 16, 32 or 64 rows
 
@@ -91,7 +107,9 @@ def row_class(m: int) -> int:
 
 def load_table(path: str) -> dict[tuple[int, int, int, bool], Variant]:
     """The entries of a table file: a JSON list of ``{"rows": row class, "n": N, "k": K, "swiglu": bool,
-    "variant": [Variant fields in order]}``. Raises ValueError naming the file and the entry when one is not."""
+    "variant": [Variant fields in order]}``. Raises ValueError naming the file and the entry when one is not, or
+    names a row class other than 1, 16, 32, 64, a split below 1, a K step below 16, or (past one row) a column tile
+    below 16."""
     with open(path) as f:
         entries = json.load(f)
     table = {}
@@ -101,7 +119,8 @@ def load_table(path: str) -> dict[tuple[int, int, int, bool], Variant]:
             variant = Variant(*e["variant"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: entry {i} is not a GEMV table entry: {e!r} ({err})") from None
-        if key[0] not in ROW_CLASSES or variant.split_k < 1 or variant.block_n < 1 or variant.block_k < 16:
+        if key[0] not in ROW_CLASSES or variant.split_k < 1 or variant.block_k < 16 or variant.block_n < (
+                1 if key[0] == 1 else 16):  # tl.dot takes N >= 16
             raise ValueError(f"{path}: entry {i}: row class {key[0]} or variant {variant} out of range")
         table[key] = variant
     return table

@@ -1,10 +1,11 @@
 """GemmSwiglu in Triton: the decode Gemm with SiLU-and-multiply in its epilogue, one kernel.
 
-Up to 16 rows (a decode step) run `infiniops_triton._gemv`'s kernel with ``SWIGLU``: each program streams the
-gate rows and the up rows of its output columns side by side and writes ``silu(gate) * up`` straight away, so the
-``[T, 2d]`` projection is never written; the roundings are those of `gemm` then `silu_and_mul` (each projection
-rounded to the dtype, SiLU rounded, the product rounded). More rows run the tiled Gemm into a ``[T, 2d]`` buffer,
-then the SiluAndMul kernel: two launches, the same values.
+Up to 16 rows (a decode step; up to 64 where `infiniops_triton._gemv.TABLE` names the shape with ``swiglu``) run
+`infiniops_triton._gemv`'s kernel with ``SWIGLU``: each program streams the gate rows and the up rows of its output
+columns side by side and writes ``silu(gate) * up`` straight away, so the ``[T, 2d]`` projection is never written;
+the roundings are those of `gemm` then `silu_and_mul` (each projection rounded to the dtype, SiLU rounded, the
+product rounded). More rows run the tiled Gemm into a ``[T, 2d]`` buffer, then the SiluAndMul kernel: two
+launches, the same values.
 """
 
 from __future__ import annotations
