@@ -323,20 +323,24 @@ def takes(m: int, n: int, stride_xm: int, stride_xk: int, stride_wk: int, *, k: 
 
 def _scratch(device: torch.device, counters: int, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
     """At least `floats` fp32 partial sums and `counters` zeroed int32 counters of a split-K product on `device`
-    and its current stream (the kernel leaves the counters at 0), grown as needed. A grown pair replaces the old
-    one, which is kept alive: a captured CUDA graph may still address it."""
+    and its current stream (the kernel leaves the counters at 0), grown as needed, at least `_MIN_FLOATS` and
+    `_MIN_COUNTERS` (every variant at the Qwen3-0.6B and Mamba-2-130m shapes: no growth, in particular none while a CUDA
+    graph is captured, where the counters' zero fill would not run before the capture's kernels). A grown pair
+    replaces the old one, which is kept alive: a captured CUDA graph may still address it."""
     key = (device, raw_stream(device))
     found = _SCRATCH.get(key)
     if found is None or found[0].numel() < floats or found[1].numel() < counters:
         if found is not None:
             _RETIRED.append(found)
-        floats = next_power_of_2(max(floats, 0 if found is None else found[0].numel()))
-        counters = next_power_of_2(max(counters, 1024, 0 if found is None else found[1].numel()))
+        floats = next_power_of_2(max(floats, _MIN_FLOATS, 0 if found is None else found[0].numel()))
+        counters = next_power_of_2(max(counters, _MIN_COUNTERS, 0 if found is None else found[1].numel()))
         found = _SCRATCH[key] = (torch.empty(floats, dtype=torch.float32, device=device),
                                  torch.zeros(counters, dtype=torch.int32, device=device))
     return found
 
 
+_MIN_FLOATS = 1 << 22  # 16 MB
+_MIN_COUNTERS = 1 << 14
 _SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
 
