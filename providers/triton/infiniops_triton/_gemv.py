@@ -44,8 +44,9 @@ TABLE_ROWS = 64  # the most rows a `TABLE` entry takes
 class Variant(NamedTuple):
     """One configuration of the kernel: the column tile `block_n`, the K step `block_k`, the programs `split_k`
     sharing a column tile's K range, `warps` and `stages` (Triton's ``num_warps``/``num_stages``: the 16-to-64-row
-    loop's software pipelining), and three knobs of the one-row loop and the weight loads: `evict` (the weight
-    loaded ``evict_first``: it is read once), `pipe` (the one-row loop as ``tl.range(num_stages=pipe)``: the
+    loop's software pipelining), and the knobs of the weight loads and the one-row loop: `evict` (the weight
+    loaded ``evict_first``: it is read once; Triton 3.6 emits the hint only on loads straight to registers, not on
+    the cp.async copies of the tiles or of ``pipe > 1``), `pipe` (the one-row loop as ``tl.range(num_stages=pipe)``: the
     weight staged through shared memory `pipe` deep; 1: loaded straight to registers), `unroll` (its
     ``loop_unroll_factor``), and `sum_each` (the one-row products summed over each K step instead of once after
     the loop: fewer registers for wide steps)."""
