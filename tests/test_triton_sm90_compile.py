@@ -198,6 +198,42 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
+def _sweep_variants() -> list[tuple[Any, int, bool]]:
+    """(variant, BLOCK_M, SWIGLU) of the GPU sweep's candidates not compiled above: the new one-row variants plain
+    and with SWIGLU (the autotuned ones with it too), the new tile variants at 16 rows, all of them at 64 rows
+    (the most registers and shared memory), plain and with SWIGLU."""
+    one, tile = _gemv.SWEEP_ONE_ROW, _gemv.SWEEP_TILE
+    return ([(v, 1, False) for v in one[len(_gemv._ONE_ROW):]] + [(v, 1, True) for v in one]
+            + [(v, 16, False) for v in tile[len(_gemv._FEW_ROWS):]]
+            + [(v, 64, swiglu) for v in tile for swiglu in (False, True)])
+
+
+@pytest.mark.parametrize(("variant", "block_m", "swiglu"), _sweep_variants(),
+                         ids=lambda p: "x".join(map(str, p)) if isinstance(p, tuple) else str(p))
+def test_gemv_sweep_variants_compile_without_spills(variant: Any, block_m: int, swiglu: bool) -> None:
+    """Each variant `benchmarks/gpu_sweep_gemv.py` times, at the Qwen3-0.6B gate_up shape (SwiGLU: K 1024 -> 2 x
+    3072) or the down projection (K 3072 -> 1024): it compiles, ptxas spills nothing, shared memory fits; the
+    one-row loop loads 16-byte vectors straight to registers (evict-first where asked), or stages through shared
+    memory with cp.async when pipelined; the tiles multiply on tensor cores."""
+    n, k = (3072, 1024) if swiglu else (1024, 3072)
+    config = variant.config()
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1, "N": n, "K": k, "stride_xm": k, "stride_wn": k,
+            "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1, "alpha": 1.0, "beta": 0.0,
+            "HAS_C": False, "HAS_BIAS": swiglu, "PRECISION": "tf32", "BLOCK_M": block_m,
+            "EVEN_K": k % (variant.block_k * variant.split_k) == 0, "PDL": False, "SWIGLU": swiglu, **config.kwargs}
+    compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
+    if block_m == 1 and variant.pipe == 1:
+        assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
+        assert (_count(compiled, r"evict_first") > 0) == variant.evict
+    else:
+        assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
+    if block_m > 1:
+        assert _count(compiled, r"mma") > 0
+    assert _ptxas_spills(compiled) == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
 def test_decode_kernels_wait_for_the_previous_kernel_under_programmatic_dependent_launch() -> None:
     """With PDL each decode-step kernel first lets the next one launch, then waits for the previous one's
     results (griddepcontrol), before any other instruction touches memory."""

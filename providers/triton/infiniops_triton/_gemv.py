@@ -1,50 +1,134 @@
 """The decode Gemm: ``out = alpha * x @ w.T + beta * c + bias`` for a few rows of x and an ``nn.Linear`` weight.
 
-A decode step multiplies one to sixteen token rows by each projection weight: the work is one pass over the
+A decode step multiplies one to sixty-four token rows by each projection weight: the work is one pass over the
 weight ``w`` ``[N, K]`` (unit K stride), and the time is the time that pass takes. The tiled kernel
 (`infiniops_triton.gemm`) spends it on 64-row tiles of which one row is real; this kernel instead gives each
 program ``BLOCK_N`` rows of ``w`` (output columns) and streams that ``[BLOCK_N, K]`` panel in ``BLOCK_K`` steps
-of contiguous 16-byte loads, software-pipelined ``num_stages`` deep, so that many programs keep many loads in
-flight. The rows of ``x`` (``M * K`` elements, in L2 after the first program) are re-read by every program.
-One row (``BLOCK_M == 1``) accumulates the products elementwise in fp32 registers and sums them over K once,
-after the loop; up to sixteen rows use ``tl.dot`` on a 16-row tile (fp32 accumulation). A weight of few
-panels (N the hidden size, K the intermediate size) also splits its K range over ``SPLIT_K`` programs: each
-stores its fp32 partial, counts itself done on the tile's counter (after a barrier, acquire-release), and
-the last one sums the partials and runs the epilogue, so the product stays one kernel. The epilogue is the
-tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``), the bias, one rounding to the output dtype.
+of contiguous 16-byte loads, so that many programs keep many loads in flight; every row of x is in the one
+``BLOCK_M`` tile, so the weight is read once. The rows of ``x`` (``M * K`` elements, in L2 after the first
+program) are re-read by every program. One row (``BLOCK_M == 1``) multiplies elementwise in fp32 registers and
+sums over K once after the loop (or after each step: ``SUM_EACH``), its loop optionally pipelined through shared
+memory (``PIPE`` stages) or unrolled (``UNROLL``); 2 to 64 rows use ``tl.dot`` on a 16-, 32- or 64-row tile
+(fp32 accumulation, software-pipelined ``num_stages`` deep). ``EVICT`` loads the weight ``evict_first`` (it is read
+once per step). A weight of few panels (N the hidden size, K the intermediate size) also splits its K range over
+``SPLIT_K`` programs: each stores its fp32 partial, counts itself done on the tile's counter (after a barrier,
+acquire-release), and the last one sums the partials and runs the epilogue, so the product stays one kernel. The
+epilogue is the tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``), the bias, one rounding to the
+output dtype; or SiLU-and-multiply of the gate and up halves (``SWIGLU``, `infiniops_triton.gemm_swiglu`).
 
-Configurations are autotuned once per ``(N, K, row class)``: a model has a handful of projection shapes.
+The configuration (a `Variant`) comes from `TABLE` per ``(row class, N, K, swiglu)`` where the GPU sweep
+(`benchmarks/gpu_sweep_gemv.py`) filled it; elsewhere it is autotuned once per ``(N, K, row class)`` (1 to 16
+rows; a model has a handful of projection shapes), and 17 to 64 rows are left to the tiled kernel.
 """
-
 from __future__ import annotations
 
+import json
 import os
+from typing import Any, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_triton._common import cdiv, next_power_of_2, pdl, pdl_start, raw_stream
+from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._launch import Tuned
 
-__all__ = ["MAX_ROWS", "gemv", "launch", "serves", "takes"]
+__all__ = ["MAX_ROWS", "TABLE", "TABLE_ROWS", "Variant", "gemv", "launch", "load_table", "row_class", "serves",
+           "takes"]
 
-MAX_ROWS = 16  # the rows of x this kernel takes; more go to the tiled kernel
-
-
-def _cfg(n: int, k: int, split: int, warps: int, stages: int) -> triton.Config:
-    return triton.Config({"BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": split}, num_warps=warps, num_stages=stages)
+MAX_ROWS = 16  # the rows of x this kernel takes; more go to the tiled kernel unless `TABLE` names the shape
+TABLE_ROWS = 64  # the most rows a `TABLE` entry takes
 
 
-# One row: narrow panels, the K range split in up to 4 (the N = hidden-size projections have few panels);
-# 16 rows: tl.dot needs N >= 16.
-_ONE_ROW = (_cfg(8, 256, 1, 4, 4), _cfg(16, 256, 1, 4, 3), _cfg(16, 512, 1, 8, 3), _cfg(8, 256, 2, 4, 4),
-            _cfg(16, 256, 2, 4, 3), _cfg(16, 256, 4, 4, 3), _cfg(32, 256, 4, 8, 3), _cfg(8, 512, 4, 4, 3))
-_FEW_ROWS = (_cfg(16, 128, 1, 4, 4), _cfg(32, 128, 1, 4, 4), _cfg(64, 128, 1, 4, 3), _cfg(16, 128, 2, 4, 4),
-             _cfg(32, 128, 2, 4, 4), _cfg(16, 256, 4, 4, 3), _cfg(32, 128, 4, 4, 3))
-_INTERPRETER = (_cfg(16, 32, 2, 4, 1),)
-MAX_SPLIT_K = 4
-MAX_BLOCK_M = 16
+class Variant(NamedTuple):
+    """One configuration of the kernel: the column tile `block_n`, the K step `block_k`, the programs `split_k`
+    sharing a column tile's K range, `warps` and `stages` (Triton's ``num_warps``/``num_stages``: the 16-to-64-row
+    loop's software pipelining), and the knobs of the weight loads and the one-row loop: `evict` (the weight
+    loaded ``evict_first``: it is read once; Triton 3.6 emits the hint only on loads straight to registers, not on
+    the cp.async copies of the tiles or of ``pipe > 1``), `pipe` (the one-row loop as ``tl.range(num_stages=pipe)``: the
+    weight staged through shared memory `pipe` deep; 1: loaded straight to registers), `unroll` (its
+    ``loop_unroll_factor``), and `sum_each` (the one-row products summed over each K step instead of once after
+    the loop: fewer registers for wide steps)."""
+
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    warps: int = 4
+    stages: int = 3
+    evict: bool = False
+    pipe: int = 1
+    unroll: int = 1
+    sum_each: bool = False
+
+    def config(self) -> triton.Config:
+        """The `triton.Config` of this variant."""
+        return triton.Config({"BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "SPLIT_K": self.split_k,
+                              "EVICT": "evict_first" if self.evict else "", "PIPE": self.pipe,
+                              "UNROLL": self.unroll, "SUM_EACH": self.sum_each},
+                             num_warps=self.warps, num_stages=self.stages)
+
+
+_V = Variant
+# One row: narrow panels, the K range split in up to 4 (the N = hidden-size projections have few panels). The first
+# eight are the autotuner's candidates; the rest try the knobs: no split with narrow panels over wide K steps, the
+# loop pipelined through shared memory or unrolled, evict-first weight loads, per-step sums.
+SWEEP_ONE_ROW = (
+    _V(8, 256, 1, 4, 4), _V(16, 256, 1, 4, 3), _V(16, 512, 1, 8, 3), _V(8, 256, 2, 4, 4), _V(16, 256, 2, 4, 3),
+    _V(16, 256, 4, 4, 3), _V(32, 256, 4, 8, 3), _V(8, 512, 4, 4, 3),
+    _V(4, 1024, 1, 4), _V(4, 1024, 1, 4, evict=True), _V(2, 1024, 1, 2), _V(8, 512, 1, 4),
+    _V(8, 512, 1, 4, evict=True), _V(8, 1024, 1, 4, sum_each=True), _V(16, 1024, 1, 8, sum_each=True),
+    _V(2, 2048, 1, 4, sum_each=True), _V(8, 256, 1, 4, pipe=3), _V(4, 512, 1, 4, pipe=3),
+    _V(8, 512, 1, 4, pipe=3, evict=True), _V(8, 256, 1, 4, unroll=4), _V(4, 512, 2, 4), _V(8, 512, 2, 4),
+    _V(4, 1024, 2, 4, evict=True), _V(8, 512, 4, 4, evict=True),
+)
+# 16 to 64 rows on tensor cores (tl.dot needs N >= 16); the first seven are the autotuner's (at 16 rows).
+SWEEP_TILE = (
+    _V(16, 128, 1, 4, 4), _V(32, 128, 1, 4, 4), _V(64, 128, 1, 4, 3), _V(16, 128, 2, 4, 4), _V(32, 128, 2, 4, 4),
+    _V(16, 256, 4, 4, 3), _V(32, 128, 4, 4, 3),
+    _V(16, 256, 1, 4, 3), _V(32, 256, 1, 4, 3), _V(64, 64, 1, 4, 4), _V(16, 128, 1, 4, 4, evict=True),
+    _V(32, 128, 2, 4, 4, evict=True), _V(16, 128, 4, 4, 4), _V(64, 128, 2, 4, 3),
+)
+_ONE_ROW = tuple(v.config() for v in SWEEP_ONE_ROW[:8])
+_FEW_ROWS = tuple(v.config() for v in SWEEP_TILE[:7])
+_INTERPRETER = (_V(16, 32, 2, 4, 1).config(),)
+MAX_SPLIT_K = 4  # of the autotuned candidates
+ROW_CLASSES = (1, 16, 32, 64)  # BLOCK_M: one row, then a tl.dot tile of 16, 32 or 64 rows
+
+# The variant per (row class, output columns N, K, swiglu), as `benchmarks/gpu_sweep_gemv.py` measured them on the
+# GPU; a shape not here is autotuned among `_ONE_ROW` / `_FEW_ROWS` (1 to 16 rows) or left to the tiled kernel
+# (17 to 64 rows). ``INFINIOPS_GEMV_TABLE=FILE`` (the sweep's ``--emit`` JSON) adds to it at import.
+TABLE: dict[tuple[int, int, int, bool], Variant] = {}
+
+
+def row_class(m: int) -> int:
+    """The kernel's ``BLOCK_M`` for `m` rows of x (1 <= m <= 64): 1, 16, 32 or 64."""
+    return 1 if m == 1 else 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def load_table(path: str) -> dict[tuple[int, int, int, bool], Variant]:
+    """The entries of a table file: a JSON list of ``{"rows": row class, "n": N, "k": K, "swiglu": bool,
+    "variant": [Variant fields in order]}``. Raises ValueError naming the file and the entry when one is not, or
+    names a row class other than 1, 16, 32, 64, a split below 1, a K step below 16, or (past one row) a column tile
+    below 16."""
+    with open(path) as f:
+        entries = json.load(f)
+    table = {}
+    for i, e in enumerate(entries if isinstance(entries, list) else [entries]):
+        try:
+            key = (int(e["rows"]), int(e["n"]), int(e["k"]), bool(e["swiglu"]))
+            variant = Variant(*e["variant"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: entry {i} is not a GEMV table entry: {e!r} ({err})") from None
+        if key[0] not in ROW_CLASSES or variant.split_k < 1 or variant.block_k < 16 or variant.block_n < (
+                1 if key[0] == 1 else 16):  # tl.dot takes N >= 16
+            raise ValueError(f"{path}: entry {i}: row class {key[0]} or variant {variant} out of range")
+        table[key] = variant
+    return table
+
+
+if _TABLE_FILE := os.environ.get("INFINIOPS_GEMV_TABLE"):
+    TABLE.update(load_table(_TABLE_FILE))
 
 
 def _configs() -> list[triton.Config]:
@@ -79,13 +163,17 @@ def _gemv_kernel(
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" for fp32 inputs
-    BLOCK_M: tl.constexpr,  # 1, or 16 for 2..16 rows
+    BLOCK_M: tl.constexpr,  # 1, or 16, 32, 64 rows (at least M) on tensor cores
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,  # programs sharing a column tile's K range; the last to finish sums them
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_K * SPLIT_K: no K mask
     PDL: tl.constexpr,
     SWIGLU: tl.constexpr,  # W is [2N, K] gate|up: OUT = silu(x @ gate.T + b) * (x @ up.T + b), `gemm_swiglu`
+    EVICT: tl.constexpr = "",  # the weight loads' eviction policy ("evict_first": read once)
+    PIPE: tl.constexpr = 1,  # one row: the K loop's tl.range num_stages (1: loads straight to registers)
+    UNROLL: tl.constexpr = 1,  # one row: the K loop's loop_unroll_factor
+    SUM_EACH: tl.constexpr = False,  # one row: sum the products over each K step, not once after the loop
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -100,26 +188,43 @@ def _gemv_kernel(
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 1:
         x_ptrs = X + k_lo + rk
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K once, after the loop
+        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)  # SUM_EACH: summed each step
+        acc1_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # else summed over K once, after the loop
         acc2_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k in range(0, steps):
+        for k in tl.range(0, steps, num_stages=PIPE, loop_unroll_factor=UNROLL):
             k_ok = rk < K - k_lo - k * BLOCK_K
             if EVEN_K:
-                w = tl.load(w_ptrs)
+                w = tl.load(w_ptrs, eviction_policy=EVICT)
                 x = tl.load(x_ptrs)
             else:
-                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy=EVICT)
                 x = tl.load(x_ptrs, mask=k_ok, other=0.0)
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            xf = x.to(tl.float32)[None, :]
+            if SUM_EACH:
+                acc1 += tl.sum(w.to(tl.float32) * xf, axis=1)
+            else:
+                acc2 += w.to(tl.float32) * xf
             if SWIGLU:
-                u = tl.load(u_ptrs) if EVEN_K else tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
-                acc2_u += u.to(tl.float32) * x.to(tl.float32)[None, :]
+                if EVEN_K:
+                    u = tl.load(u_ptrs, eviction_policy=EVICT)
+                else:
+                    u = tl.load(u_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy=EVICT)
+                if SUM_EACH:
+                    acc1_u += tl.sum(u.to(tl.float32) * xf, axis=1)
+                else:
+                    acc2_u += u.to(tl.float32) * xf
                 u_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
-        acc = tl.sum(acc2, axis=1)[None, :]
-        if SWIGLU:
-            acc_u = tl.sum(acc2_u, axis=1)[None, :]
+        if SUM_EACH:
+            acc = acc1[None, :]
+            if SWIGLU:
+                acc_u = acc1_u[None, :]
+        else:
+            acc = tl.sum(acc2, axis=1)[None, :]
+            if SWIGLU:
+                acc_u = tl.sum(acc2_u, axis=1)[None, :]
     else:
         rm = tl.arange(0, BLOCK_M)
         xm = rm % M
@@ -128,14 +233,17 @@ def _gemv_kernel(
         for k in range(0, steps):
             k_ok = rk[None, :] < K - k_lo - k * BLOCK_K
             if EVEN_K:
-                w = tl.load(w_ptrs)
+                w = tl.load(w_ptrs, eviction_policy=EVICT)
                 x = tl.load(x_ptrs)
             else:
-                w = tl.load(w_ptrs, mask=k_ok, other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok, other=0.0, eviction_policy=EVICT)
                 x = tl.load(x_ptrs, mask=k_ok, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
             if SWIGLU:
-                u = tl.load(u_ptrs) if EVEN_K else tl.load(u_ptrs, mask=k_ok, other=0.0)
+                if EVEN_K:
+                    u = tl.load(u_ptrs, eviction_policy=EVICT)
+                else:
+                    u = tl.load(u_ptrs, mask=k_ok, other=0.0, eviction_policy=EVICT)
                 acc_u = tl.dot(x, tl.trans(u), acc_u, input_precision=PRECISION)
                 u_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
@@ -193,36 +301,49 @@ def _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stri
 
 
 _GEMV = Tuned(_gemv_kernel)
+_FIXED = Launcher(_gemv_kernel.fn)  # a `TABLE` variant: the heuristics and the kernel, no autotuning
+_KWARGS: dict[Variant, dict[str, Any]] = {}  # a variant's launch keywords
 
 
 def serves(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether this kernel takes the Gemm of `a` ``[M, K]`` by `b` ``[K, N]`` (as read, the transposes applied)
-    into `out`: 2-D, 1 <= M <= `MAX_ROWS`, unit K strides of `a` and of `b`'s ``[N, K]`` storage, and offsets
-    that fit int32 in `a`."""
+    into `out`: 2-D, 1 <= M <= `MAX_ROWS` (up to `TABLE_ROWS` where `TABLE` names a variant for the shape), unit
+    K strides of `a` and of `b`'s ``[N, K]`` storage, and offsets that fit int32 in `a`."""
     return (a.dim() == 2 and out.dim() == 2 and b.dim() == 2
-            and takes(a.shape[0], b.shape[1], a.stride(0), a.stride(1), b.stride(0)))
+            and takes(a.shape[0], b.shape[1], a.stride(0), a.stride(1), b.stride(0), k=a.shape[1]))
 
 
-def takes(m: int, n: int, stride_xm: int, stride_xk: int, stride_wk: int) -> bool:
-    """`serves` from the sizes and strides of a 2-D product already read: ``x [m, K]``, the weight ``[n, K]``."""
-    return 1 <= m <= MAX_ROWS and stride_xk == 1 and stride_wk == 1 and n > 0 and m * stride_xm < 2**31
+def takes(m: int, n: int, stride_xm: int, stride_xk: int, stride_wk: int, *, k: int = 0,
+          swiglu: bool = False) -> bool:
+    """`serves` from the sizes and strides of a 2-D product already read: ``x [m, k]``, ``n`` output columns of
+    the weight ``[n, k]`` (``[2n, k]`` with `swiglu`)."""
+    if not (stride_xk == 1 and stride_wk == 1 and n > 0 and m >= 1 and m * stride_xm < 2**31):
+        return False
+    return m <= MAX_ROWS or (m <= TABLE_ROWS and (row_class(m), n, k, swiglu) in TABLE)
 
 
-def _scratch(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The fp32 partial sums and zeroed int32 counters of a split-K product of `n` columns on `device` and its
-    current stream (the kernel leaves the counters at 0), grown as needed, and how many counters there are;
-    enough for every configuration."""
+def _scratch(device: torch.device, counters: int, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """At least `floats` fp32 partial sums and `counters` zeroed int32 counters of a split-K product on `device`
+    and its current stream (the kernel leaves the counters at 0), grown as needed, at least `_MIN_FLOATS` and
+    `_MIN_COUNTERS` (every variant at the Qwen3-0.6B and Mamba-2-130m shapes: no growth, in particular none while a CUDA
+    graph is captured, where the counters' zero fill would not run before the capture's kernels). A grown pair
+    replaces the old one, which is kept alive: a captured CUDA graph may still address it."""
     key = (device, raw_stream(device))
-    tiles = cdiv(n + 64, 8)  # the narrowest configuration's column tiles, past the edge of the widest
     found = _SCRATCH.get(key)
-    if found is None or found[2] < tiles:
-        size = next_power_of_2(max(tiles, 1024))
-        found = _SCRATCH[key] = (torch.empty(2 * MAX_SPLIT_K * size * 8 * MAX_BLOCK_M, dtype=torch.float32,
-                                             device=device), torch.zeros(size, dtype=torch.int32, device=device), size)
+    if found is None or found[0].numel() < floats or found[1].numel() < counters:
+        if found is not None:
+            _RETIRED.append(found)
+        floats = next_power_of_2(max(floats, _MIN_FLOATS, 0 if found is None else found[0].numel()))
+        counters = next_power_of_2(max(counters, _MIN_COUNTERS, 0 if found is None else found[1].numel()))
+        found = _SCRATCH[key] = (torch.empty(floats, dtype=torch.float32, device=device),
+                                 torch.zeros(counters, dtype=torch.int32, device=device))
     return found
 
 
-_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
+_MIN_FLOATS = 1 << 22  # 16 MB
+_MIN_COUNTERS = 1 << 14
+_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float,
@@ -237,24 +358,37 @@ def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
 
 def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: int, stride_wn: int,
            c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float, beta: float, out: torch.Tensor, *,
-           swiglu: bool = False) -> torch.Tensor:
-    """`gemv` with the sizes and strides already read (the callers have them): `x` ``[m, k]`` with rows `stride_xm`
-    apart, `w` the storage of the ``[n, k]`` weight (``[2n, k]`` with `swiglu`) with rows `stride_wn` apart, both
-    of unit K stride; `out` ``[m, n]``."""
-    block_m = 1 if m == 1 else 16
+           swiglu: bool = False, variant: Variant | None = None) -> torch.Tensor:
+    """`gemv` with the sizes and strides already read (the callers have them): `x` ``[m, k]`` (1 <= m <= 64) with
+    rows `stride_xm` apart, `w` the storage of the ``[n, k]`` weight (``[2n, k]`` with `swiglu`) with rows
+    `stride_wn` apart, both of unit K stride; `out` ``[m, n]``. Runs `variant`, else `TABLE`'s for the shape, else
+    the autotuned configuration."""
+    block_m = row_class(m)
+    if variant is None and TABLE:
+        variant = TABLE.get((block_m, n, k, swiglu))
     has_c, has_bias = c is not None, bias is not None
     c_arg = out if c is None else c
     bias_arg = out if bias is None else bias
-    part, counter, _ = _scratch(x.device, n)
-    grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
     dtype = x.dtype
-    _GEMV.launch(
-        (n, k, block_m, has_c, has_bias, swiglu, dtype, c_arg.dtype, bias_arg.dtype), grid,
-        x, w, c_arg, bias_arg, out, part, counter, m, n, k,
-        stride_xm, stride_wn, *c_arg.stride(), *out.stride(),
-        float(alpha), float(beta),
-        HAS_C=has_c, HAS_BIAS=has_bias,
-        PRECISION="ieee" if dtype is torch.float32 else "tf32",
-        BLOCK_M=block_m, SWIGLU=swiglu, **pdl(),
-    )
+    precision = "ieee" if dtype is torch.float32 else "tf32"
+    if variant is None:
+        tiles = cdiv(n + 64, 8)  # the narrowest candidate's column tiles, past the edge of the widest
+        part, counter = _scratch(x.device, tiles, 2 * MAX_SPLIT_K * block_m * 8 * tiles)
+        grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+        _GEMV.launch(
+            (n, k, block_m, has_c, has_bias, swiglu, dtype, c_arg.dtype, bias_arg.dtype), grid,
+            x, w, c_arg, bias_arg, out, part, counter, m, n, k,
+            stride_xm, stride_wn, *c_arg.stride(), *out.stride(),
+            float(alpha), float(beta),
+            HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, **pdl(),
+        )
+        return out
+    config = _KWARGS.get(variant)
+    if config is None:
+        config = _KWARGS[variant] = variant.config().all_kwargs()
+    tiles = cdiv(n, variant.block_n)
+    part, counter = _scratch(x.device, tiles, variant.split_k * 2 * block_m * variant.block_n * tiles)
+    _FIXED((tiles, variant.split_k), x, w, c_arg, bias_arg, out, part, counter, m, n, k,
+           stride_xm, stride_wn, *c_arg.stride(), *out.stride(), float(alpha), float(beta),
+           HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, **pdl(), **config)
     return out

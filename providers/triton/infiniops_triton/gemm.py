@@ -11,9 +11,9 @@ they meet the fp32 tolerance.
 Block sizes are autotuned among a few Hopper-friendly configurations per problem class (128x256x64 with
 8 warps and 3 or 4 stages, 256x128x64 with 3, 128x128x64 for big problems; 128x128 or 64x128 tiles below that;
 one 64x128 config for decode-like M <= 64), once per class, operand layouts, epilogue and dtype
-(not per shape); the interpreter uses one small config. A 2-D product of at most 16 rows by a weight of unit
-K stride (a decode step's projection) goes to the decode kernel instead (`infiniops_triton._gemv`), which
-streams the weight at memory bandwidth.
+(not per shape); the interpreter uses one small config. A 2-D product of at most 16 rows (64 where
+`infiniops_triton._gemv.TABLE` names the shape) by a weight of unit K stride (a decode step's projection) goes
+to the decode kernel instead (`infiniops_triton._gemv`), which streams the weight at memory bandwidth.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def gemm(
         c = c.clone()  # out=c: the autotuner may run the kernel several times, each must read the original c
     if c is not None and c.shape != out.shape:
         c = c.expand(out.shape)
-    if flat and _gemv.takes(m, n, stride_am, stride_ak, stride_bk):
+    if flat and _gemv.takes(m, n, stride_am, stride_ak, stride_bk, k=k):
         return _gemv.launch(a, b, m, n, k, stride_am, stride_bn, c, bias, alpha, beta, out)
     st_o = out.stride()
     if flat:
