@@ -62,20 +62,20 @@ def _tile(bm: int, bn: int, warps: int, stages: int, *, lazy: bool = False, ws: 
             "USE_TMA": True, "WARP_SPEC": ws}
 
 
-VARIANTS: dict[str, dict[str, Any] | None] = {
+VARIANTS: dict[str, dict[str, Any] | None] = {  # the warp-specialized last (Triton's Hopper pass is the newest)
     "defaults": None,  # PREFILL_DEFAULTS as committed
     "autotuned": {},  # the autotuner's pick among its configurations (main before this sweep)
-    # warp-specialized (3 x 4 warps: a producer warpgroup, two consumers of 64 rows each), every block masked
-    "ws 128/128 4w 2s": _tile(128, 128, 4, 2, ws=True),
-    "ws 128/64 4w 3s": _tile(128, 64, 4, 3, ws=True),
-    "ws 128/64 4w 2s": _tile(128, 64, 4, 2, ws=True),
-    "ws 256/64 4w 2s": _tile(256, 64, 4, 2, ws=True),  # 128 rows a consumer: D 64 only (D 128 spills)
-    "ws 256/64 4w 3s": _tile(256, 64, 4, 3, ws=True),
     # the split causal loop (unmasked blocks, then the diagonal); 8 warps on 128 x 128 score tiles
     "128/128 8w 2s": _tile(128, 128, 8, 2),
     "128/128 8w 2s lazy": _tile(128, 128, 8, 2, lazy=True),
     "128/64 8w 3s lazy": _tile(128, 64, 8, 3, lazy=True),  # the autotuner's first configuration
     "128/64 8w 3s": _tile(128, 64, 8, 3),
+    # warp-specialized (3 x 4 warps: a producer warpgroup, two consumers of half the rows each), every block masked
+    "ws 128/128 4w 2s": _tile(128, 128, 4, 2, ws=True),
+    "ws 128/64 4w 3s": _tile(128, 64, 4, 3, ws=True),
+    "ws 128/64 4w 2s": _tile(128, 64, 4, 2, ws=True),
+    "ws 256/64 4w 2s": _tile(256, 64, 4, 2, ws=True),  # 128 rows a consumer: D 64 only (D 128 spills)
+    "ws 256/64 4w 3s": _tile(256, 64, 4, 3, ws=True),
 }
 HEAD_DIMS = {"ws 256/64 4w 2s": (64,), "ws 256/64 4w 3s": (64,)}  # variants that run at these head dims only
 
@@ -242,7 +242,26 @@ def winners(results: dict[str, list[dict[str, Any]]], cases: dict[str, tuple[int
         settings = "the committed defaults" if r["config"] is None else f"({d}, {causal}, {r['config']})"
         lines.append(f"{name}: {r['variant']} -> {settings} ({r['us']:.0f} us, {r['tflops']:.0f} TFLOP/s, "
                      f"{r['ratio']:.2f}x SDPA graph, {r['eager_ratio']:.2f}x eager)")
+    table = proposed_table(results, cases)
+    if table:
+        lines += ["", "PREFILL_DEFAULTS = [  # the H200 sweep's winners without GQA (benchmarks/RESULTS.md)",
+                  *(f"    {row}," for row in table), "]"]
     return "\n".join(lines)
+
+
+def proposed_table(results: dict[str, list[dict[str, Any]]],
+                   cases: dict[str, tuple[int, int, int, int, int, bool]]) -> list[tuple[int, Any, dict[str, Any]]]:
+    """`PREFILL_DEFAULTS` rows from the winners of the cases with as many kv heads as query heads: one row per
+    (head dim, causal), by head dim, {} where the autotuner won; the last row autotunes the larger head dims."""
+    rows = {}
+    for name, found in results.items():
+        _, _, hq, hkv, d, causal = cases[name]
+        best = best_index(found)
+        if hq == hkv and best is not None:
+            rows[(d, causal)] = dict(found[best]["config"] or {})
+    if not rows:
+        return []
+    return [*((d, causal, rows[(d, causal)]) for d, causal in sorted(rows)), (256, None, {})]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,14 +288,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(variants)} variants x {len(cases)} cases", flush=True)
     began = time.perf_counter()
     prepared = {name: prepare_case(shape, device, args.smoke) for name, shape in cases.items()}
-    print(f"cases ready ({time.perf_counter() - began:.0f} s)", flush=True)
+    print(f"cases ready ({time.perf_counter() - began:.0f} s); SDPA graph us: "
+          + ", ".join(f"{n} {c['sdpa_us']:.0f}" for n, c in prepared.items()), flush=True)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     for label, config in variants.items():  # variant-major: past --budget the same variants are skipped everywhere
         skip = time.perf_counter() - began > args.budget
         for name in cases:
             results[name].append(run_variant(name, prepared[name], label, config, device, args.smoke, skip))
-        line = "  ".join(f"{results[n][-1]['check']} {results[n][-1]['us']:.0f}" for n in cases)
-        print(f"[{time.perf_counter() - began:4.0f} s] {label}: {line} us", flush=True)  # progress, case order
+        line = "  ".join(f"{results[n][-1]['check']} {results[n][-1]['us']:.0f} us {results[n][-1]['ratio']:.2f}x"
+                         for n in cases)
+        print(f"[{time.perf_counter() - began:4.0f} s] {label}: {line}", flush=True)  # progress, case order
     ok = all(r["check"] != "FAIL" for rows in results.values() for r in rows)
     for name, shape in cases.items():
         print(format_case(name, shape, results[name]), flush=True)

@@ -604,11 +604,9 @@ def test_prefill_settings_take_the_first_row_that_holds(monkeypatch: pytest.Monk
     assert tfa.prefill_settings(192, True) == {}
     tfa.prefill_settings(64, True)["BLOCK_M"] = 16  # a copy: the table is unchanged
     assert rows[0][2]["BLOCK_M"] == 128
-    # gated to the autotuner: float32, paged / left window / softcap, no TMA for a TMA row, past the shared memory
+    # gated to the autotuner: float32, paged / left window / softcap, past the shared memory
     assert tfa.prefill_settings(64, True, element_size=4) == {}
     assert tfa.prefill_settings(64, True, common=False) == {}
-    assert tfa.prefill_settings(64, True, tma_ok=False) == {}
-    assert tfa.prefill_settings(128, True, tma_ok=False) == plain
     monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [(256, None, {**plain, "BLOCK_N": 128})])
     assert tfa.prefill_settings(256, True) == {}  # 64 KB of Q + 3 x 2 x 64 KB of K/V stages
     monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [])
@@ -617,7 +615,7 @@ def test_prefill_settings_take_the_first_row_that_holds(monkeypatch: pytest.Monk
 
 def test_varlen_reads_its_settings_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """Off the interpreter's fixed configuration, a table row reaches the launch of the common path (its tile, the
-    rest filled in); a softcap keeps to the autotuner."""
+    rest filled in); a softcap keeps to the autotuner, and so does a row asking for TMA off CUDA."""
     row = {"BLOCK_M": 16, "BLOCK_N": 32, "LAZY": False}
     monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [(256, None, row)])
     monkeypatch.setattr(tfa, "_interpreting", lambda: False)
@@ -636,6 +634,9 @@ def test_varlen_reads_its_settings_from_the_table(monkeypatch: pytest.MonkeyPatc
     softcapped = _convention("flash_attn_varlen", {**args, "softcap": 5.0})
     tfa.flash_attn_varlen(*softcapped)
     assert len(seen) == 1 and len(tuned) == 1
+    monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [(256, None, {**row, "USE_TMA": True})])
+    tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args))
+    assert len(seen) == 1 and len(tuned) == 2
 
 
 def test_prefill_sweep_checks_its_variants_at_tiny_sizes() -> None:
@@ -659,3 +660,9 @@ def test_prefill_sweep_checks_its_variants_at_tiny_sizes() -> None:
     assert sweep.best_index(rows) is None  # nothing timed on the CPU
     assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each
     assert sweep.flops(4, 4096, 32, 128, True) == 2 * 4 * 32 * 4096**2 * 128
+    # the proposed table: the fastest passing variant of each case without GQA, the autotuner's {} where it won
+    timed = {"a": [dict(rows[1], us=2.0), dict(rows[2], us=1.0), dict(rows[3], us=0.5)],
+             "b": [dict(rows[0], us=1.0), dict(rows[1], us=3.0)], "c": [dict(rows[2], us=1.0)]}
+    shapes = {"a": (4, 4096, 32, 32, 128, True), "b": (4, 4096, 32, 32, 64, False), "c": (4, 4096, 32, 8, 64, True)}
+    assert sweep.proposed_table(timed, shapes) == [(64, False, {}), (128, True, sweep.VARIANTS[labels[2]]),
+                                                   (256, None, {})]

@@ -145,10 +145,11 @@ def _check_head_dim(op: str, d: int) -> int:
 
 
 def prefill_settings(head_dim: int, causal: bool, *, element_size: int = 2, common: bool = True,
-                     tma_ok: bool = True, block_d: int | None = None) -> dict[str, Any]:
+                     block_d: int | None = None) -> dict[str, Any]:
     """The `PREFILL_DEFAULTS` row of a prefill launch at `head_dim` (a copy), {} (autotune) where it does not
-    apply: inputs of `element_size` bytes other than 2, not `common` (paged K/V, a left window or a softcap), a
-    row asking for TMA where `tma_ok` is false, or tiles past the shared memory (`block_d`: the padded head dim)."""
+    apply: inputs of `element_size` bytes other than 2, not `common` (paged K/V, a left window or a softcap), or
+    tiles past the shared memory (`block_d`: the padded head dim). The launch also autotunes a row asking for
+    USE_TMA where the layout does not allow it."""
     for most_d, mask, settings in PREFILL_DEFAULTS:
         if head_dim <= most_d and (mask is None or mask == causal):
             found = dict(settings)
@@ -156,9 +157,7 @@ def prefill_settings(head_dim: int, causal: bool, *, element_size: int = 2, comm
                 return found
             bd = block_d or max(16, triton.next_power_of_2(head_dim))
             smem = (found["BLOCK_M"] * bd + found.get("num_stages", 2) * 2 * found["BLOCK_N"] * bd) * element_size
-            usable = (element_size == 2 and common and (tma_ok or not found.get("USE_TMA"))
-                      and smem <= SMEM_BUDGET)
-            return found if usable else {}
+            return found if element_size == 2 and common and smem <= SMEM_BUDGET else {}
     return {}
 
 
@@ -234,8 +233,9 @@ def flash_attn_varlen(
         config = _INTERPRET_PREFILL
     elif config is None:
         config = prefill_settings(head_dim, has_right and right == 0, element_size=q.element_size(),
-                                  common=not (paged or has_left or softcap > 0), block_d=block_d,
-                                  tma_ok=q.is_cuda and tma_layout_ok(q, k, v, paged)) or None
+                                  common=not (paged or has_left or softcap > 0), block_d=block_d) or None
+        if config is not None and config.get("USE_TMA") and not (q.is_cuda and tma_layout_ok(q, k, v, paged)):
+            config = None
     if config is None:
         def grid(m: dict[str, Any]) -> tuple[int]:
             return (num_bh * triton.cdiv(max_seqlen_q, m["BLOCK_M"]),)
