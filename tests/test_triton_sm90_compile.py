@@ -368,6 +368,69 @@ def test_bf16_prefill_configurations_run_on_tensor_cores(config: int) -> None:
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
+def _fixed_prefill_configs() -> dict[str, dict[str, Any]]:
+    """The fixed configurations of the prefill launch: the `PREFILL_DEFAULTS` rows and the variants of
+    benchmarks/gpu_sweep_prefill.py, at D 64 and 128, causal and not, with the launcher's defaults filled in."""
+    from infiniops_triton import flash_attn as tfa
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gpu_sweep_prefill.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_prefill", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    found = {}
+    for d in (64, 128):
+        settings = [row[2] for row in tfa.PREFILL_DEFAULTS if row[2] and d <= row[0]]
+        settings += [v for label, v in sweep.VARIANTS.items() if v and sweep.runs_at(label, d)]
+        for causal in (True, False):
+            for given in settings:
+                c = tfa._check_prefill_config(given, True)
+                name = (f"d{d}_{'causal' if causal else 'full'}_{c['BLOCK_M']}x{c['BLOCK_N']}_{c.get('num_warps', 4)}w"
+                        f"{c.get('num_stages', 3)}s{'_lazy' if c['LAZY'] else ''}{'_tma' if c['USE_TMA'] else ''}"
+                        f"{'_ws' if c['WARP_SPEC'] else ''}")
+                found[name] = {**c, "d": d, "causal": causal}
+    return found
+
+
+_FIXED_PREFILL = _fixed_prefill_configs()
+
+
+def _compile_prefill(s: dict[str, Any], **flags: Any) -> Any:
+    from infiniops_triton import _flash_attn_kernels as fk
+
+    kernel = {k: s[k] for k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "WARP_SPEC")}
+    args = {**_prefill_args(s["d"], BF16, "tf32", triton.Config(kernel)), "HAS_RIGHT": s["causal"], **flags}
+    return _compile(fk.attn_fwd_kernel, args, s.get("num_warps", 4), s.get("num_stages", 3))
+
+
+@pytest.mark.parametrize("name", sorted(_FIXED_PREFILL))
+def test_bf16_prefill_fixed_configurations_fit_without_spills(name: str) -> None:
+    """Each fixed configuration the prefill launcher or the sweep may run (4 x 32/8 heads x 4096 tokens): wgmma
+    dots, TMA loads exactly where asked, no register spills, within shared memory; the warp-specialized ones
+    split into a producer and two consumer warpgroups (3 x num_warps warps, registers moved by setmaxnreg)."""
+    s = _FIXED_PREFILL[name]
+    compiled = _compile_prefill(s)
+    assert _count(compiled, r"wgmma\.mma_async") > 0
+    assert (_count(compiled, r"cp\.async\.bulk\.tensor") > 0) == s["USE_TMA"]
+    assert _count(compiled, r"(ld|st)\.local") == 0
+    assert _ptxas_spills(compiled) == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+    if s["WARP_SPEC"]:
+        assert compiled.metadata.num_warps == 3 * s["num_warps"]
+        assert _count(compiled, r"setmaxnreg") > 0
+
+
+@pytest.mark.parametrize("flags", [{"SOFTCAP": True}, {"HAS_LEFT": True}, {"HAS_LSE": True, "HAS_SEQUSED": True}],
+                         ids=["softcap", "left window", "lse seqused"])
+def test_bf16_prefill_warp_specialized_loop_serves_every_flag(flags: dict[str, Any]) -> None:
+    """A `config` may ask for WARP_SPEC on any contiguous 16-bit launch: the flags the table keeps to the autotuner
+    compile warp-specialized too."""
+    ws = next(s for s in _FIXED_PREFILL.values() if s["WARP_SPEC"] and s["d"] == 128 and s["causal"])
+    compiled = _compile_prefill(ws, **flags)
+    assert compiled.metadata.num_warps == 3 * ws["num_warps"]
+    assert _ptxas_spills(compiled) == 0
+
+
 @pytest.mark.parametrize("config", range(7))
 def test_bf16_paged_decode_configurations_run_on_tensor_cores(config: int) -> None:
     from infiniops_triton import _decode_kernels as dk

@@ -553,3 +553,116 @@ def test_decode_sweep_checks_its_variants_at_tiny_sizes() -> None:
     assert "together or none" in rows[2]["note"]
     assert sweep.best_index(rows) is None  # nothing timed on the CPU
     assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each
+
+
+# --- the prefill launch settings (`config`, `PREFILL_DEFAULTS`) and the warp-specialized loop ----------------
+
+WS_BLOCKS = {**SMALL_BLOCKS, "USE_TMA": True, "WARP_SPEC": True}
+
+
+@pytest.mark.parametrize("case", [c for c in VARLEN_CASES if True in _loaders(c)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_warp_specialized_loop(dtype: torch.dtype, case: str) -> None:
+    """WARP_SPEC: one key loop that masks every block (window edges, the diagonal, the sequence end, empty query
+    blocks of the shorter sequences), through tensor descriptors; out poisoned first."""
+    args = _varlen_args(case, dtype, seed=len(case) + 7)
+    conv = _convention("flash_attn_varlen", args)
+    conv[-1].fill_(float("nan"))
+    got = tfa.flash_attn_varlen(*conv, config=WS_BLOCKS)
+    _assert_close("flash_attn_varlen", got, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
+def test_varlen_warp_specialized_loop_writes_the_log_sum_exp_and_takes_seqused_k(dtype: torch.dtype) -> None:
+    args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", dtype, seed=13)
+    args.update(seqused_k=torch.tensor([13, 0, 17], dtype=torch.int32), return_softmax_lse=True)
+    conv = _convention("flash_attn_varlen", args)
+    conv[-1].fill_(float("nan"))
+    lse = torch.full((args["q"].shape[1], args["q"].shape[0]), float("nan"), dtype=torch.float32)
+    got = tfa.flash_attn_varlen(*conv, seqused_k=args["seqused_k"], softmax_lse=lse, config=WS_BLOCKS)
+    _lse_check("flash_attn_varlen", (got, lse), args)
+    assert bool((lse[:, 40:43] == float("inf")).all())  # sequence 1 uses no key
+
+
+@pytest.mark.parametrize(("config", "match"), [({"BLOCK_M": 16, "BLOCK_N": 16, "GROUP": 4}, "unknown keys"),
+                                               ({"BLOCK_N": 16}, "needs BLOCK_M and BLOCK_N"),
+                                               ({**SMALL_BLOCKS, "WARP_SPEC": True}, "WARP_SPEC needs USE_TMA")])
+def test_varlen_rejects_a_bad_config(config: dict[str, Any], match: str) -> None:
+    args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", torch.float16, seed=2)
+    with pytest.raises(ValueError, match=match):
+        tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args), config=config)
+
+
+def test_prefill_settings_take_the_first_row_that_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "USE_TMA": True, "WARP_SPEC": True}
+    plain = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False}
+    rows = [(64, True, ws), (128, None, plain), (256, None, {})]
+    monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", rows)
+    assert tfa.prefill_settings(64, True) == ws
+    assert tfa.prefill_settings(64, False) == plain  # the first row is causal only
+    assert tfa.prefill_settings(128, True) == plain
+    assert tfa.prefill_settings(192, True) == {}
+    tfa.prefill_settings(64, True)["BLOCK_M"] = 16  # a copy: the table is unchanged
+    assert rows[0][2]["BLOCK_M"] == 128
+    # gated to the autotuner: float32, paged / left window / softcap, past the shared memory
+    assert tfa.prefill_settings(64, True, element_size=4) == {}
+    assert tfa.prefill_settings(64, True, common=False) == {}
+    monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [(256, None, {**plain, "BLOCK_N": 128})])
+    assert tfa.prefill_settings(256, True) == {}  # 64 KB of Q + 3 x 2 x 64 KB of K/V stages
+    monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [])
+    assert tfa.prefill_settings(64, True) == {}
+
+
+def test_varlen_reads_its_settings_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the interpreter's fixed configuration, a table row reaches the launch of the common path (its tile, the
+    rest filled in); a softcap keeps to the autotuner, and so does a row asking for TMA off CUDA."""
+    row = {"BLOCK_M": 16, "BLOCK_N": 32, "LAZY": False}
+    monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [(256, None, row)])
+    monkeypatch.setattr(tfa, "_interpreting", lambda: False)
+    seen: list[dict[str, Any]] = []
+    real = tfa._PREFILL_FIXED
+    monkeypatch.setattr(tfa, "_PREFILL_FIXED", lambda grid, *a, **kw: seen.append(kw) or real(grid, *a, **kw))
+    args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", torch.bfloat16, seed=4)
+    conv = _convention("flash_attn_varlen", args)
+    conv[-1].fill_(float("nan"))
+    got = tfa.flash_attn_varlen(*conv)
+    _assert_close("flash_attn_varlen", got, args)
+    assert len(seen) == 1 and {k: seen[0][k] for k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "WARP_SPEC")} == {
+        **row, "USE_TMA": False, "WARP_SPEC": False}
+    tuned: list[Any] = []
+    monkeypatch.setattr(tfa, "_PREFILL", type("Spy", (), {"launch": lambda self, *a, **kw: tuned.append(a)})())
+    softcapped = _convention("flash_attn_varlen", {**args, "softcap": 5.0})
+    tfa.flash_attn_varlen(*softcapped)
+    assert len(seen) == 1 and len(tuned) == 1
+    monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", [(256, None, {**row, "USE_TMA": True})])
+    tfa.flash_attn_varlen(*_convention("flash_attn_varlen", args))
+    assert len(seen) == 1 and len(tuned) == 2
+
+
+def test_prefill_sweep_checks_its_variants_at_tiny_sizes() -> None:
+    """benchmarks/gpu_sweep_prefill.py's check on the CPU (its timing needs CUDA graphs): every variant passes
+    against SDPA in float64, a config the launcher rejects is a FAIL row."""
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_sweep_prefill.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep_prefill", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    shape = sweep.SMOKE_CASES["tiny D 64 causal GQA"]
+    case = sweep.prepare_case(shape, torch.device("cpu"), smoke=True)
+    labels = ("defaults", "ws 128/64 4w 2s", "128/128 8w 2s lazy")
+    rows = [sweep.run_variant("tiny", case, label, sweep.VARIANTS[label], torch.device("cpu"), smoke=True)
+            for label in labels]
+    rows.append(sweep.run_variant("tiny", case, "no TMA", {**sweep.VARIANTS["ws 128/64 4w 2s"], "USE_TMA": False},
+                                  torch.device("cpu"), smoke=True))
+    rows.append(sweep.run_variant("tiny", case, "skipped", {}, torch.device("cpu"), smoke=True, skip=True))
+    assert [r["check"] for r in rows] == ["PASS", "PASS", "PASS", "FAIL", "SKIP"], rows
+    assert "WARP_SPEC needs USE_TMA" in rows[3]["note"]
+    assert sweep.best_index(rows) is None  # nothing timed on the CPU
+    assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each
+    assert sweep.flops(4, 4096, 32, 128, True) == 2 * 4 * 32 * 4096**2 * 128
+    # the proposed table: the fastest passing variant of each case without GQA, the autotuner's {} where it won
+    timed = {"a": [dict(rows[1], us=2.0), dict(rows[2], us=1.0), dict(rows[3], us=0.5)],
+             "b": [dict(rows[0], us=1.0), dict(rows[1], us=3.0)], "c": [dict(rows[2], us=1.0)]}
+    shapes = {"a": (4, 4096, 32, 32, 128, True), "b": (4, 4096, 32, 32, 64, False), "c": (4, 4096, 32, 8, 64, True)}
+    assert sweep.proposed_table(timed, shapes) == [(64, False, {}), (128, True, sweep.VARIANTS[labels[2]]),
+                                                   (256, None, {})]

@@ -3,7 +3,8 @@
 ``flash_attn_varlen`` runs `attn_fwd_kernel` (FlashAttention-2 forward, Hopper-tuned: 128-row query
 blocks, exp2 with log2(e) folded into the scale, causal blocks split into an unmasked part and the
 diagonal, lazy rescale, longest blocks first; contiguous 16-bit K/V are read through per-sequence TMA
-tensor descriptors on sm_90+, or through pointers, whichever the autotuner times faster). ``flash_attn_with_kvcache``
+tensor descriptors on sm_90+, or through pointers, whichever the autotuner times faster; `PREFILL_DEFAULTS`
+may fix the configuration instead, a warp-specialized one included). ``flash_attn_with_kvcache``
 appends the new k/v into the cache, then runs the split-K decode kernel (all GQA heads of a kv head per
 program, so the cache is read once) and, when the batch alone cannot fill the GPU, the combine kernel.
 
@@ -38,14 +39,27 @@ from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._flash_attn_kernels import LOG2E, SMEM_BUDGET, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
 from infiniops_triton._launch import Tuned
 
-__all__ = ["BLOCK_SIZES", "DECODE_DEFAULTS", "HEAD_DIMS", "IMPLEMENTATIONS", "decode_settings", "flash_attn_varlen",
-           "flash_attn_with_kvcache"]
+__all__ = ["BLOCK_SIZES", "DECODE_DEFAULTS", "HEAD_DIMS", "IMPLEMENTATIONS", "PREFILL_DEFAULTS", "PREFILL_KEYS",
+           "decode_settings", "flash_attn_varlen", "flash_attn_with_kvcache", "prefill_settings"]
 
 HEAD_DIMS: Final = (32, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
 BLOCK_SIZES: Final = (16, 32, 64, 128, 256)  # paged block sizes (0 = contiguous K/V)
 MAX_HEAD_DIM: Final = 256
 _GROUP: Final = 8  # (sequence, head) pairs whose query blocks are interleaved, longest first
 _INTERPRET_PREFILL: Final = {"BLOCK_M": 32, "BLOCK_N": 32, "LAZY": True, "USE_TMA": False}
+# The prefill kernel's settings (`flash_attn_varlen`'s `config`): BLOCK_M, BLOCK_N, LAZY (rescale only when a
+# row's max grew past 2**8), USE_TMA (per-sequence tensor descriptors), WARP_SPEC (one masked key loop, warp-
+# specialized: a producer warpgroup loads, two consumer warpgroups compute; USE_TMA and an eager rescale; the
+# kernel runs 3 x num_warps warps), num_warps, num_stages.
+PREFILL_KEYS: Final = frozenset({"BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "WARP_SPEC", "num_warps", "num_stages"})
+# The prefill launch's settings, the first row whose bounds hold: (largest head dim, causal (None: either),
+# settings); {} autotunes (`attn_fwd_tuned`). A row applies to the path the sweep measures: 16-bit inputs,
+# contiguous K/V that tensor descriptors can read when the row asks for them, no left window, no softcap, tiles
+# within the shared memory; every other launch autotunes. benchmarks/gpu_sweep_prefill.py times the candidates
+# and prints its winners as rows; edit here.
+PREFILL_DEFAULTS: list[tuple[int, bool | None, dict[str, Any]]] = [
+    (MAX_HEAD_DIM, None, {}),  # the autotuned kernel until the H200 sweep picks
+]
 _INTERPRET_DECODE_BLOCK_N: Final = 16
 # Float32 inputs: "fp64" computes the scores q.k in float64 (FP64 tensor cores) and rounds them once; with
 # "ieee" (a sequential fp32 dot) or "tf32x3" large-logit rows over 4096 keys at head dim 256 erred by 2.3x and
@@ -79,6 +93,7 @@ DECODE_DEFAULTS: list[tuple[int, int, dict[str, Any]]] = [  # the H200 sweep's w
 ]
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 _PREFILL = Tuned(attn_fwd_tuned)  # the prefill and decode kernels, tuned once per key
+_PREFILL_FIXED = Launcher(attn_fwd_kernel)  # a fixed configuration (`PREFILL_DEFAULTS`, a call's `config`)
 _DECODE = Tuned(decode_split_tuned)
 _DECODE_FIXED = Launcher(decode_split_kernel)  # a fixed configuration (`DECODE_DEFAULTS`, a call's `config`)
 _APPEND_KV = Launcher(append_kv_kernel)  # the decode path's plain kernels
@@ -129,6 +144,44 @@ def _check_head_dim(op: str, d: int) -> int:
     return max(16, next_power_of_2(d))
 
 
+def prefill_settings(head_dim: int, causal: bool, *, element_size: int = 2, common: bool = True,
+                     block_d: int | None = None) -> dict[str, Any]:
+    """The `PREFILL_DEFAULTS` row of a prefill launch at `head_dim` (a copy), {} (autotune) where it does not
+    apply: inputs of `element_size` bytes other than 2, not `common` (paged K/V, a left window or a softcap), or
+    tiles past the shared memory (`block_d`: the padded head dim). The launch also autotunes a row asking for
+    USE_TMA where the layout does not allow it."""
+    for most_d, mask, settings in PREFILL_DEFAULTS:
+        if head_dim <= most_d and (mask is None or mask == causal):
+            found = dict(settings)
+            if not found:
+                return found
+            bd = block_d or max(16, triton.next_power_of_2(head_dim))
+            smem = (found["BLOCK_M"] * bd + found.get("num_stages", 2) * 2 * found["BLOCK_N"] * bd) * element_size
+            return found if element_size == 2 and common and smem <= SMEM_BUDGET else {}
+    return {}
+
+
+def _check_prefill_config(config: dict[str, Any], tma_ok: bool) -> dict[str, Any]:
+    """`config` with its defaults filled in (USE_TMA and WARP_SPEC off; LAZY off under WARP_SPEC)."""
+    unknown = set(config) - PREFILL_KEYS
+    if unknown:
+        raise ValueError(f"triton flash_attn_varlen: config has unknown keys {sorted(unknown)}; "
+                         f"known: {sorted(PREFILL_KEYS)}")
+    missing = {"BLOCK_M", "BLOCK_N"} - set(config)
+    if missing:
+        raise ValueError(f"triton flash_attn_varlen: config needs BLOCK_M and BLOCK_N, missing {sorted(missing)}")
+    config = {"USE_TMA": False, "WARP_SPEC": False, "LAZY": True, **config}
+    if config["WARP_SPEC"]:
+        if not config["USE_TMA"]:
+            raise ValueError("triton flash_attn_varlen: WARP_SPEC needs USE_TMA (the producer warps load through "
+                             "tensor descriptors)")
+        config["LAZY"] = False  # a data-dependent branch in the loop defeats the warp-specialized pipeline
+    if config["USE_TMA"] and not tma_ok:
+        raise ValueError("triton flash_attn_varlen: USE_TMA needs contiguous K/V and 16-byte aligned q/k/v rows, "
+                         "heads and head dim")
+    return config
+
+
 def flash_attn_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_size: tuple[int, int],
@@ -140,11 +193,13 @@ def flash_attn_varlen(
     q ``[total_q, Hq, D]``, k/v ``[total_k, Hkv, D]`` or paged ``[num_pages, block_size, Hkv, D]`` with
     `block_table` int32 ``[B, max_blocks]``; cu_seqlens int32 ``[B + 1]``; writes and returns `out`
     ``[total_q, Hq, D]``, and `softmax_lse` fp32 ``[Hq, total_q]`` when given; `seqused_k` int32 ``[B]`` (keys
-    per sequence). `config` forces ``BLOCK_M``, ``BLOCK_N``, ``LAZY`` and optionally ``USE_TMA``,
-    ``num_warps``, ``num_stages`` instead of autotuning; the interpreter always uses a small fixed one.
+    per sequence). `config` forces ``BLOCK_M``, ``BLOCK_N`` and optionally the other `PREFILL_KEYS` instead of
+    the `PREFILL_DEFAULTS` row (`prefill_settings`; {} autotunes); the interpreter uses a small fixed one unless
+    a `config` is given.
 
     Raises:
-        ValueError: head_dim > 256, or a `config` asking for TMA where the layout does not allow it.
+        ValueError: head_dim > 256, or a `config` with an unknown key, without BLOCK_M / BLOCK_N, asking for
+        WARP_SPEC without USE_TMA, or for TMA where the layout does not allow it.
     """
     block_d = _check_head_dim("flash_attn_varlen", q.shape[-1])
     batch = cu_seqlens_q.shape[0] - 1
@@ -176,6 +231,11 @@ def flash_attn_varlen(
         _ensure_allocator()
     if config is None and _interpreting():
         config = _INTERPRET_PREFILL
+    elif config is None:
+        config = prefill_settings(head_dim, has_right and right == 0, element_size=q.element_size(),
+                                  common=not (paged or has_left or softcap > 0), block_d=block_d) or None
+        if config is not None and config.get("USE_TMA") and not (q.is_cuda and tma_layout_ok(q, k, v, paged)):
+            config = None
     if config is None:
         def grid(m: dict[str, Any]) -> tuple[int]:
             return (num_bh * cdiv(max_seqlen_q, m["BLOCK_M"]),)
@@ -184,11 +244,8 @@ def flash_attn_varlen(
                seqused_k is not None, softmax_lse is not None)
         _PREFILL.launch(key, grid, *args, **meta)
         return out
-    config = {"USE_TMA": False, **config}
-    if config["USE_TMA"] and not tma_layout_ok(q, k, v, paged):
-        raise ValueError("triton flash_attn_varlen: USE_TMA needs contiguous K/V and 16-byte aligned q/k/v rows, "
-                         "heads and head dim")
-    attn_fwd_kernel[(num_bh * cdiv(max_seqlen_q, config["BLOCK_M"]),)](*args, **meta, **config)
+    config = _check_prefill_config(config, tma_layout_ok(q, k, v, paged))
+    _PREFILL_FIXED((num_bh * cdiv(max_seqlen_q, config["BLOCK_M"]),), *args, **meta, **config)
     return out
 
 
