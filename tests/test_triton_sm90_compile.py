@@ -546,9 +546,10 @@ def _ssd_kernels() -> list[dict[str, Any]]:
     from infiniops_triton import selective_scan as triton_scan
 
     out = []
-    state_flags = {"stride_x_p": 1, "stride_b_n": 1, "CHUNK": 256, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True}
+    state_flags = {"stride_x_p": 1, "stride_b_n": 1, "CHUNK": 256, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
+                   "PRODUCT": 0}
     scan_flags = {"stride_x_p": 1, "stride_c_n": 1, "CHUNK": 256, "HAS_D": True, "BLOCK_N": _SSD_N,
-                  "FACTORED": _ssd_chunk_scan.FACTORED}
+                  "FACTORED": _ssd_chunk_scan.FACTORED, "PRODUCT": 0, "STATE_PRODUCT": 0}
     for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32x3")):
         seq = dtype != "bf16"  # the benchmark's path without seq_idx, the others with every flag on
         configs = slice(None) if dtype == "bf16" else slice(1)  # every tuned config in bf16, the first one else
@@ -570,8 +571,49 @@ def _ssd_kernels() -> list[dict[str, Any]]:
                         warps, 1))
     for dtype, split in (("fp32", False), ("bf16", True)):  # in place (fp32 inputs), or split for the chunk scan
         out.append(_ssd(_ssd_state_passing._state_passing_kernel, dtype,
-                        {"HAS_INIT": True, "HAS_FINAL": True, "SPLIT_OUT": split, "CHUNKS_PER_STEP": 8,
-                         "BLOCK": 256}, 4, 1, floats=("states_ptr", "carry_ptr", "init_ptr", "final_ptr")))
+                        {"HAS_INIT": True, "HAS_FINAL": True, "SPLIT_OUT": split, "STORE_LO": True,
+                         "CHUNKS_PER_STEP": 8, "BLOCK": 256}, 4, 1,
+                        floats=("states_ptr", "carry_ptr", "init_ptr", "final_ptr")))
+    return out
+
+
+def _ssd_variants() -> list[dict[str, Any]]:
+    """The bf16 chunk-state and chunk-scan kernels of every variant benchmarks/gpu_ssd_parity.py sweeps (a whole
+    launch configuration, or switches over the default one: product forms), on the benchmark's path (no
+    seq_idx), and the state passing that stores the high halves alone."""
+    from infiniops_triton import _ssd_chunk_scan, _ssd_chunk_state, _ssd_state_passing
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gpu_ssd_parity.py"
+    spec = importlib.util.spec_from_file_location("gpu_ssd_parity", path)
+    assert spec is not None and spec.loader is not None
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    kernels = {"chunk_state": (_ssd_chunk_state._chunk_state_kernel, _ssd_chunk_state.CONFIGS[0],
+                               {"stride_x_p": 1, "stride_b_n": 1, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
+                                "HAS_SEQ_IDX": False, "VARLEN": False, "PRODUCT": 0}, ()),
+               "chunk_scan": (_ssd_chunk_scan._chunk_scan_kernel, _ssd_chunk_scan.CONFIGS[0],
+                              {"stride_x_p": 1, "stride_c_n": 1, "HAS_D": True, "HAS_Z": False, "HAS_SEQ_IDX": False,
+                               "HAS_INIT": False, "VARLEN": False, "PRESPLIT": False, "BLOCK_N": _SSD_N,
+                               "FACTORED": False, "PRODUCT": 0, "STATE_PRODUCT": 0}, ("dt_ptr",))}
+    out, seen = [], set()
+    for _, overrides in parity.VARIANTS:
+        for name, cfg in overrides.items():
+            if name not in kernels:
+                continue
+            kernel, default, flags, floats = kernels[name]
+            launch = cfg if "num_warps" in cfg else {**default, **cfg}  # a whole configuration, or switches
+            key = (name, tuple(sorted(launch.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            meta = {k: v for k, v in launch.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+            found = _ssd(kernel, "bf16", {**flags, "CHUNK": 256, "DOT_PRECISION": "tf32", **meta},
+                         launch["num_warps"], launch["num_stages"], floats=floats, maxnreg=launch.get("maxnreg"))
+            out.append({**found, "launch": launch})
+    out.append(_ssd(_ssd_state_passing._state_passing_kernel, "bf16",
+                    {"HAS_INIT": False, "HAS_FINAL": True, "SPLIT_OUT": True, "STORE_LO": False,
+                     "CHUNKS_PER_STEP": 8, "BLOCK": 256}, 4, 1,
+                    floats=("states_ptr", "carry_ptr", "init_ptr", "final_ptr")))
     return out
 
 
@@ -592,6 +634,18 @@ def test_ssd_kernels_fit_an_sm_and_multiply_on_tensor_cores() -> None:
         assert 0 <= k["spills"] <= limit, k
     dots = [k for k in found if k["kernel"] != "_state_update_kernel" and "passing" not in k["kernel"]]
     assert all(k["mma"] for k in dots), dots
+
+
+def test_ssd_sweep_variants_compile_within_an_sm() -> None:
+    # every chunk_state / chunk_scan variant the parity benchmark sweeps (product forms split, tf32, round;
+    # block shapes), and the state passing without the low halves: shared memory within an SM's 227 KB,
+    # tensor-core products, spills only under a register cap (as the defaults), and within its bound
+    found = _ssd_variants()
+    assert len(found) >= 15, found
+    assert all(k["shared"] <= SMEM_LIMIT for k in found), found
+    for k in found:
+        assert 0 <= k["spills"] <= (2048 if k["capped"] else 0), k
+    assert all(k["mma"] for k in found if "passing" not in k["kernel"]), found
 
 
 @pytest.mark.parametrize("penalized", [False, True], ids=["plain", "penalized"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from interp_helpers import assert_conformant, check, randn
 import infiniops_py
 from infiniops_py import GateError
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
+from infiniops_py.testing.compare import compare
+from infiniops_py.testing.tolerances import tolerance
 
 OPS = ("selective_scan", "selective_state_update")
 EXAMPLES = 4
@@ -91,6 +94,48 @@ def test_scan_factored_decays_with_restarts_and_strong_decay(dtype: torch.dtype,
     (out, final), (ref, ref_final) = _run_scan((*args[:2], A, *args[3:]), kwargs)
     check("selective_scan", out, ref)
     check("selective_scan", final, ref_final)
+
+
+def _forms(monkeypatch: pytest.MonkeyPatch, state: int, scan: int, scan_state: int, presplit: bool) -> None:
+    """Set the 16-bit product forms of the SSD kernels' defaults (and PRESPLIT) for one test."""
+    from infiniops_triton import _ssd_chunk_scan, _ssd_chunk_state
+    from infiniops_triton import selective_scan as triton_scan
+
+    for module, name, form in ((_ssd_chunk_state, "PRODUCT", state), (_ssd_chunk_scan, "PRODUCT", scan),
+                               (_ssd_chunk_scan, "STATE_PRODUCT", scan_state)):
+        monkeypatch.setattr(module, name, dict.fromkeys((torch.float16, torch.bfloat16), form))
+    monkeypatch.setattr(triton_scan, "PRESPLIT", presplit)
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize(("state", "scan", "scan_state", "presplit"),
+                         [("tf32", "tf32", "tf32", False), ("round", "round", "round", False),
+                          ("split", "round", "tf32", False), ("round", "tf32", "round", True)])
+def test_scan_product_forms(dtype: torch.dtype, state: str, scan: str, scan_state: str, presplit: bool,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fp32-by-16-bit product forms (_ssd_common: split, tf32, round; launch defaults per dtype, here set
+    # for one test): three chunks of 64 with restarts, an initial state, full and diagonal blocks; the last
+    # case presplits the states with the chunk scan rounding them (the low halves left unwritten). The output
+    # keeps its dtype's tolerance; the fp32 final states take the problem's dtype entry (the conformance
+    # suite's rule) once the chunk state rounds, which drops them to 16-bit accuracy.
+    from infiniops_triton._ssd_common import PRODUCTS
+
+    args, kwargs = _scan_inputs(2, 150, 2, 16, 1, 16, dtype)
+    seq_idx = torch.zeros(2, 150, dtype=torch.int32)
+    seq_idx[0, 40:] = 1
+    seq_idx[1, 100:] = 2
+    kwargs.update(seq_idx=seq_idx, chunk_size=64)
+    _forms(monkeypatch, 0, 0, 0, False)
+    with infiniops_py.use("triton"):
+        split_out, split_final = selective_scan(*args, **kwargs)
+    _forms(monkeypatch, PRODUCTS[state], PRODUCTS[scan], PRODUCTS[scan_state], presplit)
+    (out, final), (ref, ref_final) = _run_scan(args, kwargs)
+    check("selective_scan", out, ref)
+    _, failure = compare("final_states", final, ref_final,
+                         tolerance("selective_scan", "float32" if state == "split" else str(dtype)[6:]))
+    assert failure is None, failure
+    assert not torch.equal(out, split_out)  # the forms ran: the rounding differs from the split products
+    assert torch.equal(final, split_final) == (state == "split")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -266,3 +311,73 @@ def test_sweep_script_checks_each_variant_at_small_sizes() -> None:
     spent: list[dict] = []  # no time left: every variant skipped, the defaults still run as the "best"
     sweep.run(spent, device="cpu", small=True, timer=lambda fn: 1.0, variants=picks, budget_s=0.0)
     assert [(r["kernel"], r["configs"], r["status"]) for r in spent] == [("best", {}, "PASS")]
+
+
+def _parity_script() -> Any:
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_ssd_parity.py"
+    spec = importlib.util.spec_from_file_location("gpu_ssd_parity", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parity_script_runs_end_to_end_at_small_sizes() -> None:
+    # benchmarks/gpu_ssd_parity.py runs on the H200 only; here every code path but the timer, the CUDA graphs
+    # and the profiler runs on the CPU, with our torch provider standing in for state-spaces/mamba's entry
+    # point (the peer's calling convention), and two variants swept: the rounded chunk scan and the presplit
+    # layout whose chunk scan reads the high halves alone
+    parity = _parity_script()
+
+    def stand_in(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 chunk_size: int, **kwargs: Any) -> Any:
+        assert kwargs.pop("return_final_states") is True
+        with infiniops_py.use("torch"):
+            return selective_scan(x, dt, A, B, C, chunk_size, **kwargs, return_final_states=True)
+
+    picks = [v for v in parity.VARIANTS if v[1] in ({"chunk_scan": {"PRODUCT": 2, "STATE_PRODUCT": 2}},
+                                                    {"layout": {"PRESPLIT": 1}, "chunk_scan": {"STATE_PRODUCT": 2}})]
+    assert len(picks) == 2
+    parity_rows, rows = parity.run("cpu", small=True, timer=lambda fn: (fn(), 1.0)[1], peer=stand_in,
+                                   variants=picks)
+    assert [r["size"] for r in parity_rows] == [f"{b}x{n}" for b, n in parity.SMALL_SIZES]
+    for r in parity_rows:
+        assert r["margin"] <= 1.0 and r["peer_margin"] <= 1.0, r
+        assert 0.0 <= r["vs_peer"] < 0.1 and r["served"] == "triton", r
+        assert all(r[f"{e}_{m}"] == 1.0 for e in ("public", "impl", "peer") for m in ("graph", "eager")), r
+    assert [r["kernel"] for r in rows] == ["default", "chunk_scan", "layout", "best"]
+    assert all(r["status"] == "PASS" and r["final_fp32"] <= 1.0 for r in rows), parity.sweep_table(rows,
+                                                                                                   parity.SMALL_SIZES)
+    assert rows[-1]["configs"] == {} and rows[-1]["fp16_margin"] <= 1.0  # a constant timer: nothing wins
+    tables = (parity.parity_table(parity_rows), parity.profile_table(parity_rows),
+              parity.sweep_table(rows, parity.SMALL_SIZES), parity.advice(rows, parity_rows, parity.SMALL_SIZES))
+    assert [len(t.splitlines()) for t in tables] == [4, 4, 5, 1], tables
+    assert parity.main(["--smoke", "--variant", "nonesuch"]) == 2
+
+
+def test_parity_script_picks_the_fastest_passing_variant_of_each_kernel() -> None:
+    # the selection alone, on made-up rows (ms at each of two sizes): a faster FAIL loses, a variant no faster than the
+    # default's launch is not picked, the layout row wins on the whole prefill, overrides merge layout first;
+    # the strict pick skips variants whose final states miss the fp32 entry
+    parity = _parity_script()
+
+    def row(kernel: str, configs: dict, kernel_ms: float, total: float, status: str = "PASS",
+            fp32: float = 0.5) -> dict:
+        return {"kernel": kernel, "configs": configs, "kernel_ms": [kernel_ms] * 2, "total": [total] * 2,
+                "status": status, "final_fp32": fp32, "best": False}
+
+    default = {**row("default", {}, 0.0, 1.0), "stage_ms": {"chunk_scan": 2.0, "chunk_state": 0.8,
+                                                              "state_passing": 0.4}}  # summed over the sizes
+    rows = [default,
+            row("chunk_scan", {"chunk_scan": {"PRODUCT": 2}}, 0.3, 0.8, status="FAIL"),
+            row("chunk_scan", {"chunk_scan": {"PRODUCT": 1}}, 0.4, 0.9),
+            row("chunk_scan", {"chunk_scan": {"PRODUCT": 0}}, 0.45, 0.95),
+            row("chunk_state", {"chunk_state": {"PRODUCT": 2}}, 0.1, 0.9, fp32=2.0),
+            row("state_passing", {"state_passing": {"BLOCK": 512}}, 0.2, 1.0),  # as fast as the default: kept
+            row("layout", {"layout": {"PRESPLIT": 1}, "chunk_scan": {"STATE_PRODUCT": 2}}, 0.9, 0.9)]
+    best = parity.pick_best(rows)
+    assert best == {"layout": {"PRESPLIT": 1}, "chunk_scan": {"STATE_PRODUCT": 2, "PRODUCT": 1},
+                    "chunk_state": {"PRODUCT": 2}}
+    assert [r["best"] for r in rows] == [False, False, True, False, True, False, True]
+    strict = parity.pick_best(rows, strict=True)
+    assert "chunk_state" not in strict and strict["chunk_scan"] == {"STATE_PRODUCT": 2, "PRODUCT": 1}

@@ -17,9 +17,11 @@ when every ``|cs|`` the program meets lies within `FACTOR_LIMIT` of the row bloc
 (``FACTORED``), ``exp(cs[t] - cs[s])`` is taken as ``exp(cs[t] - r) * exp(r - cs[s])``: one exponential per
 row and per column instead of one per pair, both factors within ``e^40`` of 1 so their product is as exact
 as the direct one; otherwise (strong decays, non-finite ``cs``) the direct form. The fp32 operands (the
-state, the weighted ``cb``) stay fp32: for 16-bit inputs each product is split in two tensor-core products
-(`dot_f32_right`, `dot_f32_left`), so only the output is rounded to the inputs' dtype; with ``PRESPLIT``,
-step 2 stored the state split already (two plain products, no split per program). Programs run heads
+state, the weighted ``cb``) stay fp32: for 16-bit inputs each product takes a form of `_ssd_common`
+(``STATE_PRODUCT`` for ``C . S``, ``PRODUCT`` for the weighted ``cb`` times x; by default split in two
+tensor-core products, `dot_f32_right`, `dot_f32_left`, so only the output is rounded to the inputs' dtype);
+with ``PRESPLIT``, step 2 stored the state split already (two plain products, no split per program; the
+high half alone when ``STATE_PRODUCT`` rounds). Programs run heads
 first, so the heads of one chunk read the same ``cb`` tiles while they are in L2.
 """
 
@@ -31,6 +33,8 @@ import triton.language as tl
 
 from infiniops_triton._common import cdiv, next_power_of_2
 from infiniops_triton._ssd_common import (
+    ROUND,
+    SPLIT,
     autotune_configs,
     dot_f32_left,
     dot_f32_right,
@@ -39,7 +43,7 @@ from infiniops_triton._ssd_common import (
     fit_to_chunk,
 )
 
-__all__ = ["CONFIGS", "FACTORED", "chunk_scan"]
+__all__ = ["CONFIGS", "FACTORED", "PRODUCT", "STATE_PRODUCT", "chunk_scan"]
 
 # One configuration per chunk class, no timing at run time: the fastest of 14 in benchmarks/gpu_sweep_scan.py
 # on the H200 (2026-11-30: 0.231 ms at 8 x 2048, the autotuner's pick among the older candidates 0.30 ms),
@@ -50,12 +54,16 @@ CONFIGS = [
 ]
 FACTORED = False  # the default of the FACTORED switch (module docstring): off until the sweep measures it
 FACTOR_LIMIT = tl.constexpr(40.0)
+# The product forms per 16-bit input dtype (`_ssd_common`): the weighted cb times x, and C times the state;
+# a launch configuration's "PRODUCT" / "STATE_PRODUCT" override them.
+PRODUCT: dict[torch.dtype, int] = {torch.float16: SPLIT, torch.bfloat16: SPLIT}
+STATE_PRODUCT: dict[torch.dtype, int] = {torch.float16: SPLIT, torch.bfloat16: SPLIT}
 
 
 @triton.jit
 def _full_blocks(acc, cb_rows, cs_tok, dt_tok, seg_tok, x_cols, stride_x_l, cs_m, seg_m, mask_p, ref, full_end,
                  FACTORED: tl.constexpr, HAS_SEQ_IDX: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 PRODUCT: tl.constexpr, BLOCK_K: tl.constexpr):
     """`acc` plus the products of the column blocks before `full_end` (wholly below the diagonal, within the
     chunk): no causal or length mask; decays ``exp(cs_m - cs_s)``, or ``exp(cs_m - ref) * exp(ref - cs_s)``
     when `FACTORED` (the caller checked the range). `cs_tok`, `dt_tok`, `seg_tok`: the chunk's first token."""
@@ -74,7 +82,7 @@ def _full_blocks(acc, cb_rows, cs_tok, dt_tok, seg_tok, x_cols, stride_x_l, cs_m
             seg_s = tl.load(seg_tok + offs_s)
             w = tl.where(seg_m[:, None] == seg_s[None, :], w, 0.0)
         xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_p[None, :], other=0.0)
-        acc = dot_f32_left(w, xs, acc, DOT_PRECISION)
+        acc = dot_f32_left(w, xs, acc, DOT_PRECISION, PRODUCT)
     return acc
 
 
@@ -118,6 +126,8 @@ def _chunk_scan_kernel(
     DOT_PRECISION: tl.constexpr,
     FACTORED: tl.constexpr,  # separable decays in the full blocks where the range allows
     PRESPLIT: tl.constexpr,  # read the entering state from hilo (split by step 2), not from states / init
+    PRODUCT: tl.constexpr,  # the form of the weighted cb times x (_ssd_common: SPLIT, TF32, ROUND)
+    STATE_PRODUCT: tl.constexpr,  # the form of C times the entering state
     BLOCK_N: tl.constexpr,  # >= N: the whole state dimension
     BLOCK_NS: tl.constexpr,  # the state-dimension slice of one C . S product (a power of two)
     BLOCK_M: tl.constexpr,
@@ -185,14 +195,15 @@ def _chunk_scan_kernel(
             offs_np = offs_p[None, :] * N + offs_n[:, None]  # [BLOCK_NS, BLOCK_P]: the state, transposed
             if PRESPLIT:
                 acc = tl.dot(cm, tl.load(split_base + offs_np, mask=mask_np, other=0.0), acc)
-                acc = tl.dot(cm, tl.load(split_base + P * N + offs_np, mask=mask_np, other=0.0), acc)
+                if STATE_PRODUCT != ROUND:
+                    acc = tl.dot(cm, tl.load(split_base + P * N + offs_np, mask=mask_np, other=0.0), acc)
             else:
                 st_ptrs = st_base + offs_np
                 if HAS_INIT:
                     init_ptrs = init_base + (offs_p[None, :] * stride_init_p + offs_n[:, None] * stride_init_n)
                     st_ptrs = tl.where(from_init, init_ptrs, st_ptrs)
                 st = tl.load(st_ptrs, mask=mask_np, other=0.0)
-                acc = dot_f32_right(cm, st, acc, DOT_PRECISION)
+                acc = dot_f32_right(cm, st, acc, DOT_PRECISION, STATE_PRODUCT)
         acc *= fast_exp(cs_m)[:, None]
         if HAS_SEQ_IDX:  # rows after a restart in this chunk do not see the entering state
             acc = tl.where(seg_m[:, None] == 0, acc, 0.0)
@@ -212,13 +223,16 @@ def _chunk_scan_kernel(
                + tl.sum(tl.where(tl.abs(tl.where(mask_m, cs_m, ref) - ref) < FACTOR_LIMIT, 0, 1), axis=0))
         if far == 0:  # one loop per form, so that each holds only its own registers
             acc = _full_blocks(acc, cb_rows, cs_ptr + tok_base, dt_ptr + tok_base, seg_base, x_cols, stride_x_l,
-                               cs_m, seg_m, mask_p, ref, full_end, True, HAS_SEQ_IDX, DOT_PRECISION, BLOCK_K)
+                               cs_m, seg_m, mask_p, ref, full_end, True, HAS_SEQ_IDX, DOT_PRECISION, PRODUCT,
+                               BLOCK_K)
         else:
             acc = _full_blocks(acc, cb_rows, cs_ptr + tok_base, dt_ptr + tok_base, seg_base, x_cols, stride_x_l,
-                               cs_m, seg_m, mask_p, ref, full_end, False, HAS_SEQ_IDX, DOT_PRECISION, BLOCK_K)
+                               cs_m, seg_m, mask_p, ref, full_end, False, HAS_SEQ_IDX, DOT_PRECISION, PRODUCT,
+                               BLOCK_K)
     else:
         acc = _full_blocks(acc, cb_rows, cs_ptr + tok_base, dt_ptr + tok_base, seg_base, x_cols, stride_x_l,
-                           cs_m, seg_m, mask_p, 0.0, full_end, False, HAS_SEQ_IDX, DOT_PRECISION, BLOCK_K)
+                           cs_m, seg_m, mask_p, 0.0, full_end, False, HAS_SEQ_IDX, DOT_PRECISION, PRODUCT,
+                           BLOCK_K)
 
     # The diagonal block(s): the causal and length masks.
     for k0 in range(full_end, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), BLOCK_K):
@@ -235,7 +249,7 @@ def _chunk_scan_kernel(
         decay = fast_exp(tl.where(keep, cs_m[:, None] - cs_s[None, :], 0.0))
         w = tl.where(keep, cb * decay * dt_s[None, :], 0.0)
         xs = tl.load(x_cols + offs_s[:, None] * stride_x_l, mask=mask_s[:, None] & mask_p[None, :], other=0.0)
-        acc = dot_f32_left(w, xs, acc, DOT_PRECISION)
+        acc = dot_f32_left(w, xs, acc, DOT_PRECISION, PRODUCT)
 
     mask_mp = mask_m[:, None] & mask_p[None, :]
     if HAS_D:
@@ -279,7 +293,8 @@ def chunk_scan(
     or ``[H, P]``; z like x or None; seg None without seq_idx; `initial_states` fp32 ``[Bt, H, P, N]`` or None.
     `config`: fixed ``BLOCK_M``, ``BLOCK_K``, ``BLOCK_P``, ``BLOCK_NS``, ``num_warps``, ``num_stages`` (and
     optionally ``FACTORED``, ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py);
-    BLOCK_M, BLOCK_K at most the chunk. `hilo` (16-bit inputs): the state entering each chunk split by
+    BLOCK_M, BLOCK_K at most the chunk; ``FACTORED``, ``PRODUCT`` and ``STATE_PRODUCT`` in it (alone or with
+    the rest) override the module's defaults. `hilo` (16-bit inputs): the state entering each chunk split by
     `state_passing` (``[Bt, nchunks, H, 2, P, N]``), read instead of `states` and `initial_states`.
     `table` (a packed row): the int32 ``[4, nchunks]`` chunk table of `_ssd_chunk_state.chunk_state`; then
     `initial_states` is per sequence ``[S, H, P, N]`` and enters each sequence's first chunk (no `hilo`).
@@ -300,8 +315,10 @@ def chunk_scan(
         return (tiles * nheads * bt * nchunks,)
 
     block_n = max(16, next_power_of_2(dstate))
-    meta = {"FACTORED": FACTORED, **(config or {})}
-    kernel = _chunk_scan_kernel if config is None else _chunk_scan_kernel.fn
+    switches = {"FACTORED": FACTORED, "PRODUCT": PRODUCT.get(x.dtype, SPLIT),
+                "STATE_PRODUCT": STATE_PRODUCT.get(x.dtype, SPLIT)}
+    meta = {**switches, **(config or {})}
+    kernel = _chunk_scan_kernel if meta.keys() == switches.keys() else _chunk_scan_kernel.fn
     kernel[grid](
         x, zt, out, C, cb, d, states, hilo if hilo is not None else C, init, dt_proc, cs,
         seg if seg is not None else cs, table if table is not None else cs,

@@ -15,8 +15,9 @@ For chunk ``c`` of row ``b`` and head ``h`` (tokens ``t`` of the chunk, ``e`` it
 
 The chunk is walked in blocks of tokens, rescaling the running state by each block's decay, so every
 exponent is a decay over tokens already seen (never a growth that could overflow). The per-token weight
-multiplies the tile of x (``WEIGHT_X``) or of B in fp32; that product with the other operand is split in two
-tensor-core products for 16-bit inputs (`dot_f32_left`, `dot_f32_right`). ``dt``, ``cs`` and ``seg``
+multiplies the tile of x (``WEIGHT_X``) or of B in fp32; that product with the other operand takes the
+``PRODUCT`` form for 16-bit inputs (`_ssd_common`: split in two tensor-core products by default,
+`dot_f32_left`, `dot_f32_right`). ``dt``, ``cs`` and ``seg``
 per token are stored for the chunk-scan kernel by the programs of the first (p, n) tile only.
 """
 
@@ -28,6 +29,7 @@ import triton.language as tl
 
 from infiniops_triton._common import cdiv
 from infiniops_triton._ssd_common import (
+    SPLIT,
     autotune_configs,
     dot_f32_left,
     dot_f32_right,
@@ -36,7 +38,7 @@ from infiniops_triton._ssd_common import (
     fit_to_chunk,
 )
 
-__all__ = ["CONFIGS", "chunk_state"]
+__all__ = ["CONFIGS", "PRODUCT", "chunk_state"]
 
 
 # The fastest of 8 in benchmarks/gpu_sweep_scan.py on the H200 (2026-11-30: 0.078 ms at 8 x 2048, the
@@ -45,6 +47,8 @@ __all__ = ["CONFIGS", "chunk_state"]
 CONFIGS = [
     {"BLOCK_P": 64, "BLOCK_N": 64, "BLOCK_K": 64, "WEIGHT_X": True, "num_warps": 4, "num_stages": 2, "maxnreg": 128},
 ]
+# The product form per 16-bit input dtype (`_ssd_common`); a launch configuration's "PRODUCT" overrides it.
+PRODUCT: dict[torch.dtype, int] = {torch.float16: SPLIT, torch.bfloat16: SPLIT}
 
 
 @triton.autotune(
@@ -83,6 +87,7 @@ def _chunk_state_kernel(
     VARLEN: tl.constexpr,  # chunks from table_ptr (each within one packed sequence), not c * CHUNK
     DOT_PRECISION: tl.constexpr,
     WEIGHT_X: tl.constexpr,  # the weight multiplies x (else B): a tuning choice, both exact in fp32
+    PRODUCT: tl.constexpr,  # the fp32-by-16-bit product form (_ssd_common: SPLIT, TF32, ROUND)
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -169,9 +174,9 @@ def _chunk_state_kernel(
             mask=live[:, None] & mask_n[None, :], other=0.0,
         )
         if WEIGHT_X:  # the weight on x (fewer elements to split when BLOCK_P < BLOCK_N), else on B
-            acc = dot_f32_left(xt.to(tl.float32) * weight[None, :], bm, acc, DOT_PRECISION)
+            acc = dot_f32_left(xt.to(tl.float32) * weight[None, :], bm, acc, DOT_PRECISION, PRODUCT)
         else:
-            acc = dot_f32_right(xt, bm.to(tl.float32) * weight[:, None], acc, DOT_PRECISION)
+            acc = dot_f32_right(xt, bm.to(tl.float32) * weight[:, None], acc, DOT_PRECISION, PRODUCT)
 
     st_base = states_ptr + ((b64 * nchunks + c) * H + h) * P * N  # int64 base, int32 tile offsets
     tl.store(st_base + (offs_p[:, None] * N + offs_n[None, :]), acc, mask=mask_p[:, None] & mask_n[None, :])
@@ -204,7 +209,8 @@ def chunk_state(
     Shapes: x ``[Bt, L, H, P]``, dt ``[Bt, L, H]``, A ``[H]`` fp32, B ``[Bt, L, G, N]``, seq_idx int32
     ``[Bt, L]``; outputs fp32 as in the kernel's pointer comments (`seg_out` int32, unused without seq_idx).
     `config`: fixed ``BLOCK_P``, ``BLOCK_N``, ``BLOCK_K`` (at most the chunk), ``WEIGHT_X``, ``num_warps``,
-    ``num_stages`` (optionally ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py).
+    ``num_stages`` (optionally ``maxnreg``) instead of the autotuner's pick (benchmarks/gpu_sweep_scan.py);
+    ``PRODUCT`` in it (alone or with the rest) overrides `PRODUCT`.
     `table` (a packed row, Bt == 1): int32 ``[4, nchunks]`` chunk starts, lengths, first-of-a-sequence
     flags and sequences (`varlen_table`); chunk c is then tokens ``start[c] .. start[c] + length[c] - 1``.
     """
@@ -218,7 +224,9 @@ def chunk_state(
         tiles = cdiv(headdim, meta["BLOCK_P"]) * cdiv(dstate, meta["BLOCK_N"])
         return (tiles * nheads * bt * nchunks,)
 
-    kernel = _chunk_state_kernel if config is None else _chunk_state_kernel.fn
+    config = dict(config or {})
+    product = config.pop("PRODUCT", PRODUCT.get(x.dtype, SPLIT))
+    kernel = _chunk_state_kernel if not config else _chunk_state_kernel.fn
     kernel[grid](
         x, dt, A, B, dt_bias if dt_bias is not None else A, si,
         states, dt_out, cs_out, seg_out, carry, table if table is not None else seg_out,
@@ -232,5 +240,6 @@ def chunk_state(
         HAS_SEQ_IDX=seq_idx is not None,
         VARLEN=table is not None,
         DOT_PRECISION=dot_precision(x.dtype),
-        **(config or {}),
+        PRODUCT=product,
+        **config,
     )

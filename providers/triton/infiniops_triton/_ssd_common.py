@@ -1,5 +1,15 @@
 """What the SSD kernels share: autotune configs that collapse to one under the interpreter, dot precision,
-fast exponentials and the split products that keep fp32 operands exact enough for 16-bit inputs."""
+fast exponentials and the products of an fp32 operand with a 16-bit one.
+
+Those products take one of three forms (a kernel's ``PRODUCT`` constexpr; fp32 inputs ignore it):
+
+- `SPLIT`: the fp32 operand as a rounded 16-bit high part plus the rounded rest, two tensor-core products
+  (relative error ~2^-16);
+- `TF32`: the 16-bit operand widened to fp32 (exactly), one TF32 product (the fp32 operand rounded to TF32's
+  10-bit mantissa: ~2^-11);
+- `ROUND`: the fp32 operand rounded to the 16-bit dtype, one product (bf16: ~2^-9; state-spaces/mamba's
+  choice).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,10 @@ import triton.language as tl
 
 __all__ = [
     "LOG2E",
+    "PRODUCTS",
+    "ROUND",
+    "SPLIT",
+    "TF32",
     "autotune_configs",
     "dot_f32_left",
     "dot_f32_right",
@@ -22,6 +36,8 @@ __all__ = [
     "split_f32",
 ]
 
+SPLIT, TF32, ROUND = 0, 1, 2  # the product forms (module docstring)
+PRODUCTS = {"split": SPLIT, "tf32": TF32, "round": ROUND}  # by name, for configurations and tables
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one ex2.approx, not libdevice's expf
 
 
@@ -86,15 +102,20 @@ def split_f32(value, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def dot_f32_right(a, b, acc, DOT_PRECISION: tl.constexpr):
+def dot_f32_right(a, b, acc, DOT_PRECISION: tl.constexpr, PRODUCT: tl.constexpr):
     """``acc + a @ b`` for `a` in the inputs' dtype (exact) and `b` fp32 (weights, states).
 
-    16-bit inputs: `b` is split into a rounded high part and the rounded rest, two tensor-core products
-    (relative error ~2^-16 instead of the 2^-8 of one bf16 rounding, which broke the bf16 and fp16
-    tolerances at the Mamba-2 layer shape); fp32 inputs: one product at `DOT_PRECISION`.
+    16-bit inputs: `PRODUCT` picks the form (module docstring). `SPLIT` splits `b` into a rounded high part and
+    the rounded rest, two tensor-core products (relative error ~2^-16 instead of the 2^-8 of one bf16
+    rounding, which broke the bf16 and fp16 tolerances at the Mamba-2 layer shape); fp32 inputs: one
+    product at `DOT_PRECISION`.
     """
     if a.dtype == tl.float32:
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    elif PRODUCT == 1:  # TF32
+        acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
+    elif PRODUCT == 2:  # ROUND
+        acc = tl.dot(a, b.to(a.dtype), acc)
     else:
         hi = b.to(a.dtype)
         lo = _rest(b, hi.to(tl.float32)).to(a.dtype)
@@ -104,10 +125,14 @@ def dot_f32_right(a, b, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def dot_f32_left(a, b, acc, DOT_PRECISION: tl.constexpr):
+def dot_f32_left(a, b, acc, DOT_PRECISION: tl.constexpr, PRODUCT: tl.constexpr):
     """``acc + a @ b`` for `a` fp32 and `b` in the inputs' dtype: `dot_f32_right` with the sides swapped."""
     if b.dtype == tl.float32:
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    elif PRODUCT == 1:  # TF32
+        acc = tl.dot(a, b.to(tl.float32), acc, input_precision="tf32")
+    elif PRODUCT == 2:  # ROUND
+        acc = tl.dot(a.to(b.dtype), b, acc)
     else:
         hi = a.to(b.dtype)
         lo = _rest(a, hi.to(tl.float32)).to(b.dtype)

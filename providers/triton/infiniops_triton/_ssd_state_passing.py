@@ -11,7 +11,8 @@ registers, one store.
 
 For 16-bit inputs (``SPLIT_OUT``) the states entering the chunks go to a separate buffer instead, each split
 in a 16-bit high part and the 16-bit rest (`split_f32`): the chunk scan's products with C then need no
-per-program split of an fp32 tile (the bytes written are the same).
+per-program split of an fp32 tile (the bytes written are the same; half of them without ``STORE_LO``, when the
+chunk scan rounds the state to 16 bits and reads the high part alone).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _state_passing_kernel(
     HAS_INIT: tl.constexpr,
     HAS_FINAL: tl.constexpr,
     SPLIT_OUT: tl.constexpr,  # write the state entering each chunk split (hilo), not S_c in place
+    STORE_LO: tl.constexpr,  # with SPLIT_OUT: the low halves too (else the high ones alone)
     CHUNKS_PER_STEP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -70,7 +72,8 @@ def _state_passing_kernel(
     if SPLIT_OUT and HAS_INIT:  # slot 0: the initial state (read by the chunk scan only when given)
         hi, lo = split_f32(state, hilo_ptr.dtype.element_ty)
         tl.store(hilo_ptr + split_base, hi, mask=mask)
-        tl.store(hilo_ptr + split_base + size, lo, mask=mask)
+        if STORE_LO:
+            tl.store(hilo_ptr + split_base + size, lo, mask=mask)
     for c0 in range(0, nchunks, CHUNKS_PER_STEP):
         chunk = c0 + rows
         valid = (chunk < nchunks)[:, None] & mask[None, :]
@@ -85,7 +88,8 @@ def _state_passing_kernel(
             ends_hi, ends_lo = split_f32(ends, hilo_ptr.dtype.element_ty)
             into = valid & (chunk + 1 < nchunks)[:, None]
             tl.store(hilo_ptr + split_tile, ends_hi, mask=into)
-            tl.store(hilo_ptr + split_tile + size, ends_lo, mask=into)
+            if STORE_LO:
+                tl.store(hilo_ptr + split_tile + size, ends_lo, mask=into)
         else:
             tl.store(states_ptr + tile, ends, mask=valid)
         state = tl.sum(tl.where(rows[:, None] == CHUNKS_PER_STEP - 1, ends, 0.0), axis=0)
@@ -101,6 +105,7 @@ def state_passing(
     final_states: torch.Tensor | None,
     config: dict[str, int] | None = None,
     hilo: torch.Tensor | None = None,
+    store_lo: bool = True,
 ) -> None:
     """Turn each chunk's local state in `states` into the state at the chunk's end, in place; fill
     `final_states` (when given) with the last one.
@@ -109,7 +114,8 @@ def state_passing(
     `initial_states`/`final_states` fp32 ``[Bt, H, P, N]`` (any strides) or None. `config`: fixed
     ``BLOCK`` (states per program), ``CHUNKS_PER_STEP`` and ``num_warps`` (benchmarks/gpu_sweep_scan.py).
     `hilo` (16-bit ``[Bt, nchunks, H, 2, P, N]`` contiguous): instead of `states`, each chunk's entering state
-    (the initial one for chunk 0, when given) goes there split in a high and a low part, for the chunk scan.
+    (the initial one for chunk 0, when given) goes there split in a high and a low part, for the chunk scan;
+    the low parts are left unwritten unless `store_lo`.
     """
     bt, nchunks, nheads, headdim, dstate = states.shape
     size = headdim * dstate
@@ -132,5 +138,6 @@ def state_passing(
         HAS_INIT=initial_states is not None,
         HAS_FINAL=final_states is not None,
         SPLIT_OUT=hilo is not None,
+        STORE_LO=store_lo,
         **meta,
     )

@@ -39,8 +39,9 @@ from infiniops_py import Between, Capability, ComputeCapability, Implementation,
 from infiniops_py.operators.selective_scan import ScanVarlen
 from infiniops_triton._common import PRIORITY, base_constraints
 from infiniops_triton._ssd_bmm import chunk_cb
-from infiniops_triton._ssd_chunk_scan import chunk_scan
+from infiniops_triton._ssd_chunk_scan import STATE_PRODUCT, chunk_scan
 from infiniops_triton._ssd_chunk_state import chunk_state
+from infiniops_triton._ssd_common import ROUND, SPLIT
 from infiniops_triton._ssd_state_passing import state_passing
 from infiniops_triton.state_update import IMPLEMENTATIONS as STATE_UPDATE_IMPLEMENTATIONS
 
@@ -144,6 +145,8 @@ def scan_stages(
     carry = carry.view(bt, nheads, nchunks)
     segs = seg.view(torch.int32).view(bt, nchunks, chunk) if seq_idx is not None else None
     passed_init = initial_states if varlen is None else None  # a packed row's enter through varlen_restart
+    # A chunk scan that rounds the presplit state to 16 bits reads its high halves alone: the low ones go unwritten.
+    store_lo = cfg.get("chunk_scan", {}).get("STATE_PRODUCT", STATE_PRODUCT.get(C.dtype, SPLIT)) != ROUND
     stages: list[Stage] = [
         ("chunk_state", lambda: chunk_state(x, dt, A, B, dt_bias, dt_softplus, dt_limit, seq_idx, chunk, states,
                                             per_token[0], per_token[1], segs if segs is not None else carry,
@@ -155,7 +158,7 @@ def scan_stages(
     want_states = varlen is not None and varlen.varlen_states is not None
     if nchunks > 1 or final_states is not None or want_states or (presplit and passed_init is not None):
         stages.append(("state_passing", lambda: state_passing(states, carry, passed_init, final_states,
-                                                              cfg.get("state_passing"), hilo)))
+                                                              cfg.get("state_passing"), hilo, store_lo)))
     if want_states:
         stages.append(("varlen_states", lambda: _varlen_states(states, last, initial_states, varlen.varlen_states)))
     stages.append(("chunk_scan", lambda: chunk_scan(x, z, C, D, cb, states, initial_states, per_token[0],
