@@ -43,6 +43,7 @@ __all__ = [
     "check_out_like",
     "check_real",
     "check_shape",
+    "check_slot_indices",
     "check_tensor",
     "check_unique_indices",
     "check_vector",
@@ -374,3 +375,29 @@ def check_disjoint(op: str, other_name: str, other: torch.Tensor,
             start = t.data_ptr()
             if start < high and low < start + (t.nbytes if t.is_contiguous() else byte_extent(t)):
                 check_no_overlap(op, name, t, other_name, other)
+
+
+_INDEX_SET: Final = frozenset(INDEX_DTYPES)
+
+
+def check_slot_indices(op: str, state_name: str, name: str, index: torch.Tensor | None, batch: int, slots: int,
+                       device: torch.device) -> None:
+    """The slot index of each of `batch` rows into a state of `slots` rows (vLLM's / mamba's
+    ``state_batch_indices``, ``conv_state_indices``): int32/int64 ``[B]`` on `device`; without it, one slot per
+    row. Checked indices (`is_checked`) are in range (negative: a padding row) and distinct.
+
+    Raises:
+        ContractError: naming `name` (or `state_name` when the index is None and the slot count differs).
+    """
+    if index is None:
+        if slots != batch and batch:
+            raise ContractError(op, state_name, f"expected {batch} slots (one per row of x) without {name}, "
+                                                f"got {slots}")
+        return
+    if index.device != device or index.dtype not in _INDEX_SET or index.shape != (batch,):
+        check_device(op, name, index, device)
+        check_dtype(op, name, index, INDEX_DTYPES)
+        check_shape(op, name, index, (batch,), " ([B])")
+    if batch and is_checked(device):  # as the two checks' own early returns (B = numel)
+        check_index_range(op, name, index, slots, allow_negative=True)
+        check_unique_indices(op, name, index)

@@ -13,11 +13,10 @@ from infiniops_py.operators._base import (
     check_device,
     check_disjoint,
     check_dtype,
-    check_index_range,
     check_no_grad,
     check_shape,
+    check_slot_indices,
     check_tensor,
-    check_unique_indices,
     check_writable,
     is_checked,
     strided,
@@ -32,7 +31,6 @@ __all__ = ["SPEC_UPDATE", "causal_conv1d_update"]
 
 _UPDATE = "causal_conv1d_update"
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
-_INDEX_SET = frozenset(INDEX_DTYPES)
 
 
 def _fake(x: torch.Tensor, **_: object) -> torch.Tensor:
@@ -141,19 +139,7 @@ def causal_conv1d_update(
                                                     ("cache_seqlens", cache_seqlens),
                                                     ("conv_state_indices", conv_state_indices)))
     slots = sshape[0]
-    if conv_state_indices is None:
-        if slots != batch and batch:
-            raise ContractError(_UPDATE, "conv_state", f"expected {batch} slots (one per row of x) without "
-                                                       f"conv_state_indices, got {slots}")
-    else:
-        idx = conv_state_indices
-        if idx.device != device or idx.dtype not in _INDEX_SET or idx.shape != (batch,):
-            check_device(_UPDATE, "conv_state_indices", idx, device)
-            check_dtype(_UPDATE, "conv_state_indices", idx, INDEX_DTYPES)
-            check_shape(_UPDATE, "conv_state_indices", idx, (batch,), " ([B])")
-        if batch and is_checked(device):  # as the two checks' own early returns (B = numel)
-            check_index_range(_UPDATE, "conv_state_indices", idx, slots, allow_negative=True)
-            check_unique_indices(_UPDATE, "conv_state_indices", idx)
+    check_slot_indices(_UPDATE, "conv_state", "conv_state_indices", conv_state_indices, batch, slots, device)
     if cache_seqlens is not None:
         check_device(_UPDATE, "cache_seqlens", cache_seqlens, x.device)
         check_dtype(_UPDATE, "cache_seqlens", cache_seqlens, INDEX_DTYPES)

@@ -7,20 +7,17 @@ import torch
 from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
     FLOAT_DTYPES,
-    INDEX_DTYPES,
     ContractError,
     check_bool,
     check_device,
     check_disjoint,
     check_dtype,
-    check_index_range,
     check_no_grad,
     check_shape,
+    check_slot_indices,
     check_tensor,
-    check_unique_indices,
     check_writable,
     dtype_name,
-    is_checked,
     strided,
     wants_grad,
 )
@@ -33,7 +30,6 @@ __all__ = ["SPEC_UPDATE", "selective_state_update"]
 
 _UPDATE = "selective_state_update"
 _FLOAT_SET = frozenset(FLOAT_DTYPES)
-_INDEX_SET = frozenset(INDEX_DTYPES)
 _CONTIGUOUS = torch.contiguous_format
 
 
@@ -164,19 +160,7 @@ def selective_state_update(
         check_like_x(_UPDATE, "z", z, x, tuple(xshape), " (same as x)")
     check_disjoint(_UPDATE, "state", state, (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
                                           ("dt_bias", dt_bias), ("state_batch_indices", state_batch_indices)))
-    if state_batch_indices is None:
-        if slots != batch and batch:
-            raise ContractError(_UPDATE, "state", f"expected {batch} slots (one per row of x) without "
-                                                  f"state_batch_indices, got {slots}")
-    else:
-        idx = state_batch_indices
-        if idx.device != device or idx.dtype not in _INDEX_SET or idx.shape != (batch,):
-            check_device(_UPDATE, "state_batch_indices", idx, device)
-            check_dtype(_UPDATE, "state_batch_indices", idx, INDEX_DTYPES)
-            check_shape(_UPDATE, "state_batch_indices", idx, (batch,), " ([B])")
-        if batch and is_checked(device):  # as the two checks' own early returns (B = numel)
-            check_index_range(_UPDATE, "state_batch_indices", idx, slots, allow_negative=True)
-            check_unique_indices(_UPDATE, "state_batch_indices", idx)
+    check_slot_indices(_UPDATE, "state", "state_batch_indices", state_batch_indices, batch, slots, device)
     dt, A, dt_bias = _tie(dt, A, dt_bias)
     untied = dt.dim() == 3 or A.dim() == 3 or (dt_bias is not None and dt_bias.dim() == 2)
     out = torch.empty_like(x, memory_format=_CONTIGUOUS)
