@@ -49,6 +49,7 @@ import infiniops_py as ops
 
 if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
+import gpu_decode
 from _common import copy_bandwidth_gbs, json_option
 
 SHAPES = {  # name: (K, N) of the nn.Linear weight [N, K]
@@ -162,32 +163,16 @@ def warm_up(cells: list[tuple[str, int, int, int, bool]], jobs: int, smoke: bool
 
 
 def graph_time(calls: list[Callable[[], Any]], device: torch.device, replays: int = 20) -> float:
-    """Seconds per call of `calls`, captured once as one CUDA graph (after one eager warm-up call each), the median
-    of `replays` timed replays; on the CPU (``--smoke``) the eager wall time instead, so the script runs through."""
+    """Seconds per call of `calls` as `gpu_decode.graph_time` measures it (one CUDA graph of all of them, the median
+    of `replays` replays); on the CPU (``--smoke``) the eager wall time instead, so the script runs through."""
+    if device.type == "cuda":
+        return gpu_decode.graph_time(calls, device, replays)
     for fn in calls:
         fn()
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for fn in calls:
-            fn()
-        return (time.perf_counter() - start) / len(calls)
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start_ev.record()
-        graph.replay()
-        end_ev.record()
-        end_ev.synchronize()
-        times.append(start_ev.elapsed_time(end_ev) / 1e3)
-    times.sort()
-    return times[len(times) // 2] / len(calls)
-
+    start = time.perf_counter()
+    for fn in calls:
+        fn()
+    return (time.perf_counter() - start) / len(calls)
 
 def _reference(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
     """The float64 product ``x @ w.T`` (its SiLU-and-multiply with `swiglu`)."""
