@@ -234,6 +234,24 @@ def test_gemv_sweep_variants_compile_without_spills(variant: Any, block_m: int, 
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
+@pytest.mark.parametrize("key", sorted(_gemv.TABLE), ids=lambda k: "m{}-n{}-k{}{}".format(*k[:3], "-swiglu" * k[3]))
+def test_gemv_table_entries_compile_at_their_shape_without_spills(key: tuple[int, int, int, bool]) -> None:
+    """Each committed `_gemv.TABLE` entry is one of the sweep's variants and compiles for sm_90 at the shape it is
+    kept for (its row class, N, K, SwiGLU): no ptxas spill, shared memory fits."""
+    rows, n, k, swiglu = key
+    variant = _gemv.TABLE[key]
+    assert variant in (*_gemv.SWEEP_ONE_ROW, *_gemv.SWEEP_TILE)
+    config = variant.config()
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": rows, "N": n, "K": k, "stride_xm": k,
+            "stride_wn": k, "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1, "alpha": 1.0,
+            "beta": 0.0, "HAS_C": False, "HAS_BIAS": swiglu, "PRECISION": "tf32", "BLOCK_M": rows,
+            "EVEN_K": k % (variant.block_k * variant.split_k) == 0, "PDL": False, "SWIGLU": swiglu, **config.kwargs}
+    compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
+    assert _ptxas_spills(compiled) == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
 def test_decode_kernels_wait_for_the_previous_kernel_under_programmatic_dependent_launch() -> None:
     """With PDL each decode-step kernel first lets the next one launch, then waits for the previous one's
     results (griddepcontrol), before any other instruction touches memory."""

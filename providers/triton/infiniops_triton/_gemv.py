@@ -95,10 +95,44 @@ _INTERPRETER = (_V(16, 32, 2, 4, 1).config(),)
 MAX_SPLIT_K = 4  # of the autotuned candidates
 ROW_CLASSES = (1, 16, 32, 64)  # BLOCK_M: one row, then a tl.dot tile of 16, 32 or 64 rows
 
-# The variant per (row class, output columns N, K, swiglu), as `benchmarks/gpu_sweep_gemv.py` measured them on the
-# GPU; a shape not here is autotuned among `_ONE_ROW` / `_FEW_ROWS` (1 to 16 rows) or left to the tiled kernel
-# (17 to 64 rows). ``INFINIOPS_GEMV_TABLE=FILE`` (the sweep's ``--emit`` JSON) adds to it at import.
-TABLE: dict[tuple[int, int, int, bool], Variant] = {}
+# The variant per (row class, output columns N, K, swiglu), as `benchmarks/gpu_sweep_gemv.py --only qwen3 --only
+# mamba2 --emit` measured them on the H200 (the winners by 2% or more over the autotuned default, each checked
+# against float64; benchmarks/RESULTS.md, session 10); a shape not here is autotuned among `_ONE_ROW` /
+# `_FEW_ROWS` (1 to 16 rows) or left to the tiled kernel (17 to 64 rows). ``INFINIOPS_GEMV_TABLE=FILE`` (the
+# sweep's ``--emit`` JSON) adds to it at import.
+TABLE: dict[tuple[int, int, int, bool], Variant] = {
+    # Qwen3-0.6B qkv [1024 -> 4096]
+    (1, 4096, 1024, False): _V(4, 1024, evict=True),
+    (16, 4096, 1024, False): _V(32, 128, 1, 4, 4),
+    (32, 4096, 1024, False): _V(32, 256),
+    (64, 4096, 1024, False): _V(32, 128, 1, 4, 4),
+    # Qwen3-0.6B o [2048 -> 1024]
+    (1, 1024, 2048, False): _V(2, 2048, sum_each=True),
+    (16, 1024, 2048, False): _V(32, 128, 4),
+    (32, 1024, 2048, False): _V(16, 128, 4, 4, 4),
+    (64, 1024, 2048, False): _V(32, 128, 4),
+    # Qwen3-0.6B gate_up [1024 -> 6144]
+    (1, 6144, 1024, False): _V(8, 512, evict=True),
+    (32, 6144, 1024, False): _V(32, 128, 1, 4, 4),
+    (64, 6144, 1024, False): _V(64, 128),
+    # Qwen3-0.6B down [3072 -> 1024]
+    (1, 1024, 3072, False): _V(4, 1024, evict=True),
+    (32, 1024, 3072, False): _V(16, 128, 4, 4, 4),
+    (64, 1024, 3072, False): _V(32, 128, 4),
+    # Mamba-2-130m in_proj [768 -> 3352]
+    (1, 3352, 768, False): _V(4, 1024, evict=True),
+    (32, 3352, 768, False): _V(32, 128, 1, 4, 4),
+    (64, 3352, 768, False): _V(32, 128, 1, 4, 4),
+    # Mamba-2-130m out_proj [1536 -> 768]
+    (1, 768, 1536, False): _V(2, 2048, sum_each=True),
+    (16, 768, 1536, False): _V(32, 128, 4),
+    (32, 768, 1536, False): _V(32, 128, 4),
+    (64, 768, 1536, False): _V(16, 128, 1, 4, 4),
+    # Qwen3-0.6B gate_up + SwiGLU [1024 -> 6144]
+    (1, 3072, 1024, True): _V(8, 256, pipe=3),
+    (32, 3072, 1024, True): _V(32, 128, 1, 4, 4),
+    (64, 3072, 1024, True): _V(32, 128, 1, 4, 4),
+}
 
 
 def row_class(m: int) -> int:
