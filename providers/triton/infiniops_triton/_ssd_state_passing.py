@@ -122,9 +122,10 @@ def state_passing(
     if interpreting():
         block, step = 64, 4
     else:
-        # 8 chunks x 256 states = 8 KB loaded per step and program: at batch 1 and H=24 that is
-        # 768 programs keeping ~6 MB in flight, enough to cover the memory latency of the serial walk.
-        block, step = min(256, next_power_of_2(size)), 8
+        # 8 chunks x 512 states = 16 KB loaded per step and program: at batch 1 and H=24 (P 64, N 128) that
+        # is 384 programs keeping ~6 MB in flight, enough to cover the memory latency of the serial walk
+        # (blocks of 512 the fastest in benchmarks/gpu_ssd_parity.py's sweep on the H200).
+        block, step = min(512, next_power_of_2(size)), 8
     meta = {"BLOCK": block, "CHUNKS_PER_STEP": step, "num_warps": 4, **(config or {})}
     init = initial_states if initial_states is not None else states
     final = final_states if final_states is not None else states
