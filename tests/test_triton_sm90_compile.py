@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import triton
 from infiniops_triton import (
     _gemv,
@@ -404,8 +405,7 @@ def _fixed_prefill_configs() -> dict[str, dict[str, Any]]:
             for given in settings:
                 c = tfa._check_prefill_config(given, True)
                 name = (f"d{d}_{'causal' if causal else 'full'}_{c['BLOCK_M']}x{c['BLOCK_N']}_{c.get('num_warps', 4)}w"
-                        f"{c.get('num_stages', 3)}s{'_lazy' if c['LAZY'] else ''}{'_tma' if c['USE_TMA'] else ''}"
-                        f"{'_ws' if c['WARP_SPEC'] else ''}")
+                        f"{c.get('num_stages', 3)}s{'_lazy' if c['LAZY'] else ''}{'_tma' if c['USE_TMA'] else ''}")
                 found[name] = {**c, "d": d, "causal": causal}
     return found
 
@@ -416,7 +416,7 @@ _FIXED_PREFILL = _fixed_prefill_configs()
 def _compile_prefill(s: dict[str, Any], **flags: Any) -> Any:
     from infiniops_triton import _flash_attn_kernels as fk
 
-    kernel = {k: s[k] for k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "WARP_SPEC")}
+    kernel = {k: s[k] for k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA")}
     args = {**_prefill_args(s["d"], BF16, "tf32", triton.Config(kernel)), "HAS_RIGHT": s["causal"], **flags}
     return _compile(fk.attn_fwd_kernel, args, s.get("num_warps", 4), s.get("num_stages", 3))
 
@@ -433,20 +433,6 @@ def test_bf16_prefill_fixed_configurations_fit_without_spills(name: str) -> None
     assert _count(compiled, r"(ld|st)\.local") == 0
     assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= SMEM_LIMIT
-    if s["WARP_SPEC"]:
-        assert compiled.metadata.num_warps == 3 * s["num_warps"]
-        assert _count(compiled, r"setmaxnreg") > 0
-
-
-@pytest.mark.parametrize("flags", [{"SOFTCAP": True}, {"HAS_LEFT": True}, {"HAS_LSE": True, "HAS_SEQUSED": True}],
-                         ids=["softcap", "left window", "lse seqused"])
-def test_bf16_prefill_warp_specialized_loop_serves_every_flag(flags: dict[str, Any]) -> None:
-    """A `config` may ask for WARP_SPEC on any contiguous 16-bit launch: the flags the table keeps to the autotuner
-    compile warp-specialized too."""
-    ws = next(s for s in _FIXED_PREFILL.values() if s["WARP_SPEC"] and s["d"] == 128 and s["causal"])
-    compiled = _compile_prefill(ws, **flags)
-    assert compiled.metadata.num_warps == 3 * ws["num_warps"]
-    assert _ptxas_spills(compiled) == 0
 
 
 @pytest.mark.parametrize("config", range(7))
@@ -567,8 +553,11 @@ def _ssd_kernels() -> list[dict[str, Any]]:
     state_flags = {"stride_x_p": 1, "stride_b_n": 1, "CHUNK": 256, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
                    "PRODUCT": 0}
     scan_flags = {"stride_x_p": 1, "stride_c_n": 1, "CHUNK": 256, "HAS_D": True, "BLOCK_N": _SSD_N,
-                  "FACTORED": _ssd_chunk_scan.FACTORED, "PRODUCT": 0, "STATE_PRODUCT": 0}
+                  "FACTORED": _ssd_chunk_scan.FACTORED}
+    torch_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     for dtype, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "tf32x3")):
+        forms = {"PRODUCT": _ssd_chunk_scan.PRODUCT.get(torch_dtypes[dtype], 0),  # the module's defaults
+                 "STATE_PRODUCT": _ssd_chunk_scan.STATE_PRODUCT.get(torch_dtypes[dtype], 0)}
         seq = dtype != "bf16"  # the benchmark's path without seq_idx, the others with every flag on
         configs = slice(None) if dtype == "bf16" else slice(1)  # every tuned config in bf16, the first one else
         for cfg in _ssd_chunk_state._chunk_state_kernel.configs[configs]:
@@ -576,7 +565,7 @@ def _ssd_kernels() -> list[dict[str, Any]]:
                             {**state_flags, "HAS_SEQ_IDX": seq, "VARLEN": seq, "DOT_PRECISION": prec, **cfg.kwargs},
                             cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg))
         for cfg in _ssd_chunk_scan._chunk_scan_kernel.configs[configs]:
-            flags = {**scan_flags, "HAS_Z": True, "HAS_SEQ_IDX": seq, "HAS_INIT": seq, "DOT_PRECISION": prec,
+            flags = {**scan_flags, **forms, "HAS_Z": True, "HAS_SEQ_IDX": seq, "HAS_INIT": seq, "DOT_PRECISION": prec,
                      "VARLEN": seq, "PRESPLIT": dtype != "fp32" and triton_scan.PRESPLIT, **cfg.kwargs}
             out.append(_ssd(_ssd_chunk_scan._chunk_scan_kernel, dtype, flags, cfg.num_warps, cfg.num_stages,
                             floats=("dt_ptr",), maxnreg=cfg.maxnreg))
@@ -599,7 +588,7 @@ def _ssd_variants() -> list[dict[str, Any]]:
     """The bf16 chunk-state and chunk-scan kernels of every variant benchmarks/gpu_ssd_parity.py sweeps (a whole
     launch configuration, or switches over the default one: product forms), on the benchmark's path (no
     seq_idx), and the state passing that stores the high halves alone."""
-    from infiniops_triton import _ssd_chunk_scan, _ssd_chunk_state, _ssd_state_passing
+    from infiniops_triton import _ssd_chunk_scan, _ssd_chunk_state, _ssd_common, _ssd_state_passing
 
     path = Path(__file__).parents[1] / "benchmarks" / "gpu_ssd_parity.py"
     spec = importlib.util.spec_from_file_location("gpu_ssd_parity", path)
@@ -628,6 +617,12 @@ def _ssd_variants() -> list[dict[str, Any]]:
             found = _ssd(kernel, "bf16", {**flags, "CHUNK": 256, "DOT_PRECISION": "tf32", **meta},
                          launch["num_warps"], launch["num_stages"], floats=floats, maxnreg=launch.get("maxnreg"))
             out.append({**found, "launch": launch})
+    kernel, default, flags, floats = kernels["chunk_scan"]
+    for state_product in (0, _ssd_common.ROUND):  # the presplit layout ("layout" variants): both halves, or the high
+        meta = {k: v for k, v in default.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+        out.append(_ssd(kernel, "bf16", {**flags, "CHUNK": 256, "DOT_PRECISION": "tf32", **meta, "PRESPLIT": True,
+                                         "STATE_PRODUCT": state_product},
+                        default["num_warps"], default["num_stages"], floats=floats, maxnreg=default.get("maxnreg")))
     out.append(_ssd(_ssd_state_passing._state_passing_kernel, "bf16",
                     {"HAS_INIT": False, "HAS_FINAL": True, "SPLIT_OUT": True, "STORE_LO": False,
                      "CHUNKS_PER_STEP": 8, "BLOCK": 256}, 4, 1,

@@ -555,38 +555,11 @@ def test_decode_sweep_checks_its_variants_at_tiny_sizes() -> None:
     assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each
 
 
-# --- the prefill launch settings (`config`, `PREFILL_DEFAULTS`) and the warp-specialized loop ----------------
-
-WS_BLOCKS = {**SMALL_BLOCKS, "USE_TMA": True, "WARP_SPEC": True}
-
-
-@pytest.mark.parametrize("case", [c for c in VARLEN_CASES if True in _loaders(c)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen_warp_specialized_loop(dtype: torch.dtype, case: str) -> None:
-    """WARP_SPEC: one key loop that masks every block (window edges, the diagonal, the sequence end, empty query
-    blocks of the shorter sequences), through tensor descriptors; out poisoned first."""
-    args = _varlen_args(case, dtype, seed=len(case) + 7)
-    conv = _convention("flash_attn_varlen", args)
-    conv[-1].fill_(float("nan"))
-    got = tfa.flash_attn_varlen(*conv, config=WS_BLOCKS)
-    _assert_close("flash_attn_varlen", got, args)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
-def test_varlen_warp_specialized_loop_writes_the_log_sum_exp_and_takes_seqused_k(dtype: torch.dtype) -> None:
-    args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", dtype, seed=13)
-    args.update(seqused_k=torch.tensor([13, 0, 17], dtype=torch.int32), return_softmax_lse=True)
-    conv = _convention("flash_attn_varlen", args)
-    conv[-1].fill_(float("nan"))
-    lse = torch.full((args["q"].shape[1], args["q"].shape[0]), float("nan"), dtype=torch.float32)
-    got = tfa.flash_attn_varlen(*conv, seqused_k=args["seqused_k"], softmax_lse=lse, config=WS_BLOCKS)
-    _lse_check("flash_attn_varlen", (got, lse), args)
-    assert bool((lse[:, 40:43] == float("inf")).all())  # sequence 1 uses no key
-
+# --- the prefill launch settings (`config`, `PREFILL_DEFAULTS`) ---------------------------------------------
 
 @pytest.mark.parametrize(("config", "match"), [({"BLOCK_M": 16, "BLOCK_N": 16, "GROUP": 4}, "unknown keys"),
                                                ({"BLOCK_N": 16}, "needs BLOCK_M and BLOCK_N"),
-                                               ({**SMALL_BLOCKS, "WARP_SPEC": True}, "WARP_SPEC needs USE_TMA")])
+                                               ({**SMALL_BLOCKS, "WARP_SPEC": True}, "unknown keys")])
 def test_varlen_rejects_a_bad_config(config: dict[str, Any], match: str) -> None:
     args = _varlen_args("causal Sq>Sk and Sq<Sk, GQA", torch.float16, seed=2)
     with pytest.raises(ValueError, match=match):
@@ -594,7 +567,7 @@ def test_varlen_rejects_a_bad_config(config: dict[str, Any], match: str) -> None
 
 
 def test_prefill_settings_take_the_first_row_that_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    ws = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "USE_TMA": True, "WARP_SPEC": True}
+    ws = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "USE_TMA": True}
     plain = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False}
     rows = [(64, True, ws), (128, None, plain), (256, None, {})]
     monkeypatch.setattr(tfa, "PREFILL_DEFAULTS", rows)
@@ -627,8 +600,8 @@ def test_varlen_reads_its_settings_from_the_table(monkeypatch: pytest.MonkeyPatc
     conv[-1].fill_(float("nan"))
     got = tfa.flash_attn_varlen(*conv)
     _assert_close("flash_attn_varlen", got, args)
-    assert len(seen) == 1 and {k: seen[0][k] for k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "WARP_SPEC")} == {
-        **row, "USE_TMA": False, "WARP_SPEC": False}
+    assert len(seen) == 1 and {k: seen[0][k] for k in ("BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA")} == {
+        **row, "USE_TMA": False}
     tuned: list[Any] = []
     monkeypatch.setattr(tfa, "_PREFILL", type("Spy", (), {"launch": lambda self, *a, **kw: tuned.append(a)})())
     softcapped = _convention("flash_attn_varlen", {**args, "softcap": 5.0})
@@ -649,14 +622,13 @@ def test_prefill_sweep_checks_its_variants_at_tiny_sizes() -> None:
     spec.loader.exec_module(sweep)
     shape = sweep.SMOKE_CASES["tiny D 64 causal GQA"]
     case = sweep.prepare_case(shape, torch.device("cpu"), smoke=True)
-    labels = ("defaults", "ws 128/64 4w 2s", "128/128 8w 2s lazy")
+    labels = ("defaults", "128/64 4w 3s lazy", "128/128 8w 2s lazy")
     rows = [sweep.run_variant("tiny", case, label, sweep.VARIANTS[label], torch.device("cpu"), smoke=True)
             for label in labels]
-    rows.append(sweep.run_variant("tiny", case, "no TMA", {**sweep.VARIANTS["ws 128/64 4w 2s"], "USE_TMA": False},
-                                  torch.device("cpu"), smoke=True))
+    rows.append(sweep.run_variant("tiny", case, "no tile", {"BLOCK_M": 64}, torch.device("cpu"), smoke=True))
     rows.append(sweep.run_variant("tiny", case, "skipped", {}, torch.device("cpu"), smoke=True, skip=True))
     assert [r["check"] for r in rows] == ["PASS", "PASS", "PASS", "FAIL", "SKIP"], rows
-    assert "WARP_SPEC needs USE_TMA" in rows[3]["note"]
+    assert "needs BLOCK_M and BLOCK_N" in rows[3]["note"]
     assert sweep.best_index(rows) is None  # nothing timed on the CPU
     assert sweep.format_case("tiny", shape, rows).count("\n| ") == len(rows) + 1  # the header and a line each
     assert sweep.flops(4, 4096, 32, 128, True) == 2 * 4 * 32 * 4096**2 * 128

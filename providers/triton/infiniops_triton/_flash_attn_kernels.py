@@ -21,13 +21,9 @@ Programs run longest first: within each group of ``GROUP`` (sequence, head) pair
 the query blocks from the last (the most keys under a causal mask) to the first, and the heads of a group
 run side by side so their keys stay in L2.
 
-``WARP_SPEC`` (tensor descriptors only) runs the key range as one loop under Triton's warp specialization
-(``tl.range(..., warp_specialize=True)``): on Hopper a producer warpgroup issues the TMA loads and two consumer
-warpgroups of ``num_warps`` warps each take half the query rows (FlashAttention-3's split; the kernel runs
-``3 * num_warps`` warps, ``num_warps`` 4). Triton 3.6's Hopper pass specializes a single loop with no early
-exit only (two loops in a row, or a data-dependent branch in the loop, fail to compile), so that loop masks
-every block (the sequence end folded into the right edge: one compare per score), an empty query block runs
-no key instead of returning, and the rescale is eager.
+Triton 3.6's warp specialization (``tl.range(..., warp_specialize=True)``, FlashAttention-3's producer and
+consumer warpgroups) was tried for this loop and dropped: compiled for sm_90 it wrote NaNs on the H200 where the
+interpreter's results were right, and it was not faster (benchmarks/RESULTS.md, session 9, run B).
 """
 
 from __future__ import annotations
@@ -213,9 +209,8 @@ def _attn_loop(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     EVEN_D: tl.constexpr, LAZY: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
 ):
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
+    for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, K, V, BlockTable, start_n, offs_m, offs_d, b, kv_start, kv_len, q_off,
@@ -252,7 +247,6 @@ def attn_fwd_kernel(
     USE_TMA: tl.constexpr,  # load Q/K/V through per-sequence tensor descriptors (contiguous K/V, 16-byte aligned)
     HAS_SEQUSED: tl.constexpr,  # sequence b attends to its first SeqUsedK[b] keys
     HAS_LSE: tl.constexpr,  # write each row's log-sum-exp
-    WARP_SPEC: tl.constexpr,  # one masked, warp-specialized key loop (USE_TMA only; the rescale is eager)
 ):
     # Longest first, GROUP (sequence, head) pairs at a time.
     pid = tl.program_id(0)
@@ -270,9 +264,8 @@ def attn_fwd_kernel(
     # rows clamped into the tensors: unchecked cu_seqlens never move an access out of bounds
     q_start = tl.minimum(tl.maximum(tl.load(CuQ + b), 0), total_q)
     q_len = tl.minimum(tl.maximum(tl.load(CuQ + b + 1), q_start), total_q) - q_start
-    if not WARP_SPEC:  # noqa: SIM102 (constexpr: warp specialization takes no early exit, see the docstring)
-        if start_m * BLOCK_M >= q_len:
-            return
+    if start_m * BLOCK_M >= q_len:
+        return
     if PAGED:  # cu_seqlens_k gives lengths only: at most the block table's capacity
         kv_start = tl.zeros([], dtype=tl.int64)
         kv_len = tl.minimum(tl.maximum(tl.load(CuK + b + 1).to(tl.int64) - tl.load(CuK + b), 0),
@@ -321,32 +314,24 @@ def attn_fwd_kernel(
         full_lo = tl.cdiv(tl.maximum(m_last + q_off - window_left, 0), BLOCK_N) * BLOCK_N
     full_hi = lo + tl.maximum(full_hi - lo, 0) // BLOCK_N * BLOCK_N
     full_lo = tl.minimum(tl.maximum(full_lo, lo), full_hi)
-    if WARP_SPEC:
-        hi = lo + tl.maximum(hi - lo, 0) * (m_first < q_len).to(tl.int32)  # an empty query block runs no key
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    if WARP_SPEC:  # one loop, every block masked: Hopper's warp specialization splits no loop nest
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, lo, hi,
+    if HAS_LEFT:
+        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, lo, full_lo,
             offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
             stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, False, PRECISION, USE_TMA, True)
-    else:
-        if HAS_LEFT:
-            acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, lo, full_lo,
-            offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
-            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA, False)
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, full_lo, full_hi,
-            offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
-            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA, False)
-        acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, full_hi, hi,
-            offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
-            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
-            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA, False)
+            BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA)
+    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, full_lo, full_hi,
+        offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
+        stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
+        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA)
+    acc, l_i, m_i = _attn_loop(acc, l_i, m_i, q, k_src, v_src, BlockTable, full_hi, hi,
+        offs_m, offs_d, b, kv_start, kv_len, q_off, stride_btb, max_blocks, num_pages,
+        stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, softcap_scale, window_left, window_right, HEAD_DIM,
+        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, PAGED, PAGE_SIZE, EVEN_D, LAZY, PRECISION, USE_TMA)
 
     # A row that saw no key has l == 0 and acc == 0: it outputs 0.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -399,7 +384,7 @@ def _prefill_configs() -> list[triton.Config]:
     shapes = [(128, 64, 8, 3, True, True), (128, 128, 8, 2, True, True), (128, 64, 8, 3, False, True),
               (128, 64, 8, 3, True, False), (64, 64, 4, 3, True, False), (64, 64, 4, 2, True, True),
               (64, 32, 4, 2, True, False)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy, "USE_TMA": tma, "WARP_SPEC": False},
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "LAZY": lazy, "USE_TMA": tma},
                           num_warps=w, num_stages=s) for bm, bn, w, s, lazy, tma in shapes]
 
 

@@ -4,7 +4,7 @@
 blocks, exp2 with log2(e) folded into the scale, causal blocks split into an unmasked part and the
 diagonal, lazy rescale, longest blocks first; contiguous 16-bit K/V are read through per-sequence TMA
 tensor descriptors on sm_90+, or through pointers, whichever the autotuner times faster; `PREFILL_DEFAULTS`
-may fix the configuration instead, a warp-specialized one included). ``flash_attn_with_kvcache``
+may fix the configuration instead). ``flash_attn_with_kvcache``
 appends the new k/v into the cache, then runs the split-K decode kernel (all GQA heads of a kv head per
 program, so the cache is read once) and, when the batch alone cannot fill the GPU, the combine kernel.
 
@@ -48,10 +48,8 @@ MAX_HEAD_DIM: Final = 256
 _GROUP: Final = 8  # (sequence, head) pairs whose query blocks are interleaved, longest first
 _INTERPRET_PREFILL: Final = {"BLOCK_M": 32, "BLOCK_N": 32, "LAZY": True, "USE_TMA": False}
 # The prefill kernel's settings (`flash_attn_varlen`'s `config`): BLOCK_M, BLOCK_N, LAZY (rescale only when a
-# row's max grew past 2**8), USE_TMA (per-sequence tensor descriptors), WARP_SPEC (one masked key loop, warp-
-# specialized: a producer warpgroup loads, two consumer warpgroups compute; USE_TMA and an eager rescale; the
-# kernel runs 3 x num_warps warps), num_warps, num_stages.
-PREFILL_KEYS: Final = frozenset({"BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "WARP_SPEC", "num_warps", "num_stages"})
+# row's max grew past 2**8), USE_TMA (per-sequence tensor descriptors), num_warps, num_stages.
+PREFILL_KEYS: Final = frozenset({"BLOCK_M", "BLOCK_N", "LAZY", "USE_TMA", "num_warps", "num_stages"})
 # The prefill launch's settings, the first row whose bounds hold: (largest head dim, causal (None: either),
 # settings); {} autotunes (`attn_fwd_tuned`). A row applies to the path the sweep measures: 16-bit inputs,
 # contiguous K/V that tensor descriptors can read when the row asks for them, no left window, no softcap, tiles
@@ -162,7 +160,7 @@ def prefill_settings(head_dim: int, causal: bool, *, element_size: int = 2, comm
 
 
 def _check_prefill_config(config: dict[str, Any], tma_ok: bool) -> dict[str, Any]:
-    """`config` with its defaults filled in (USE_TMA and WARP_SPEC off; LAZY off under WARP_SPEC)."""
+    """`config` with its defaults filled in (USE_TMA off, LAZY on)."""
     unknown = set(config) - PREFILL_KEYS
     if unknown:
         raise ValueError(f"triton flash_attn_varlen: config has unknown keys {sorted(unknown)}; "
@@ -170,12 +168,7 @@ def _check_prefill_config(config: dict[str, Any], tma_ok: bool) -> dict[str, Any
     missing = {"BLOCK_M", "BLOCK_N"} - set(config)
     if missing:
         raise ValueError(f"triton flash_attn_varlen: config needs BLOCK_M and BLOCK_N, missing {sorted(missing)}")
-    config = {"USE_TMA": False, "WARP_SPEC": False, "LAZY": True, **config}
-    if config["WARP_SPEC"]:
-        if not config["USE_TMA"]:
-            raise ValueError("triton flash_attn_varlen: WARP_SPEC needs USE_TMA (the producer warps load through "
-                             "tensor descriptors)")
-        config["LAZY"] = False  # a data-dependent branch in the loop defeats the warp-specialized pipeline
+    config = {"USE_TMA": False, "LAZY": True, **config}
     if config["USE_TMA"] and not tma_ok:
         raise ValueError("triton flash_attn_varlen: USE_TMA needs contiguous K/V and 16-byte aligned q/k/v rows, "
                          "heads and head dim")
@@ -198,8 +191,8 @@ def flash_attn_varlen(
     a `config` is given.
 
     Raises:
-        ValueError: head_dim > 256, or a `config` with an unknown key, without BLOCK_M / BLOCK_N, asking for
-        WARP_SPEC without USE_TMA, or for TMA where the layout does not allow it.
+        ValueError: head_dim > 256, or a `config` with an unknown key, without BLOCK_M / BLOCK_N, or asking
+        for TMA where the layout does not allow it.
     """
     block_d = _check_head_dim("flash_attn_varlen", q.shape[-1])
     batch = cu_seqlens_q.shape[0] - 1
