@@ -210,7 +210,9 @@ def _decode_profile(engine: Any, batch: int, input_len: int) -> tuple[float, flo
     return wall, busy, kernels, names
 
 
-def bench_engine(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
+def bench_engine(device: torch.device, smoke: bool, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """The engine rows of the models whose name contains one of `only` (all when None), built in turn in this
+    process."""
     import gpu_infinilm
     import gpu_mamba2
     from infiniops_triton import _common as triton_common
@@ -224,6 +226,8 @@ def bench_engine(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
               ("mamba2-130m", gpu_mamba2, gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M, (1,), False),
               ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True))
     for name, module, shape, batches, pdl in models:
+        if only and not any(o in name for o in only):
+            continue
         triton_common.PDL = pdl and not smoke  # programmatic dependent launch of the Triton kernels
         with tempfile.TemporaryDirectory() as tmp:
             module.build(Path(tmp), shape, str(device))
@@ -264,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (no timing): the script itself")
     parser.add_argument("--part", action="append", choices=("gemm", "attention", "engine"))
+    parser.add_argument("--model", action="append", metavar="NAME",
+                        help="engine part: only the models whose name contains NAME (repeatable; e.g. mamba2, PDL), "
+                             "each model alone in its own process gives its host-bound rows without the others")
     json_option(parser)
     args = parser.parse_args(argv)
     parts = args.part or ["gemm", "attention", "engine"]
@@ -294,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{_table(rows)}", flush=True)
         records += [{"part": "attention", **r} for r in rows]
     if "engine" in parts:
-        rows = bench_engine(device, args.smoke)
+        rows = bench_engine(device, args.smoke, args.model)
         print(f"\n### engine decode\n\n{_table(rows)}", flush=True)
         for r in rows:
             print(f"{r['model']} batch {r['batch']}: {r['graphs']}")
