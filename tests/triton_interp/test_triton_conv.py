@@ -200,3 +200,42 @@ def test_channel_first_autotune_candidates_fit_the_row() -> None:
     assert tiles(4096) == [256, 512, 1024]
     assert tiles(300) == [256, 512]
     assert tiles(3) == [256]  # nothing fits: the shortest tile
+
+
+@pytest.mark.parametrize("programs", [0, 64])
+def test_update_grid_minimum_splits_the_channels_and_matches_the_reference(
+        monkeypatch: pytest.MonkeyPatch, programs: int) -> None:
+    """`UPDATE_PROGRAMS` only re-tiles the channels: a one-row decode of 100 channels (a column view, as the Mamba-2
+    layer passes it) in 16-channel programs (or one program: 0) gives the reference's output and state."""
+    from infiniops_triton import causal_conv1d as triton_conv
+
+    monkeypatch.setattr(triton_conv, "UPDATE_PROGRAMS", programs)
+    seen: list[tuple[int, ...]] = []
+    launch = triton_conv._UPDATE
+    monkeypatch.setattr(triton_conv, "_UPDATE", lambda grid, *a, **kw: seen.append(grid) or launch(grid, *a, **kw))
+    zx = randn(1, 260, dtype=torch.bfloat16, seed=20)
+    x = zx[:, 60:160]
+    state = randn(1, 100, 3, dtype=torch.bfloat16, seed=21)
+    weight, bias = randn(100, 4, dtype=torch.bfloat16, seed=22), randn(100, dtype=torch.bfloat16, seed=23)
+    got_state = state.clone()
+    with infiniops_py.use("triton"):
+        out = infiniops_py.causal_conv1d_update(x, got_state, weight, bias, "silu")
+    ref_state = state.double()
+    with infiniops_py.use("reference"):
+        ref = infiniops_py.causal_conv1d_update(x.double(), ref_state, weight.double(), bias.double(), "silu")
+    check("causal_conv1d_update", out, ref)
+    assert torch.equal(got_state.double(), ref_state)
+    assert seen == [(1, 7 if programs else 1)]
+
+
+def test_conv_update_benchmark_checks_every_grid_at_tiny_sizes() -> None:
+    """benchmarks/gpu_conv_update.py on the CPU (its timing needs CUDA graphs): every grid's output and state
+    match the torch provider's."""
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_conv_update.py"
+    spec = importlib.util.spec_from_file_location("gpu_conv_update", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows, ok = bench.run(torch.device("cpu"), smoke=True)
+    assert ok and len(rows) == 2
+    assert all(r[f"triton {p or 'before'} check"] == "PASS" for r in rows for p in bench.PROGRAMS)

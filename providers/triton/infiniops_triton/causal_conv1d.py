@@ -62,6 +62,9 @@ __all__ = ["IMPLEMENTATIONS", "causal_conv1d", "causal_conv1d_update"]
 MAX_STATE_LEN = 1024  # the decode step holds a slot's state columns in registers
 _FAST_MAX_WIDTH = 8  # the channel-first kernel reads taps from the previous group of 8 columns only
 _ELEMS_PER_PROGRAM = 4096
+# The decode step's grid holds at least about this many programs (0: no minimum): one row of a Mamba-2 layer
+# (D ~1800) in programs of 1024 channels kept two SMs busy, its few loads and stores one latency chain each.
+UPDATE_PROGRAMS = 64
 TUNE_MIN_NUMEL = 1 << 24  # channel-first inputs this large autotune their tile (once per D and size class)
 
 
@@ -248,6 +251,8 @@ def causal_conv1d_update(
     block_l = next_power_of_2(length)
     block_s = next_power_of_2(state_len)
     block_d = min(next_power_of_2(dim), max(16, _ELEMS_PER_PROGRAM // max(block_l, block_s)))
+    if UPDATE_PROGRAMS and (per := batch * dim // UPDATE_PROGRAMS) < block_d:
+        block_d = max(16, 1 << max(per.bit_length() - 1, 0))  # a power of two: about UPDATE_PROGRAMS programs or more
     index = conv_state_indices.contiguous() if conv_state_indices is not None else out  # read with unit stride
     seqlens = cache_seqlens.contiguous() if cache_seqlens is not None else out
     _UPDATE((batch, cdiv(dim, block_d)),
