@@ -25,6 +25,7 @@ rows; a model has a handful of projection shapes), and 17 to 64 rows are left to
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, NamedTuple
@@ -432,7 +433,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
     r_arg = out if residual is None else residual
     nw_arg = out if norm_weight is None else norm_weight
     stride_rm = r_arg.stride(0)
-    norm = _norm_blocks(block_m, m, n) if add_norm else {}
+    norm = _norm_blocks(block_m, m, n) if add_norm else _NO_NORM
     dtype = x.dtype
     precision = "ieee" if dtype is torch.float32 else "tf32"
     if variant is None:
@@ -460,6 +461,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
     return out
 
 
+@functools.lru_cache(maxsize=1024)  # a model has a few hidden sizes, and at most 64 rows here
 def _norm_blocks(block_m: int, m: int, n: int) -> dict[str, int]:
     """The ``NORM_ROWS`` and ``NORM_BLOCK`` of `gemm_add_rms_norm`'s row norm: up to 2048 columns and 4096 values
     at a time (32 fp32 values a thread at 4 warps), at most the rows there are."""
@@ -467,5 +469,6 @@ def _norm_blocks(block_m: int, m: int, n: int) -> dict[str, int]:
     return {"NORM_ROWS": min(block_m, next_power_of_2(m), max(1, _NORM_VALUES // block)), "NORM_BLOCK": block}
 
 
+_NO_NORM: dict[str, int] = {}
 _NORM_COLUMNS = 2048
 _NORM_VALUES = 4096
