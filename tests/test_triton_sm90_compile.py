@@ -199,17 +199,19 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
 
 
 _NO_ADD_NORM = {"R": _Ptr(BF16), "NW": _Ptr(BF16), "stride_rm": 1024, "eps": 1e-6, "ADD_NORM": False,
-                "NORM_ROWS": 1, "NORM_BLOCK": 16}
+                "NORM_ROWS": 1, "NORM_BLOCK": 16, "NORM_ONE_PASS": False}
 
 
 def _add_norm_cases() -> list[tuple[Any, int, int, int]]:
     """(variant, BLOCK_M, N, K) of `gemm_add_rms_norm`'s GEMV: the autotuned candidates at one row and 16 rows, the
     sweep's tile variants at 64 rows (the most registers beside the row norm), at the Qwen3-0.6B o and down
-    projections (K 2048 and 3072 -> N 1024) and Mamba-2-130m's out_proj (1536 -> 768)."""
+    projections (K 2048 and 3072 -> N 1024) and Mamba-2-130m's out_proj (1536 -> 768); the row norm in two passes
+    at Llama-3-8B's down projection (14336 -> 4096)."""
     shapes = ((1024, 2048), (1024, 3072), (768, 1536))
     return ([(v, 1, n, k) for v in _gemv.SWEEP_ONE_ROW[:len(_gemv._ONE_ROW)] for n, k in shapes]
             + [(v, 16, n, k) for v in _gemv.SWEEP_TILE[:len(_gemv._FEW_ROWS)] for n, k in shapes]
-            + [(v, 64, 1024, 3072) for v in _gemv.SWEEP_TILE])
+            + [(v, 64, 1024, 3072) for v in _gemv.SWEEP_TILE]
+            + [(_gemv.SWEEP_ONE_ROW[0], 1, 4096, 14336), (_gemv.SWEEP_TILE[0], 16, 4096, 14336)])  # two passes
 
 
 @pytest.mark.parametrize(("variant", "block_m", "n", "k"), _add_norm_cases(),

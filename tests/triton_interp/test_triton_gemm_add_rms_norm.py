@@ -57,10 +57,12 @@ def test_gemm_add_rms_norm_conforms() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 64), (1, 70, 100), (4, 40, 96), (16, 9, 50), (20, 7, 32)])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 64), (1, 70, 100), (4, 40, 96), (16, 9, 50), (3, 2100, 24),
+                                          (20, 7, 32)])
 def test_decode_rows_add_and_normalize_in_the_gemv_epilogue(dtype: torch.dtype, m: int, n: int, k: int) -> None:
     """Up to 16 rows run the GEMV kernel with ADD_NORM (the interpreter's split-K configuration: several column
-    tiles, the last one normalizing); 20 rows the tiled Gemm then FusedAddRmsNorm; both within the rule."""
+    tiles, the last one normalizing; rows past 2048 columns in two passes); 20 rows the tiled Gemm then
+    FusedAddRmsNorm; both within the rule."""
     _run(m, n, k, dtype)
 
 

@@ -185,6 +185,7 @@ def _gemv_kernel(
     ADD_NORM: tl.constexpr = False,  # R += the product, then OUT = rms_norm(R) * NW: `gemm_add_rms_norm`
     NORM_ROWS: tl.constexpr = 1,  # ADD_NORM: rows the last program normalizes at a time
     NORM_BLOCK: tl.constexpr = 16,  # ADD_NORM: the columns it reads at a time (a power of two)
+    NORM_ONE_PASS: tl.constexpr = False,  # ADD_NORM: N <= NORM_BLOCK, a row's sums held in registers (one read)
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -281,13 +282,13 @@ def _gemv_kernel(
                     acc_u += tl.load(tile + s * stride_split + BLOCK_M * BLOCK_N, cache_modifier=".cg")
             if ADD_NORM:
                 _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, stride_om, eps,
-                                   HAS_BIAS, NORM_ROWS, NORM_BLOCK)
+                                   HAS_BIAS, NORM_ROWS, NORM_BLOCK, NORM_ONE_PASS)
             else:
                 _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on,
                           alpha, beta, HAS_C, HAS_BIAS, SWIGLU)
     elif ADD_NORM:
         _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, stride_om, eps, HAS_BIAS,
-                           NORM_ROWS, NORM_BLOCK)
+                           NORM_ROWS, NORM_BLOCK, NORM_ONE_PASS)
     else:
         _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
                   HAS_C, HAS_BIAS, SWIGLU)
@@ -320,12 +321,14 @@ def _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stri
 
 @triton.jit
 def _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, stride_om, eps,
-                       HAS_BIAS: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                       NORM_ONE_PASS: tl.constexpr):
     """`gemm_add_rms_norm`'s epilogue: ``R <- (acc + bias rounded to the dtype) + R`` (rounded) on this program's
     rows `rm` and columns `rn`; then the program that counts itself last of the column tiles on
     ``COUNTER[tiles]`` (after a barrier, acquire-release, as the split-K count) resets it and normalizes the whole
     rows: ``OUT = (R * rsqrt(mean(R**2) + eps)).to(dtype) * NW``, `NORM_ROWS` rows by `NORM_BLOCK` columns at a
-    time, the mean square in fp32 (`fused_add_rms_norm`'s roundings)."""
+    time (a row of at most `NORM_BLOCK` read once, `NORM_ONE_PASS`, else twice), the mean square in fp32
+    (`fused_add_rms_norm`'s roundings)."""
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     dtype = OUT.dtype.element_ty
     if HAS_BIAS:
@@ -343,19 +346,28 @@ def _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, 
             rows = r0 + tl.arange(0, NORM_ROWS)
             row_ok = rows < M
             base = R + rows[:, None].to(tl.int64) * stride_rm
-            squares = tl.zeros((NORM_ROWS,), dtype=tl.float32)
-            for c0 in range(0, N, NORM_BLOCK):  # read past L1: other programs wrote them
-                ok = row_ok[:, None] & (c0 + cols[None, :] < N)
-                s = tl.load(base + c0 + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-                squares += tl.sum(s * s, axis=1)
-            rstd = tl.rsqrt(squares / N + eps)
             out_base = OUT + rows[:, None].to(tl.int64) * stride_om
-            for c0 in range(0, N, NORM_BLOCK):
-                ok = row_ok[:, None] & (c0 + cols[None, :] < N)
-                s = tl.load(base + c0 + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-                w = tl.load(NW + c0 + cols, mask=c0 + cols < N, other=0.0).to(tl.float32)
+            if NORM_ONE_PASS:
+                ok = row_ok[:, None] & (cols[None, :] < N)
+                # read past L1: other programs wrote them
+                s = tl.load(base + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
+                w = tl.load(NW + cols, mask=cols < N, other=0.0).to(tl.float32)
                 y = (s * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]
-                tl.store(out_base + c0 + cols[None, :], y.to(dtype), mask=ok)
+                tl.store(out_base + cols[None, :], y.to(dtype), mask=ok)
+            else:
+                squares = tl.zeros((NORM_ROWS,), dtype=tl.float32)
+                for c0 in range(0, N, NORM_BLOCK):
+                    ok = row_ok[:, None] & (c0 + cols[None, :] < N)
+                    s = tl.load(base + c0 + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    squares += tl.sum(s * s, axis=1)
+                rstd = tl.rsqrt(squares / N + eps)
+                for c0 in range(0, N, NORM_BLOCK):
+                    ok = row_ok[:, None] & (c0 + cols[None, :] < N)
+                    s = tl.load(base + c0 + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    w = tl.load(NW + c0 + cols, mask=c0 + cols < N, other=0.0).to(tl.float32)
+                    y = (s * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]
+                    tl.store(out_base + c0 + cols[None, :], y.to(dtype), mask=ok)
 
 
 _GEMV = Tuned(_gemv_kernel)
@@ -463,10 +475,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
 
 @functools.lru_cache(maxsize=1024)  # a model has a few hidden sizes, and at most 64 rows here
 def _norm_blocks(block_m: int, m: int, n: int) -> dict[str, int]:
-    """The ``NORM_ROWS`` and ``NORM_BLOCK`` of `gemm_add_rms_norm`'s row norm: up to 2048 columns and 4096 values
-    at a time (32 fp32 values a thread at 4 warps), at most the rows there are."""
+    """The ``NORM_ROWS``, ``NORM_BLOCK`` and ``NORM_ONE_PASS`` of `gemm_add_rms_norm`'s row norm: up to 2048 columns
+    and 4096 values at a time (32 fp32 values a thread at 4 warps), at most the rows there are; one pass over a row
+    that fits."""
     block = max(16, min(next_power_of_2(n), _NORM_COLUMNS))
-    return {"NORM_ROWS": min(block_m, next_power_of_2(m), max(1, _NORM_VALUES // block)), "NORM_BLOCK": block}
+    return {"NORM_ROWS": min(block_m, next_power_of_2(m), max(1, _NORM_VALUES // block)), "NORM_BLOCK": block,
+            "NORM_ONE_PASS": n <= block}
 
 
 _NO_NORM: dict[str, int] = {}
