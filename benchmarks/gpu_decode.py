@@ -2,7 +2,7 @@
 SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwen3-0.6B and Mamba-2-130m shapes.
 
     python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton
-    python3 benchmarks/gpu_decode.py [--json FILE] [--part gemm|attention|engine ...]   # ~3-4 min
+    python3 benchmarks/gpu_decode.py [--json FILE] [--part gemm|add_norm|attention|engine ...]   # ~3-4 min
     python3 benchmarks/gpu_decode.py --smoke            # tiny sizes on the CPU: the script itself, no timing
 
 1. Copy bandwidth: a 1 GiB device-to-device copy, (read + write bytes) / time, graph replay.
@@ -10,6 +10,9 @@ SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwe
    Llama-3-8B and Mamba-2-130m decode steps, M 1 and 16: ours (the Triton provider's public call) against
    cuBLAS (``F.linear``), each as one CUDA graph of calls over distinct weight copies (together past the L2
    cache, as a model's layers are), per call; GB/s is the weight's bytes per call time.
+2b. Projection into the residual stream, bf16, at the Qwen3-0.6B o and down and Mamba-2-130m out_proj shapes, M 1
+   and 16: ours fused (`gemm_add_rms_norm`, one kernel: the GEMV with the add and the RMSNorm in its epilogue)
+   against ours unfused (`gemm` then `fused_add_rms_norm`, two kernels), each a graph over distinct weights.
 3. Paged decode attention, bf16, D 128, block size 16: ours (``flash_attn_with_kvcache``, Triton, appending the
    new k/v) against SDPA on a dense ``[B, Hkv, ctx, D]`` cache (GQA), each a graph over distinct caches; GB/s is
    the K/V bytes read per call.
@@ -117,6 +120,49 @@ def bench_gemm(device: torch.device, smoke: bool, copy_bw: float) -> tuple[list[
             rows.append({"shape": name, "M": m, "N": n, "K": k, "weight_mb": n * k * 2 / 1e6,
                          "ours_us": t_ours * 1e6, "cublas_us": t_blas * 1e6, "ours_gbs": gbs,
                          "of_copy": gbs * 1e9 / copy_bw, "speedup": t_blas / t_ours})
+    return rows, ok
+
+
+ADD_NORM_SHAPES = {"qwen3-0.6b o": (2048, 1024), "qwen3-0.6b down": (3072, 1024), "mamba2-130m out_proj": (1536, 768)}
+
+
+def _fused(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, out: torch.Tensor) -> None:
+    with ops.use("triton", op="gemm_add_rms_norm"):
+        ops.gemm_add_rms_norm(x, w, r, nw, 1e-6, out=out)
+
+
+def _unfused(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, out: torch.Tensor) -> None:
+    _our_gemm(x, w, out)
+    with ops.use("triton", op="fused_add_rms_norm"):
+        ops.fused_add_rms_norm(out, r, nw, 1e-6)
+
+
+def bench_add_norm(device: torch.device, smoke: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Part 2b: fused against unfused per call (graph replay); the outputs and residuals compared once."""
+    rows, ok = [], True
+    shapes = {"tiny": (64, 48)} if smoke else ADD_NORM_SHAPES
+    for name, (k, n) in shapes.items():
+        for m in (1, 16):
+            gen = torch.Generator(device=device).manual_seed(m * n + k + 1)
+            count = _copies(n * k * 2, smoke)
+            bf16 = torch.bfloat16
+            weights = [torch.randn(n, k, generator=gen, device=device, dtype=bf16) * k**-0.5 for _ in range(count)]
+            x = torch.randn(m, k, generator=gen, device=device, dtype=bf16)
+            r0 = torch.randn(m, n, generator=gen, device=device, dtype=bf16)
+            nw = torch.randn(n, generator=gen, device=device, dtype=bf16) * 0.1 + 1
+            out_f, out_u = (torch.empty(m, n, device=device, dtype=bf16) for _ in range(2))
+            r_f, r_u = r0.clone(), r0.clone()
+            _fused(x, weights[0], r_f, nw, out_f)
+            _unfused(x, weights[0], r_u, nw, out_u)
+            ok &= _close(out_f, out_u) and _close(r_f, r_u)
+            if smoke:
+                continue
+            t_fused = graph_time([lambda w=w, a=(x, r_f, nw, out_f): _fused(a[0], w, *a[1:]) for w in weights],
+                                 device)
+            t_unfused = graph_time([lambda w=w, a=(x, r_u, nw, out_u): _unfused(a[0], w, *a[1:]) for w in weights],
+                                   device)
+            rows.append({"shape": name, "M": m, "N": n, "K": k, "fused_us": t_fused * 1e6,
+                         "unfused_us": t_unfused * 1e6, "speedup": t_unfused / t_fused})
     return rows, ok
 
 
@@ -267,13 +313,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (no timing): the script itself")
-    parser.add_argument("--part", action="append", choices=("gemm", "attention", "engine"))
+    parser.add_argument("--part", action="append", choices=("gemm", "add_norm", "attention", "engine"))
     parser.add_argument("--model", action="append", metavar="NAME",
                         help="engine part: only the models whose name contains NAME (repeatable; e.g. mamba2, PDL), "
                              "each model alone in its own process gives its host-bound rows without the others")
     json_option(parser)
     args = parser.parse_args(argv)
-    parts = args.part or ["gemm", "attention", "engine"]
+    parts = args.part or ["gemm", "add_norm", "attention", "engine"]
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_decode.py needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
@@ -294,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n### decode Gemm, bf16, graph replay (outputs {'match' if good else 'DIFFER'})\n\n{_table(rows)}",
               flush=True)
         records += [{"part": "gemm", **r} for r in rows]
+    if "add_norm" in parts:
+        rows, good = bench_add_norm(device, args.smoke)
+        ok &= good
+        print(f"\n### projection + residual add + RMSNorm, bf16, graph replay (outputs {'match' if good else 'DIFFER'})"
+              f"\n\n{_table(rows)}", flush=True)
+        records += [{"part": "add_norm", **r} for r in rows]
     if "attention" in parts:
         rows, good = bench_attention(device, args.smoke, copy_bw)
         ok &= good

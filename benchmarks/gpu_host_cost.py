@@ -49,6 +49,7 @@ silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``); rotary_embedding
 (``index_select``, ``chunk``, ``cat``) + ``copy_`` for the Q and the K heads; fused_qk_norm_rope ``F.rms_norm``,
 then that, for each;
 rms_norm_gated transformers' ``MambaRMSNormGated`` (per group); gemm_swiglu ``F.linear`` then SiLU-and-multiply;
+gemm_add_rms_norm ``F.linear``, the in-place residual add, then ``F.rms_norm`` with the weight;
 top_k_top_p_sampling_from_logits a sort-based sampler (topk, softmax, cumsum, multinomial);
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
@@ -348,6 +349,19 @@ def _gemm_swiglu(e: Env) -> list[Case]:
                  "F.linear, F.silu * (HF's act_fn(gate) * up)", False)]
 
 
+def _gemm_add_rms_norm(e: Env) -> list[Case]:
+    t, k, n = e.pick(1, 1), e.pick(3072, 48), e.pick(1024, 32)  # a Qwen3-0.6B down projection into the residual
+    x, w, r, nw = e.randn(t, k), e.randn(n, k, scale=k**-0.5), e.randn(t, n), e.randn(n)
+
+    def peer() -> torch.Tensor:
+        r.add_(F.linear(x, w))
+        return F.rms_norm(r, (n,), nw, 1e-6)
+
+    return [Case(f"gemm_add_rms_norm [{t}, {k}] x [{n}, {k}]", "gemm_add_rms_norm",
+                 lambda: ops.gemm_add_rms_norm(x, w, r, nw, 1e-6), peer,
+                 "F.linear, add_, F.rms_norm (vLLM's fused_add_rms_norm after the projection)", False)]
+
+
 def _sampling(e: Env) -> list[Case]:
     b, v = e.pick(32, 4), e.pick(151936, 256)
     logits = e.randn(b, v)
@@ -454,6 +468,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "fused_qk_norm": _fused_qk_norm,
     "silu_and_mul": _silu_and_mul,
     "gemm_swiglu": _gemm_swiglu,
+    "gemm_add_rms_norm": _gemm_add_rms_norm,
     "rms_norm_gated": _rms_norm_gated,
     "top_k_top_p_sampling_from_logits": _sampling,
     "rotary_embedding": _rotary_embedding,

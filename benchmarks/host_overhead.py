@@ -77,6 +77,7 @@ def _dense(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Call
     kc, vc = torch.zeros(8, bs, hkv, d, dtype=BF16), torch.zeros(8, bs, hkv, d, dtype=BF16)
     slots = torch.randperm(8 * bs, generator=g)[:t]
     xs, ws = r(1, k), r(2 * 3072, k)
+    xd, wd, rd = r(1, 3072), r(k, 3072), r(1, k)  # a Qwen3-0.6B down projection into the residual stream
     return {
         "gemm_m1": lambda: ops.gemm(a1, w, trans_b=True),
         "gemm_m32": lambda: ops.gemm(a32, w, trans_b=True),
@@ -86,6 +87,7 @@ def _dense(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Call
         "add": lambda: ops.add(x, y),
         "reshape_and_cache_flash": lambda: ops.reshape_and_cache_flash(key, value, kc, vc, slots),
         "gemm_swiglu": lambda: ops.gemm_swiglu(xs, ws),
+        "gemm_add_rms_norm": lambda: ops.gemm_add_rms_norm(xd, wd, rd, nw, 1e-6),
     }
 
 

@@ -30,6 +30,7 @@ from infiniops_py.operators.flash_attn import flash_attn_varlen, flash_attn_with
 from infiniops_py.operators.fused_qk_norm import fused_qk_norm
 from infiniops_py.operators.fused_qk_norm_rope import fused_qk_norm_rope
 from infiniops_py.operators.gemm import gemm
+from infiniops_py.operators.gemm_add_rms_norm import gemm_add_rms_norm
 from infiniops_py.operators.gemm_swiglu import gemm_swiglu
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
@@ -85,6 +86,7 @@ __all__ = [
     "fused_qk_norm",
     "fused_qk_norm_rope",
     "gemm",
+    "gemm_add_rms_norm",
     "gemm_swiglu",
     "hookimpl",
     "make_problem",

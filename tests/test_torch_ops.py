@@ -83,8 +83,8 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, hq: int, hkv: int,
                    d: int) -> list[torch.Tensor]:
     """silu_and_mul (and its out= form), rotary_embedding (NeoX on q and k, GPT-J partial on q alone),
-    fused_qk_norm_rope and gemm_swiglu (and its out= form) on `i`'s ``gu``, ``pos``, ``rope``, ``qkv``, ``a``,
-    ``w`` (`q`, `k`: ``[T, H, D]`` heads); returns every
+    fused_qk_norm_rope, gemm_swiglu and gemm_add_rms_norm (and their out= forms) on `i`'s ``gu``, ``pos``,
+    ``rope``, ``qkv``, ``a``, ``w``, ``bias`` (`q`, `k`: ``[T, H, D]`` heads); returns every
     output and mutated tensor."""
     t = q.shape[0]
     g = ops.silu_and_mul(i["gu"])
@@ -98,7 +98,11 @@ def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
     sw = ops.gemm_swiglu(i["a"], i["w"], i["bias"])
     sw2 = torch.empty_like(sw)
     ops.gemm_swiglu(i["a"], i["w"], out=sw2)
-    return [g, g2, rq, rk, rq2, qkr, sw, sw2]
+    an_r, an_r2 = i["gu"][:, :48] * 0.5, i["gu"][:, 48:] * 2.0
+    an, _ = ops.gemm_add_rms_norm(i["a"], i["w"], an_r, i["bias"] + 2, 1e-6, bias=i["bias"])
+    an2 = torch.empty_like(an)
+    ops.gemm_add_rms_norm(i["a"], i["w"], an_r2, i["bias"] + 2, 1e-5, out=an2)
+    return [g, g2, rq, rk, rq2, qkr, sw, sw2, an, an_r, an2, an_r2]
 
 
 def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

@@ -186,7 +186,7 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
             "N": 1024, "K": 3072, "stride_xm": 3072, "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1,
             "stride_om": 1024, "stride_on": 1, "alpha": 1.0, "beta": 1.0, "HAS_C": True, "HAS_BIAS": False,
             "PRECISION": "tf32", "BLOCK_M": 1 if one_row else 16, "EVEN_K": True, "PDL": False, "SWIGLU": False,
-            **config.kwargs}
+            **_NO_ADD_NORM, **config.kwargs}
     compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
     if one_row:  # straight to registers
         assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
@@ -196,6 +196,47 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
     assert _count(compiled, r"(ld|st)\.local") == 0
     if config.kwargs["SPLIT_K"] > 1:
         assert _count(compiled, r"atom\.[.\w]*add") > 0  # the last split of a tile sums them
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+_NO_ADD_NORM = {"R": _Ptr(BF16), "NW": _Ptr(BF16), "stride_rm": 1024, "eps": 1e-6, "ADD_NORM": False,
+                "NORM_ROWS": 1, "NORM_BLOCK": 16, "NORM_ONE_PASS": False}
+
+
+def _add_norm_cases() -> list[tuple[Any, int, int, int]]:
+    """(variant, BLOCK_M, N, K) of `gemm_add_rms_norm`'s GEMV: the autotuned candidates at one row and 16 rows, the
+    sweep's tile variants at 64 rows (the most registers beside the row norm), at the Qwen3-0.6B o and down
+    projections (K 2048 and 3072 -> N 1024) and Mamba-2-130m's out_proj (1536 -> 768); the row norm in two passes
+    at Llama-3-8B's down projection (14336 -> 4096)."""
+    shapes = ((1024, 2048), (1024, 3072), (768, 1536))
+    return ([(v, 1, n, k) for v in _gemv.SWEEP_ONE_ROW[:len(_gemv._ONE_ROW)] for n, k in shapes]
+            + [(v, 16, n, k) for v in _gemv.SWEEP_TILE[:len(_gemv._FEW_ROWS)] for n, k in shapes]
+            + [(v, 64, 1024, 3072) for v in _gemv.SWEEP_TILE]
+            + [(_gemv.SWEEP_ONE_ROW[0], 1, 4096, 14336), (_gemv.SWEEP_TILE[0], 16, 4096, 14336)])  # two passes
+
+
+@pytest.mark.parametrize(("variant", "block_m", "n", "k"), _add_norm_cases(),
+                         ids=lambda p: "x".join(map(str, p)) if isinstance(p, tuple) else str(p))
+def test_gemv_add_norm_epilogue_compiles_without_spills(variant: Any, block_m: int, n: int, k: int) -> None:
+    """`gemm_add_rms_norm`'s GEMV (ADD_NORM): it compiles, ptxas spills nothing, shared memory fits, the weight
+    streams as in the plain product (16-byte loads, or cp.async tiles on tensor cores), and the column tiles count
+    themselves done on the counter (an atomic add) before the last one normalizes the rows."""
+    config = variant.config()
+    norm = _gemv._norm_blocks(block_m, block_m, n)
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "R": _Ptr(BF16), "NW": _Ptr(BF16), "M": 1, "N": n, "K": k,
+            "stride_xm": k, "stride_wn": k, "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1,
+            "stride_rm": n, "alpha": 1.0, "beta": 0.0, "eps": 1e-6, "HAS_C": False, "HAS_BIAS": False,
+            "PRECISION": "tf32", "BLOCK_M": block_m, "EVEN_K": k % (variant.block_k * variant.split_k) == 0,
+            "PDL": True, "SWIGLU": False, "ADD_NORM": True, **norm, **config.kwargs}
+    compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
+    if block_m == 1 and variant.pipe == 1:
+        assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
+    else:
+        assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
+        assert _count(compiled, r"mma") > 0
+    assert _count(compiled, r"atom\.[.\w]*add") > 0
+    assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
@@ -222,7 +263,8 @@ def test_gemv_sweep_variants_compile_without_spills(variant: Any, block_m: int, 
             "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1, "N": n, "K": k, "stride_xm": k, "stride_wn": k,
             "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1, "alpha": 1.0, "beta": 0.0,
             "HAS_C": False, "HAS_BIAS": swiglu, "PRECISION": "tf32", "BLOCK_M": block_m,
-            "EVEN_K": k % (variant.block_k * variant.split_k) == 0, "PDL": False, "SWIGLU": swiglu, **config.kwargs}
+            "EVEN_K": k % (variant.block_k * variant.split_k) == 0, "PDL": False, "SWIGLU": swiglu,
+            **_NO_ADD_NORM, **config.kwargs}
     compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
     if block_m == 1 and variant.pipe == 1:
         assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
@@ -235,10 +277,18 @@ def test_gemv_sweep_variants_compile_without_spills(variant: Any, block_m: int, 
     assert compiled.metadata.shared <= SMEM_LIMIT
 
 
-@pytest.mark.parametrize("key", sorted(_gemv.TABLE), ids=lambda k: "m{}-n{}-k{}{}".format(*k[:3], "-swiglu" * k[3]))
-def test_gemv_table_entries_compile_at_their_shape_without_spills(key: tuple[int, int, int, bool]) -> None:
+_TABLE_CASES = [(key, False) for key in sorted(_gemv.TABLE)] + [  # and with the residual add + norm where N is
+    (key, True) for key in sorted(_gemv.TABLE) if not key[3] and key[1] in (768, 1024)]  # a hidden size
+
+
+@pytest.mark.parametrize(("key", "add_norm"), _TABLE_CASES,
+                         ids=lambda p: "m{}-n{}-k{}{}".format(*p[:3], "-swiglu" * p[3]) if isinstance(p, tuple)
+                         else "add_norm" * p)
+def test_gemv_table_entries_compile_at_their_shape_without_spills(key: tuple[int, int, int, bool],
+                                                                  add_norm: bool) -> None:
     """Each committed `_gemv.TABLE` entry is one of the sweep's variants and compiles for sm_90 at the shape it is
-    kept for (its row class, N, K, SwiGLU): no ptxas spill, shared memory fits."""
+    kept for (its row class, N, K, SwiGLU), the o / down / out_proj shapes also with `gemm_add_rms_norm`'s
+    epilogue (which takes the plain product's entry): no ptxas spill, shared memory fits."""
     rows, n, k, swiglu = key
     variant = _gemv.TABLE[key]
     assert variant in (*_gemv.SWEEP_ONE_ROW, *_gemv.SWEEP_TILE)
@@ -247,7 +297,10 @@ def test_gemv_table_entries_compile_at_their_shape_without_spills(key: tuple[int
             "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": rows, "N": n, "K": k, "stride_xm": k,
             "stride_wn": k, "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1, "alpha": 1.0,
             "beta": 0.0, "HAS_C": False, "HAS_BIAS": swiglu, "PRECISION": "tf32", "BLOCK_M": rows,
-            "EVEN_K": k % (variant.block_k * variant.split_k) == 0, "PDL": False, "SWIGLU": swiglu, **config.kwargs}
+            "EVEN_K": k % (variant.block_k * variant.split_k) == 0, "PDL": False, "SWIGLU": swiglu,
+            **_NO_ADD_NORM, **config.kwargs}
+    if add_norm:
+        args.update(ADD_NORM=True, stride_rm=n, **_gemv._norm_blocks(rows, rows, n))
     compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
     assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= SMEM_LIMIT
@@ -261,7 +314,7 @@ def test_decode_kernels_wait_for_the_previous_kernel_under_programmatic_dependen
             "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "M": 1, "N": 1024, "K": 3072, "stride_xm": 3072,
             "stride_wn": 3072, "stride_cm": 1024, "stride_cn": 1, "stride_om": 1024, "stride_on": 1, "alpha": 1.0,
             "beta": 0.0, "HAS_C": False, "HAS_BIAS": False, "PRECISION": "tf32", "BLOCK_M": 1, "EVEN_K": True,
-            "PDL": True, "SWIGLU": False, **config.kwargs}
+            "PDL": True, "SWIGLU": False, **_NO_ADD_NORM, **config.kwargs}
     ptx = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages).asm["ptx"]
     launch, wait = ptx.find("griddepcontrol.launch_dependents"), ptx.find("griddepcontrol.wait")
     assert 0 <= launch < wait < ptx.find("ld.global")

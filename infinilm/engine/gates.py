@@ -15,6 +15,10 @@ problems with `infiniops_py.resolve_closure`, before any weight is read: an unsu
   Gemm then an in-place broadcast `add`.
 - A SwiGLU MLP's gate/up projection and activation: one `gemm_swiglu` when a non-reference provider serves it,
   else Gemm then `silu_and_mul`.
+- A projection into the residual stream (o and down projections, Mamba-2's ``out_proj``) with the residual add
+  and the next RMSNorm: one `gemm_add_rms_norm` when a non-reference provider serves it at the model's hidden size
+  (with and without the projections' biases) and the model runs in one process, else Gemm then
+  `fused_add_rms_norm`. A family whose layers norm each sub-block's output (Gemma 2, GLM-4) keeps the latter.
 
 Provider overrides (``--provider OP=NAME``) apply as `infiniops_py.use` scopes, both here and while the
 engine runs (`overrides`), so the gates check exactly what will run. An override naming an operator or a
@@ -94,6 +98,11 @@ def _served(op: str, **fields: Any) -> bool:
     return chosen is not None and chosen.provider != _REFERENCE
 
 
+def _residual_biases(config: ModelConfig) -> set[bool]:
+    """Whether each projection into the residual stream has a bias: o and down (Mamba-2: ``out_proj``)."""
+    return {config.ssm.use_bias} if config.ssm is not None else {config.o_bias, config.mlp_bias}
+
+
 def problem_base(config: ModelConfig, options: EngineOptions) -> dict[str, Any]:
     """The fields every problem of `config` under `options` shares: ``device_type`` and the ``dtype`` name."""
     return {"device_type": torch.device(options.device).type, "dtype": dtype_name(options.resolved_dtype(config))}
@@ -133,7 +142,10 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
             fused_qk = config.qk_norm and options.qk_norm == "fused"
         choices = GatePlan(fused_qk_norm=fused_qk, fused_qk_norm_rope=fused_rope,
                            fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True),
-                           fused_swiglu=_served("gemm_swiglu", **base, has_bias=config.mlp_bias))
+                           fused_swiglu=_served("gemm_swiglu", **base, has_bias=config.mlp_bias),
+                           fused_add_norm=options.tensor_parallel_size == 1 and all(
+                               _served("gemm_add_rms_norm", **base, has_bias=bias, hidden_size=config.hidden_size)
+                               for bias in _residual_biases(config)))
         collectives = [make_problem(op, **fields) for op, fields in parallel_problems(full, options, base)]
         problems = list(dict.fromkeys([*traced_problems(config, options, choices), *collectives]))
         chosen = resolve_closure(problems)

@@ -1,4 +1,4 @@
-"""RMSNorm layers through `infiniops_py.rms_norm` / `fused_add_rms_norm` / `fused_qk_norm`.
+"""RMSNorm layers through `infiniops_py.rms_norm` / `fused_add_rms_norm` / `gemm_add_rms_norm` / `fused_qk_norm`.
 
 Numerics (HF ``LlamaRMSNorm``, ``Qwen3RMSNorm``): variance in fp32, the normalized value cast to the
 input dtype, then multiplied by the weight. Qwen3's q/k norms are per-head RMSNorms over ``head_dim``
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from infiniops_py import fused_add_rms_norm, fused_qk_norm, rms_norm
+from infinilm.layers.linear import Linear, RowParallelLinear
+from infiniops_py import fused_add_rms_norm, fused_qk_norm, gemm_add_rms_norm, rms_norm
 
 __all__ = ["QKNorm", "RMSNorm"]
 
@@ -30,6 +31,13 @@ class RMSNorm:
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """In place: ``residual <- x + residual``, ``x <- rms_norm(residual)``; returns ``(x, residual)``."""
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def project_add_norm(self, linear: Linear | RowParallelLinear, x: torch.Tensor,
+                         residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`add_norm` of ``linear(x)`` in one `gemm_add_rms_norm`: ``residual <- linear(x) + residual`` in place;
+        returns ``(rms_norm(residual), residual)``, the projection never written out. `linear` holds the whole
+        weight (one process: a row-parallel one would need its all-reduce before the add)."""
+        return gemm_add_rms_norm(x, linear.weight, residual, self.weight, self.eps, bias=linear.bias)
 
 
 class QKNorm:

@@ -181,6 +181,11 @@ class Mamba2Mixer:
     def __call__(self, h: torch.Tensor, conv_states: torch.Tensor, ssm_states: torch.Tensor,
                  ctx: SsmContext) -> torch.Tensor:
         """h ``[T, hidden]`` -> ``[T, hidden]``; conv ``[rows, conv_dim, W-1]`` and SSM ``[rows, H, P, N]`` states."""
+        return self.out_proj(self.mix(h, conv_states, ssm_states, ctx))
+
+    def mix(self, h: torch.Tensor, conv_states: torch.Tensor, ssm_states: torch.Tensor,
+            ctx: SsmContext) -> torch.Tensor:
+        """The mixer without ``out_proj``: the gated norm's output ``[T, intermediate]`` (the states as `__call__`)."""
         zx = self.in_proj(h)
         nd = ctx.num_decode
         parts = []
@@ -189,7 +194,7 @@ class Mamba2Mixer:
         if ctx.prefill_rows is not None:
             parts.append(self._prefill(zx[nd:], conv_states, ssm_states, ctx))
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return self.out_proj(self._gated_norm(y, zx[:, : self.dims.intermediate_size]))
+        return self._gated_norm(y, zx[:, : self.dims.intermediate_size])
 
     def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``[..., conv_dim]`` -> views x ``[..., H, P]``, B and C ``[..., G, N]``."""

@@ -9,8 +9,11 @@ norm after each sub-block), `DecoderLayer.norm_class` every norm. Every Gemm, Ad
 RmsNorm, FusedQkNorm, RoPE (`rotary_embedding`, or `fused_qk_norm_rope` with Qwen3's q/k norms where the gate
 plan fuses them), SiLU-and-multiply (`silu_and_mul`, or `gemm_swiglu` with the
 gate/up projection where the gate plan fuses them), cache write and attention runs through `infiniops_py`; the
-embedding lookup is plain PyTorch. Weights are allocated empty and filled by the loader through
-`targets()`, which maps each checkpoint tensor name to the view it loads into.
+embedding lookup is plain PyTorch. Where the gate plan fuses the residual add and norm (``plan.fused_add_norm``,
+issue #23) the o projection, the residual add and the post-attention norm are one `gemm_add_rms_norm`, and so are
+the down projection, its add and the next layer's input norm (the last layer's: the final norm): a layer then
+takes its input already normed, and the model's output is the final norm's. Weights are allocated empty and
+filled by the loader through `targets()`, which maps each checkpoint tensor name to the view it loads into.
 
 Tensor parallelism (``plan.parallel`` set, the layout of `infinilm.distributed.parallel`): the embedding and the
 head are vocab-parallel, q/k/v and gate/up column-parallel (this rank's heads and intermediate rows), o and down
@@ -35,7 +38,7 @@ from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.family import GatePlan
 from infiniops_py import gemm_swiglu
 
-__all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer"]
+__all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer", "fused_add_norm"]
 
 
 class DecoderLayer:
@@ -46,9 +49,12 @@ class DecoderLayer:
     `SandwichLayer` applies to each sub-block's output.
     """
 
-    __slots__ = ("attn", "attn_out_norm", "down_proj", "fused_rope", "fused_swiglu", "gate_up_proj", "input_layernorm",
-                 "kv", "mlp_out_norm", "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
+    __slots__ = ("attn", "attn_out_norm", "down_proj", "fused_add_norm", "fused_rope", "fused_swiglu", "gate_up_proj",
+                 "input_layernorm", "kv", "mlp_out_norm", "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
     norm_class: ClassVar[type[RMSNorm]] = RMSNorm
+    # the o and down projections may run with the add and the next norm (a layer that norms each sub-block's
+    # output in between may not)
+    fuses_add_norm: ClassVar[bool] = True
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -90,6 +96,8 @@ class DecoderLayer:
         self.mlp_out_norm: RMSNorm | None = None
         self.fused_rope = plan.fused_qk_norm_rope  # q/k norms and RoPE in one fused_qk_norm_rope
         self.fused_swiglu = plan.fused_swiglu  # the gate/up projection and SiLU-and-multiply in one gemm_swiglu
+        # the o and down projections with the residual add and the next norm, each one gemm_add_rms_norm
+        self.fused_add_norm = fused_add_norm(plan, type(self))
 
     def norms(self, prefix: str) -> dict[str, torch.Tensor]:
         """Checkpoint name -> weight of each norm of the layer."""
@@ -111,6 +119,11 @@ class DecoderLayer:
     def attention(self, positions: torch.Tensor, hidden: torch.Tensor, rope: RotaryEmbedding,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """The attention sub-block over normed `hidden` ``[T, hidden]``: qkv, q/k norms, RoPE, attention, o_proj."""
+        return self.o_proj(self.attend(positions, hidden, rope, k_cache, v_cache, ctx))
+
+    def attend(self, positions: torch.Tensor, hidden: torch.Tensor, rope: RotaryEmbedding,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """`attention` without o_proj: the heads' outputs ``[T, Hq * D]``."""
         qkv = self.qkv_proj(hidden)
         hq, hkv, d = self.kv
         if self.qk_norm is not None and self.fused_rope:
@@ -122,29 +135,48 @@ class DecoderLayer:
                 q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
                 q, k, v = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
             q, k = rope(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, k_cache, v_cache, ctx))
+        return self.attn(q, k, v, k_cache, v_cache, ctx)
 
     def mlp(self, hidden: torch.Tensor) -> torch.Tensor:
         """The MLP sub-block over normed `hidden`: ``down(silu(gate) * up)``."""
+        return self.down_proj(self.activation(hidden))
+
+    def activation(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`mlp` without down_proj: ``silu(gate) * up`` ``[T, intermediate]``."""
         if self.fused_swiglu:
-            return self.down_proj(gemm_swiglu(hidden, self.gate_up_proj.weight, self.gate_up_proj.bias))
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+            return gemm_swiglu(hidden, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        return silu_and_mul(self.gate_up_proj(hidden))
 
     def __call__(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext, next_norm: RMSNorm,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer)."""
+        """``(hidden, residual)`` after the layer; the residual sum is deferred to the next norm (None: first layer).
+
+        With `fused_add_norm`, a `hidden` that comes with a residual is already this layer's input norm of it (the
+        previous layer's down projection ran it), and the returned hidden is `next_norm` (the next layer's input
+        norm, or the model's final one) of the returned residual; otherwise `next_norm` is not used."""
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
+        elif not self.fused_add_norm:
             hidden, residual = self.input_layernorm.add_norm(hidden, residual)
+        if self.fused_add_norm:
+            attended = self.attend(positions, hidden, rope, k_cache, v_cache, ctx)
+            hidden, residual = self.post_attention_layernorm.project_add_norm(self.o_proj, attended, residual)
+            return next_norm.project_add_norm(self.down_proj, self.activation(hidden), residual)
         hidden = self.attention(positions, hidden, rope, k_cache, v_cache, ctx)
         if self.attn_out_norm is not None:
             hidden = self.attn_out_norm(hidden)
         hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
         hidden = self.mlp(hidden)
         return (hidden if self.mlp_out_norm is None else self.mlp_out_norm(hidden)), residual
+
+
+def fused_add_norm(plan: GatePlan, layer: type[DecoderLayer]) -> bool:
+    """Whether layers of class `layer` run their o and down projections with the residual add and the next norm
+    (`gemm_add_rms_norm`): the plan fuses them, the model runs in one process (a row-parallel projection
+    all-reduces before its add), and the layer fuses (`DecoderLayer.fuses_add_norm`)."""
+    return plan.fused_add_norm and plan.parallel is None and layer.fuses_add_norm
 
 
 class SandwichLayer(DecoderLayer):
@@ -157,6 +189,7 @@ class SandwichLayer(DecoderLayer):
 
     __slots__ = ()
     NORM_NAMES: ClassVar[tuple[tuple[str, str], ...]] = ()
+    fuses_add_norm: ClassVar[bool] = False  # each sub-block's output is normed before its residual add
 
     def __init__(self, c: ModelConfig, plan: GatePlan, attn: Attention, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -228,8 +261,13 @@ class DecoderModel:
                 cache: PagedKV) -> torch.Tensor:
         """input_ids, positions int64 ``[T]`` -> final hidden states ``[T, H]``."""
         hidden, residual = self.embed_tokens(input_ids), None
-        for i, layer in enumerate(self.layers):
-            hidden, residual = layer(positions, hidden, residual, self.rope, cache.keys[i], cache.values[i], ctx)
+        layers = self.layers
+        for i, layer in enumerate(layers):
+            following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            hidden, residual = layer(positions, hidden, residual, self.rope, cache.keys[i], cache.values[i], ctx,
+                                     following)
+        if layers and layers[-1].fused_add_norm:  # the last down projection ran the final norm
+            return hidden
         return self.norm.add_norm(hidden, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

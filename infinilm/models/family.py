@@ -40,6 +40,10 @@ class GatePlan:
         fused_bias: linear biases fused into `gemm` (else `gemm` + `add`).
         fused_swiglu: a SwiGLU MLP's gate/up projection and activation in one `gemm_swiglu` (else `gemm`, then
             `silu_and_mul`).
+        fused_add_norm: each projection into the residual stream (the o and down projections of a pre-norm
+            decoder layer, Mamba-2's ``out_proj``) with the residual add and the norm that follows it in one
+            `gemm_add_rms_norm` (else `gemm`, then `fused_add_rms_norm`); one process only (a row-parallel
+            projection all-reduces between the two) and layers without a norm after each sub-block.
         chosen: each problem the model needs -> the implementation that serves it.
         parallel: the tensor-parallel rank the model is built for (its shard of every weight), None for one
             process holding the whole model; set by the engine.
@@ -49,6 +53,7 @@ class GatePlan:
     fused_qk_norm_rope: bool = False
     fused_bias: bool = True
     fused_swiglu: bool = False
+    fused_add_norm: bool = False
     chosen: dict[Problem, Implementation] = field(default_factory=dict)
     parallel: TensorParallel | None = None
 
@@ -71,7 +76,9 @@ class GatePlan:
               "fused_qk_norm" if self.fused_qk_norm else "per-head rms_norm")
         lines.append(f"qk norm: {qk}; "
                      f"linear bias: {'fused into gemm' if self.fused_bias else 'gemm + add'}; "
-                     f"SwiGLU MLP: {'gemm_swiglu' if self.fused_swiglu else 'gemm + silu_and_mul'}")
+                     f"SwiGLU MLP: {'gemm_swiglu' if self.fused_swiglu else 'gemm + silu_and_mul'}; "
+                     f"residual add + norm: "
+                     f"{'gemm_add_rms_norm' if self.fused_add_norm else 'gemm + fused_add_rms_norm'}")
         return "\n".join(lines)
 
 

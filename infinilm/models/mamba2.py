@@ -4,7 +4,9 @@ The model is an embedding, one block per layer (``h = rms_norm(residual)``, the 
 `infinilm.layers.ssm`, the residual add), a final norm and the LM head. Every step but the embedding lookup
 runs through `infiniops_py`: the first block's norm is `rms_norm`, each residual add is fused with the next
 norm (`fused_add_rms_norm`; the last one with the final norm), so a decode step makes six operator calls per
-layer and no PyTorch glue. The residual stream is in the model dtype, as vLLM's Mamba-2 keeps it
+layer and no PyTorch glue; where the gate plan fuses them (``plan.fused_add_norm``, one process) ``out_proj``, the
+residual add and the next norm are one `gemm_add_rms_norm`, five calls per layer. The residual stream is in the
+model dtype, as vLLM's Mamba-2 keeps it
 (``residual_in_fp32`` is accepted and not followed: transformers keeps that stream in float32, which differs
 only in a bf16/fp16 model, by the rounding of each add); SSM states are float32, conv states in the model
 dtype. The request's states live in the engine's state pool, one row per
@@ -120,6 +122,7 @@ class Mamba2Model:
         self.norms = [RMSNorm(config.hidden_size, config.rms_norm_eps, **new) for _ in range(config.num_layers)]
         self.mixers = [Mamba2Mixer(config, fuse_bias=plan.fused_bias, tp=tp, **new) for _ in range(config.num_layers)]
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps, **new)
+        self.fused_add_norm = plan.fused_add_norm and tp is None  # out_proj, the add and the next norm in one
         if tp is None:
             head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
             self.lm_head = LMHead(head)
@@ -152,8 +155,12 @@ class Mamba2Model:
         residual = self.embed(input_ids)
         h = self.norms[0](residual)
         for i, mixer in enumerate(self.mixers):
-            out = mixer(h, pool.conv[i], pool.ssm[i], ctx)
             following = self.norms[i + 1] if i + 1 < len(self.norms) else self.norm_f
+            if self.fused_add_norm:  # residual += out_proj(mixed); h = the next norm of it
+                h, residual = following.project_add_norm(mixer.out_proj, mixer.mix(h, pool.conv[i], pool.ssm[i], ctx),
+                                                         residual)
+                continue
+            out = mixer(h, pool.conv[i], pool.ssm[i], ctx)
             h, residual = following.add_norm(out, residual)  # residual += out; h = the next norm of it
         return h
 

@@ -84,28 +84,35 @@ def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: Check
     assert drawn == [] and not engine.has_work()
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mamba2"])
 def test_a_decode_step_makes_the_operator_calls_its_layers_need_and_no_more(checkpoint: CheckpointFactory,
-                                                                             family: str) -> None:
-    """`count_decode_step` counts the operator calls of one decode step by operator: per decoder layer one
-    fused add + norm before attention and one before the MLP, the QKV, output and down projections, the gate/up
-    projection with SiLU-and-multiply (`gemm_swiglu`), RoPE (fused with the q/k norms for Qwen3), the paged
-    attention (which appends the new keys and values: no cache write of its own); per Mamba-2 layer its in/out
-    projections, conv update, state update, gated norm and the residual add fused with the next norm (the first
-    layer's norm alone before them; the last add fused with the final norm); then the LM head, and the one
-    sampling call when the requests sample (a greedy step takes the argmax: vLLM's all-greedy path). A change
-    that adds a launch to the decode step fails here."""
+                                                                             family: str, fused: bool) -> None:
+    """`count_decode_step` counts the operator calls of one decode step by operator: per decoder layer the QKV
+    projection, RoPE (fused with the q/k norms for Qwen3), the paged attention (which appends the new keys and
+    values: no cache write of its own), the gate/up projection with SiLU-and-multiply (`gemm_swiglu`), and the
+    output and down projections each with the residual add and the next norm (`gemm_add_rms_norm`; unfused: the
+    two projections, then a fused add + norm before the MLP and before the next layer); per Mamba-2 layer its
+    in projection, conv update, state update, gated norm and the out projection with the residual add and the
+    next norm (unfused: the projection, then the fused add + norm); the first layer's norm alone before them, the
+    last add's norm the final one; then the LM head, and the one sampling call when the requests sample (a greedy
+    step takes the argmax: vLLM's all-greedy path). A change that adds a launch to the decode step fails here."""
     path, _ = checkpoint(family)
-    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32))
+    providers = () if fused else (("gemm_add_rms_norm", "reference"),)
+    engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32,
+                                                        providers=providers))
     count = count_decode_step(engine, 3, 5)
     n = engine.config.num_layers
     if family == "mamba2":
-        want = {"causal_conv1d_update": n, "fused_add_rms_norm": n, "gemm": 2 * n + 1, "rms_norm": 1,
-                "rms_norm_gated": n, "selective_state_update": n}
+        add_norm = {"gemm_add_rms_norm": n} if fused else {"fused_add_rms_norm": n, "gemm": n}
+        want = {"causal_conv1d_update": n, "gemm": n + 1, "rms_norm": 1, "rms_norm_gated": n,
+                "selective_state_update": n}
     else:
         rope = {"fused_qk_norm_rope": n} if family == "qwen3" else {"rotary_embedding": n}
-        want = {"flash_attn_with_kvcache": n, "fused_add_rms_norm": 2 * n, "gemm": 3 * n + 1, "gemm_swiglu": n,
-                "rms_norm": 1, **rope}
+        add_norm = {"gemm_add_rms_norm": 2 * n} if fused else {"fused_add_rms_norm": 2 * n, "gemm": 2 * n}
+        want = {"flash_attn_with_kvcache": n, "gemm": n + 1, "gemm_swiglu": n, "rms_norm": 1, **rope}
+    for op, calls in add_norm.items():
+        want[op] = want.get(op, 0) + calls
     assert count.operator_calls == want
     sampled = count_decode_step(engine, 3, 5, params=SamplingParams(max_new_tokens=2, temperature=0.8, top_k=5))
     assert sampled.operator_calls == {**want, "top_k_top_p_sampling_from_logits": 1}  # one batched call per step

@@ -72,3 +72,28 @@ def test_the_plan_lists_the_rope_and_activation_problems_of_each_family(checkpoi
     unfused = EngineOptions(block_size=16, max_model_len=40, providers=(("gemm_swiglu", "reference"),))
     qwen2 = read_config(checkpoint("qwen2")[0])
     assert [p.fields for p in plan(qwen2, unfused).chosen if p.op == "silu_and_mul"] == [{"d": 96}]
+
+
+def test_the_projections_into_the_residual_stream_fuse_the_add_and_norm_where_a_provider_serves_it(
+        checkpoint: CheckpointFactory) -> None:
+    """The o and down projections run with the residual add and the next norm (`gemm_add_rms_norm`, at the
+    hidden size) where a provider other than the reference serves it, leaving no `fused_add_rms_norm`; forced onto
+    the reference, the Gemm then `fused_add_rms_norm`; Gemma 2 and GLM-4 (a norm after each sub-block) never."""
+    options = EngineOptions(block_size=16, max_model_len=40)
+
+    def ops(family: str, opts: EngineOptions = options) -> dict[str, list[dict[str, object]]]:
+        found = plan(read_config(checkpoint(family)[0]), opts)
+        out: dict[str, list[dict[str, object]]] = {}
+        for p in found.chosen:
+            out.setdefault(p.op, []).append(p.fields)
+        assert found.fused_add_norm == ("gemm_add_rms_norm" in out or family in ("gemma2", "glm4"))
+        return out
+
+    llama = ops("llama")
+    assert {f["hidden_size"] for f in llama["gemm_add_rms_norm"]} == {64}
+    assert "fused_add_rms_norm" not in llama
+    for family in ("gemma2", "glm4"):
+        assert "gemm_add_rms_norm" not in ops(family) and "fused_add_rms_norm" in ops(family)
+    unfused = ops("llama", EngineOptions(block_size=16, max_model_len=40,
+                                         providers=(("gemm_add_rms_norm", "reference"),)))
+    assert "gemm_add_rms_norm" not in unfused and "fused_add_rms_norm" in unfused

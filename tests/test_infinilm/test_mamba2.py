@@ -185,8 +185,9 @@ def test_gates_resolve_the_recurrent_closure(mamba2: Factory) -> None:
     assert config.ssm is not None and config.ssm.group_size == 32 and config.ssm.conv_dim == 128
     chosen = plan(config, EngineOptions()).chosen
     ops = {p.op for p in chosen}
-    assert ops == {"gemm", "rms_norm", "fused_add_rms_norm", "rms_norm_gated", "causal_conv1d",
-                   "causal_conv1d_update", "selective_scan", "selective_state_update"}
+    assert ops == {"gemm", "rms_norm", "gemm_add_rms_norm", "rms_norm_gated", "causal_conv1d",
+                   "causal_conv1d_update", "selective_scan", "selective_state_update"}  # out_proj + add + norm
+    assert {p.fields["hidden_size"] for p in chosen if p.op == "gemm_add_rms_norm"} == {32}
     assert {p.fields["hidden_size"] for p in chosen if p.op == "rms_norm"} == {32}  # the first block's norm
     assert [(p.fields["hidden_size"], p.fields["group_size"]) for p in chosen if p.op == "rms_norm_gated"] == [
         (64, 32)]  # d_inner and d_inner / G

@@ -14,7 +14,10 @@ once per step). A weight of few panels (N the hidden size, K the intermediate si
 ``SPLIT_K`` programs: each stores its fp32 partial, counts itself done on the tile's counter (after a barrier,
 acquire-release), and the last one sums the partials and runs the epilogue, so the product stays one kernel. The
 epilogue is the tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``), the bias, one rounding to the
-output dtype; or SiLU-and-multiply of the gate and up halves (``SWIGLU``, `infiniops_triton.gemm_swiglu`).
+output dtype; or SiLU-and-multiply of the gate and up halves (``SWIGLU``, `infiniops_triton.gemm_swiglu`); or the
+residual add and the row's RMSNorm (``ADD_NORM``, `infiniops_triton.gemm_add_rms_norm`): each program adds its
+columns of the product into the residual, counts itself done on one more counter (as the splits do), and the last
+column tile to finish normalizes the whole rows, so the product, the add and the norm stay one kernel.
 
 The configuration (a `Variant`) comes from `TABLE` per ``(row class, N, K, swiglu)`` where the GPU sweep
 (`benchmarks/gpu_sweep_gemv.py`) filled it; elsewhere it is autotuned once per ``(N, K, row class)`` (1 to 16
@@ -22,6 +25,7 @@ rows; a model has a handful of projection shapes), and 17 to 64 rows are left to
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, NamedTuple
@@ -178,8 +182,8 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     return list(_ONE_ROW if kwargs.get("BLOCK_M", named_args.get("BLOCK_M")) == 1 else _FEW_ROWS)
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS", "SWIGLU"],
-                 prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS", "SWIGLU", "ADD_NORM"],
+                 prune_configs_by={"early_config_prune": _prune}, restore_value=["R"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % (args["BLOCK_K"] * args["SPLIT_K"]) == 0})
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
@@ -189,11 +193,15 @@ def _gemv_kernel(
     BIAS,  # *dtype [N]; unused unless HAS_BIAS
     OUT,  # *dtype [M, N]
     PART,  # fp32 [SPLIT_K, tiles, BLOCK_M, BLOCK_N] partial sums (SPLIT_K > 1)
-    COUNTER,  # int32 [tiles] splits done per column tile, 0 between kernels (SPLIT_K > 1)
+    COUNTER,  # int32 [tiles + 1] splits done per column tile (SPLIT_K > 1), then column tiles done (ADD_NORM); 0
+    # between kernels
+    R,  # *dtype [M, N] residual, rows stride_rm apart, read then overwritten with the sum (ADD_NORM)
+    NW,  # *dtype [N] the norm weight (ADD_NORM)
     M, N, K,
-    stride_xm, stride_wn, stride_cm, stride_cn, stride_om, stride_on,
+    stride_xm, stride_wn, stride_cm, stride_cn, stride_om, stride_on, stride_rm,
     alpha,
     beta,
+    eps,  # ADD_NORM: added to the mean square
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" for fp32 inputs
@@ -208,6 +216,10 @@ def _gemv_kernel(
     PIPE: tl.constexpr = 1,  # one row: the K loop's tl.range num_stages (1: loads straight to registers)
     UNROLL: tl.constexpr = 1,  # one row: the K loop's loop_unroll_factor
     SUM_EACH: tl.constexpr = False,  # one row: sum the products over each K step, not once after the loop
+    ADD_NORM: tl.constexpr = False,  # R += the product, then OUT = rms_norm(R) * NW: `gemm_add_rms_norm`
+    NORM_ROWS: tl.constexpr = 1,  # ADD_NORM: rows the last program normalizes at a time
+    NORM_BLOCK: tl.constexpr = 16,  # ADD_NORM: the columns it reads at a time (a power of two)
+    NORM_ONE_PASS: tl.constexpr = False,  # ADD_NORM: N <= NORM_BLOCK, a row's sums held in registers (one read)
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -302,8 +314,15 @@ def _gemv_kernel(
                 acc += tl.load(tile + s * stride_split, cache_modifier=".cg")
                 if SWIGLU:
                     acc_u += tl.load(tile + s * stride_split + BLOCK_M * BLOCK_N, cache_modifier=".cg")
-            _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha,
-                      beta, HAS_C, HAS_BIAS, SWIGLU)
+            if ADD_NORM:
+                _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, stride_om, eps,
+                                   HAS_BIAS, NORM_ROWS, NORM_BLOCK, NORM_ONE_PASS)
+            else:
+                _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on,
+                          alpha, beta, HAS_C, HAS_BIAS, SWIGLU)
+    elif ADD_NORM:
+        _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, stride_om, eps, HAS_BIAS,
+                           NORM_ROWS, NORM_BLOCK, NORM_ONE_PASS)
     else:
         _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
                   HAS_C, HAS_BIAS, SWIGLU)
@@ -332,6 +351,57 @@ def _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stri
         if HAS_BIAS:
             acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
         tl.store(out_ptrs, acc.to(dtype), mask=mask)
+
+
+@triton.jit
+def _add_norm_epilogue(acc, BIAS, R, NW, OUT, COUNTER, rm, rn, M, N, stride_rm, stride_om, eps,
+                       HAS_BIAS: tl.constexpr, NORM_ROWS: tl.constexpr, NORM_BLOCK: tl.constexpr,
+                       NORM_ONE_PASS: tl.constexpr):
+    """`gemm_add_rms_norm`'s epilogue: ``R <- (acc + bias rounded to the dtype) + R`` (rounded) on this program's
+    rows `rm` and columns `rn`; then the program that counts itself last of the column tiles on
+    ``COUNTER[tiles]`` (after a barrier, acquire-release, as the split-K count) resets it and normalizes the whole
+    rows: ``OUT = (R * rsqrt(mean(R**2) + eps)).to(dtype) * NW``, `NORM_ROWS` rows by `NORM_BLOCK` columns at a
+    time (a row of at most `NORM_BLOCK` read once, `NORM_ONE_PASS`, else twice), the mean square in fp32
+    (`fused_add_rms_norm`'s roundings)."""
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    dtype = OUT.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(BIAS + rn, mask=rn < N).to(tl.float32)[None, :]
+    r_ptrs = R + rm[:, None].to(tl.int64) * stride_rm + rn[None, :]
+    total = acc.to(dtype).to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(r_ptrs, total.to(dtype), mask=mask)
+    tl.debug_barrier()  # every thread's sums are stored before the count says so
+    tiles = tl.num_programs(0)
+    done = tl.atomic_add(COUNTER + tiles, 1, sem="acq_rel")
+    if done == tiles - 1:
+        tl.atomic_xchg(COUNTER + tiles, 0)
+        cols = tl.arange(0, NORM_BLOCK)
+        for r0 in range(0, M, NORM_ROWS):
+            rows = r0 + tl.arange(0, NORM_ROWS)
+            row_ok = rows < M
+            base = R + rows[:, None].to(tl.int64) * stride_rm
+            out_base = OUT + rows[:, None].to(tl.int64) * stride_om
+            if NORM_ONE_PASS:
+                ok = row_ok[:, None] & (cols[None, :] < N)
+                # read past L1: other programs wrote them
+                s = tl.load(base + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
+                w = tl.load(NW + cols, mask=cols < N, other=0.0).to(tl.float32)
+                y = (s * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]
+                tl.store(out_base + cols[None, :], y.to(dtype), mask=ok)
+            else:
+                squares = tl.zeros((NORM_ROWS,), dtype=tl.float32)
+                for c0 in range(0, N, NORM_BLOCK):
+                    ok = row_ok[:, None] & (c0 + cols[None, :] < N)
+                    s = tl.load(base + c0 + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    squares += tl.sum(s * s, axis=1)
+                rstd = tl.rsqrt(squares / N + eps)
+                for c0 in range(0, N, NORM_BLOCK):
+                    ok = row_ok[:, None] & (c0 + cols[None, :] < N)
+                    s = tl.load(base + c0 + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    w = tl.load(NW + c0 + cols, mask=c0 + cols < N, other=0.0).to(tl.float32)
+                    y = (s * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]
+                    tl.store(out_base + c0 + cols[None, :], y.to(dtype), mask=ok)
 
 
 _GEMV = Tuned(_gemv_kernel)
@@ -392,17 +462,24 @@ def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
 
 def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: int, stride_wn: int,
            c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float, beta: float, out: torch.Tensor, *,
-           swiglu: bool = False, variant: Variant | None = None) -> torch.Tensor:
+           swiglu: bool = False, variant: Variant | None = None, residual: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """`gemv` with the sizes and strides already read (the callers have them): `x` ``[m, k]`` (1 <= m <= 64) with
     rows `stride_xm` apart, `w` the storage of the ``[n, k]`` weight (``[2n, k]`` with `swiglu`) with rows
-    `stride_wn` apart, both of unit K stride; `out` ``[m, n]``. Runs `variant`, else `TABLE`'s for the shape, else
-    the autotuned configuration."""
+    `stride_wn` apart, both of unit K stride; `out` ``[m, n]``. With `residual` (``[m, n]``, unit last stride) and
+    `norm_weight` (``[n]``): `gemm_add_rms_norm`, ``residual += x @ w.T + bias`` and ``out = rms_norm(residual) *
+    norm_weight`` (`c`, `alpha`, `beta` unused), with the variant of the plain product of the shape. Runs
+    `variant`, else `TABLE`'s for the shape, else the autotuned configuration."""
     block_m = row_class(m)
     if variant is None and TABLE:
         variant = TABLE.get((block_m, n, k, swiglu))
-    has_c, has_bias = c is not None, bias is not None
+    has_c, has_bias, add_norm = c is not None, bias is not None, residual is not None
     c_arg = out if c is None else c
     bias_arg = out if bias is None else bias
+    r_arg = out if residual is None else residual
+    nw_arg = out if norm_weight is None else norm_weight
+    stride_rm = r_arg.stride(0)
+    norm = _norm_blocks(block_m, m, n) if add_norm else _NO_NORM
     dtype = x.dtype
     precision = "ieee" if dtype is torch.float32 else "tf32"
     if variant is None:
@@ -410,19 +487,36 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
         part, counter = _scratch(x.device, tiles, 2 * MAX_SPLIT_K * block_m * 8 * tiles)
         grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
         _GEMV.launch(
-            (n, k, block_m, has_c, has_bias, swiglu, dtype, c_arg.dtype, bias_arg.dtype), grid,
-            x, w, c_arg, bias_arg, out, part, counter, m, n, k,
-            stride_xm, stride_wn, *c_arg.stride(), *out.stride(),
-            float(alpha), float(beta),
-            HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, **pdl(),
+            (n, k, block_m, has_c, has_bias, swiglu, add_norm, dtype, c_arg.dtype, bias_arg.dtype), grid,
+            x, w, c_arg, bias_arg, out, part, counter, r_arg, nw_arg, m, n, k,
+            stride_xm, stride_wn, *c_arg.stride(), *out.stride(), stride_rm,
+            float(alpha), float(beta), float(eps),
+            HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, ADD_NORM=add_norm,
+            **norm, **pdl(),
         )
         return out
     config = _KWARGS.get(variant)
     if config is None:
         config = _KWARGS[variant] = variant.config().all_kwargs()
     tiles = cdiv(n, variant.block_n)
-    part, counter = _scratch(x.device, tiles, variant.split_k * 2 * block_m * variant.block_n * tiles)
-    _FIXED((tiles, variant.split_k), x, w, c_arg, bias_arg, out, part, counter, m, n, k,
-           stride_xm, stride_wn, *c_arg.stride(), *out.stride(), float(alpha), float(beta),
-           HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, **pdl(), **config)
+    part, counter = _scratch(x.device, tiles + 1, variant.split_k * 2 * block_m * variant.block_n * tiles)
+    _FIXED((tiles, variant.split_k), x, w, c_arg, bias_arg, out, part, counter, r_arg, nw_arg, m, n, k,
+           stride_xm, stride_wn, *c_arg.stride(), *out.stride(), stride_rm, float(alpha), float(beta), float(eps),
+           HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, ADD_NORM=add_norm,
+           **norm, **pdl(), **config)
     return out
+
+
+@functools.lru_cache(maxsize=1024)  # a model has a few hidden sizes, and at most 64 rows here
+def _norm_blocks(block_m: int, m: int, n: int) -> dict[str, int]:
+    """The ``NORM_ROWS``, ``NORM_BLOCK`` and ``NORM_ONE_PASS`` of `gemm_add_rms_norm`'s row norm: up to 2048 columns
+    and 4096 values at a time (32 fp32 values a thread at 4 warps), at most the rows there are; one pass over a row
+    that fits."""
+    block = max(16, min(next_power_of_2(n), _NORM_COLUMNS))
+    return {"NORM_ROWS": min(block_m, next_power_of_2(m), max(1, _NORM_VALUES // block)), "NORM_BLOCK": block,
+            "NORM_ONE_PASS": n <= block}
+
+
+_NO_NORM: dict[str, int] = {}
+_NORM_COLUMNS = 2048
+_NORM_VALUES = 4096
