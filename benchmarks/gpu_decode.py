@@ -271,8 +271,9 @@ def bench_engine(device: torch.device, smoke: bool, only: list[str] | None = Non
     models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32, 64), False),
               ("mamba2-130m", gpu_mamba2, gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M, (1,), False),
               ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True))
+    names = {m[0] for m in models}  # a whole name picks that model alone; any other text, every name containing it
     for name, module, shape, batches, pdl in models:
-        if only and not any(o in name for o in only):
+        if only and not any(o == name or (o not in names and o in name) for o in only):
             continue
         triton_common.PDL = pdl and not smoke  # programmatic dependent launch of the Triton kernels
         with tempfile.TemporaryDirectory() as tmp:
@@ -315,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (no timing): the script itself")
     parser.add_argument("--part", action="append", choices=("gemm", "add_norm", "attention", "engine"))
     parser.add_argument("--model", action="append", metavar="NAME",
-                        help="engine part: only the models whose name contains NAME (repeatable; e.g. mamba2, PDL), "
-                             "each model alone in its own process gives its host-bound rows without the others")
+                        help="engine part: only model NAME (qwen3-0.6b, mamba2-130m, 'qwen3-0.6b, PDL'), or those "
+                             "whose name contains it (repeatable); a model alone in its process: its host-bound "
+                             "rows unmixed")
     json_option(parser)
     args = parser.parse_args(argv)
     parts = args.part or ["gemm", "add_norm", "attention", "engine"]
