@@ -63,8 +63,9 @@ MAX_STATE_LEN = 1024  # the decode step holds a slot's state columns in register
 _FAST_MAX_WIDTH = 8  # the channel-first kernel reads taps from the previous group of 8 columns only
 _ELEMS_PER_PROGRAM = 4096
 # The decode step's grid holds at least about this many programs (0: no minimum): one row of a Mamba-2 layer
-# (D ~1800) in programs of 1024 channels kept two SMs busy, its few loads and stores one latency chain each.
-UPDATE_PROGRAMS = 64
+# (D ~1800) in programs of 1024 channels kept two SMs busy (benchmarks/gpu_conv_update.py on the H200: 256 the
+# best overall of 0, 32, 64, 128, 256 at batch 1, 8 and 64).
+UPDATE_PROGRAMS = 256
 TUNE_MIN_NUMEL = 1 << 24  # channel-first inputs this large autotune their tile (once per D and size class)
 
 
