@@ -18,7 +18,8 @@ SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwe
    the K/V bytes read per call.
 4. Engine (random bf16 weights, CUDA graphs on): decode tok/s at batch 1 and 32 (Qwen3-0.6B), 1 (Mamba-2-130m),
    the kernels a decode step launches per layer, and its device busy time from one profiled step; Qwen3 again
-   with the Triton kernels launched with programmatic dependent launch (`infiniops_triton._common.PDL`).
+   with the Triton kernels launched with programmatic dependent launch (`infiniops_triton._common.PDL`), and
+   both models at batch 1 with ``add_norm="fused"`` (the o/down/out_proj projections as `gemm_add_rms_norm`).
 
 Every ratio is ours over the alternative measured in the same run, the same way (graph replay against graph
 replay). Exit status 1 when a kernel's output differs from its alternative beyond the bf16 tolerance.
@@ -268,11 +269,15 @@ def bench_engine(device: torch.device, smoke: bool, only: list[str] | None = Non
 
     rows = []
     qwen3 = gpu_infinilm.SMOKE if smoke else gpu_infinilm.QWEN3_0_6B
-    models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32, 64), False),
-              ("mamba2-130m", gpu_mamba2, gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M, (1,), False),
-              ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True))
+    mamba2 = gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M
+    fused = {"add_norm": "fused"}  # the projections into the residual stream as gemm_add_rms_norm
+    models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32, 64), False, {}),
+              ("mamba2-130m", gpu_mamba2, mamba2, (1,), False, {}),
+              ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True, {}),
+              ("qwen3-0.6b, fused add+norm", gpu_infinilm, qwen3, (1,), False, fused),
+              ("mamba2-130m, fused add+norm", gpu_mamba2, mamba2, (1,), False, fused))
     names = {m[0] for m in models}  # a whole name picks that model alone; any other text, every name containing it
-    for name, module, shape, batches, pdl in models:
+    for name, module, shape, batches, pdl, extra in models:
         if only and not any(o == name or (o not in names and o in name) for o in only):
             continue
         triton_common.PDL = pdl and not smoke  # programmatic dependent launch of the Triton kernels
@@ -282,7 +287,7 @@ def bench_engine(device: torch.device, smoke: bool, only: list[str] | None = Non
             smoke_providers = ((None, "torch"),) if smoke else ()  # the interpreter is too slow for a whole model
             engine = Engine.from_pretrained(tmp, EngineOptions(device=str(device), dtype="bfloat16",
                                                                max_model_len=2048, max_num_seqs=max(batches),
-                                                               providers=smoke_providers))
+                                                               providers=smoke_providers, **extra))
             build_s = time.perf_counter() - begun
             for batch in batches:
                 result = run_bench(engine, batch, 128, 8 if smoke else 128, repeats=1 if smoke else 2)

@@ -48,6 +48,9 @@ def _engine_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
                    help="force a provider for an operator (or NAME for all); repeatable")
     p.add_argument("--qk-norm", choices=("auto", "fused", "per_head"), default="auto",
                    help="Qwen3 q/k norm path (default: fused where a provider serves it)")
+    p.add_argument("--add-norm", choices=("separate", "fused"), default="separate",
+                   help="the o/down (Mamba-2: out_proj) projections and the residual add + norm after them: "
+                        "separate kernels (default, faster on the H200) or one gemm_add_rms_norm")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on CUDA")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before reading the last one's tokens, overlapping the host's work "
@@ -66,6 +69,7 @@ def _options(args: argparse.Namespace, **extra: int) -> EngineOptions:
     return EngineOptions(
         device=args.device, dtype=parse_dtype(args.dtype) if args.dtype else None, block_size=args.block_size,
         num_blocks=args.num_blocks, max_model_len=args.max_model_len, providers=providers, qk_norm=args.qk_norm,
+        add_norm=args.add_norm,
         cuda_graphs=not args.no_cuda_graphs, prefill_graph_lengths=tuple(args.prefill_graph_lengths),
         tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling, **extra,
     )

@@ -209,6 +209,10 @@ class EngineOptions:
         qk_norm: ``auto`` (one fused_qk_norm_rope with RoPE where a non-reference provider serves it, else
             fused_qk_norm where one serves that, else per-head rms_norm; RoPE then by rotary_embedding),
             ``fused`` (fused_qk_norm) or ``per_head``.
+        add_norm: the projections into the residual stream (o, down; Mamba-2's out_proj) and the add + norm
+            after them: ``separate`` (gemm, then fused_add_rms_norm: the faster on the H200, benchmarks/RESULTS.md
+            session 10) or ``fused`` (one gemm_add_rms_norm where a non-reference provider serves it, one
+            process; one launch fewer per projection).
         cuda_graphs: capture decode steps in CUDA graphs (CUDA only; falls back to eager when capture fails).
         prefill_graph_lengths: Mamba-2 only, CUDA only, with `cuda_graphs`: bucket lengths at which the prefill
             of a lone prompt (no other request in the step) is captured as a CUDA graph; a prompt is padded on
@@ -238,6 +242,7 @@ class EngineOptions:
     max_model_len: int | None = None
     providers: tuple[tuple[str | None, str], ...] = ()
     qk_norm: str = "auto"
+    add_norm: str = "separate"
     cuda_graphs: bool = True
     prefill_graph_lengths: tuple[int, ...] = ()
     kv_cache_memory: int = 512 << 20
@@ -292,6 +297,8 @@ class EngineOptions:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.qk_norm not in ("auto", "fused", "per_head"):
             raise ConfigError(f"qk_norm={self.qk_norm!r} must be one of auto, fused, per_head")
+        if self.add_norm not in ("separate", "fused"):
+            raise ConfigError(f"add_norm={self.add_norm!r} must be one of separate, fused")
         if any(n <= 0 or n > self.max_num_batched_tokens for n in self.prefill_graph_lengths):
             raise ConfigError(f"prefill_graph_lengths={self.prefill_graph_lengths}: each must be in [1, "
                               f"max_num_batched_tokens={self.max_num_batched_tokens}]")

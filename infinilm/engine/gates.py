@@ -143,7 +143,7 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
         choices = GatePlan(fused_qk_norm=fused_qk, fused_qk_norm_rope=fused_rope,
                            fused_bias=_served("gemm", **base, **GEMM_FIELDS, has_bias=True),
                            fused_swiglu=_served("gemm_swiglu", **base, has_bias=config.mlp_bias),
-                           fused_add_norm=options.tensor_parallel_size == 1 and all(
+                           fused_add_norm=options.add_norm == "fused" and options.tensor_parallel_size == 1 and all(
                                _served("gemm_add_rms_norm", **base, has_bias=bias, hidden_size=config.hidden_size)
                                for bias in _residual_biases(config)))
         collectives = [make_problem(op, **fields) for op, fields in parallel_problems(full, options, base)]

@@ -98,9 +98,8 @@ def test_a_decode_step_makes_the_operator_calls_its_layers_need_and_no_more(chec
     last add's norm the final one; then the LM head, and the one sampling call when the requests sample (a greedy
     step takes the argmax: vLLM's all-greedy path). A change that adds a launch to the decode step fails here."""
     path, _ = checkpoint(family)
-    providers = () if fused else (("gemm_add_rms_norm", "reference"),)
     engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32,
-                                                        providers=providers))
+                                                        add_norm="fused" if fused else "separate"))
     count = count_decode_step(engine, 3, 5)
     n = engine.config.num_layers
     if family == "mamba2":

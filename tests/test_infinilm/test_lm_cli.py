@@ -49,7 +49,7 @@ def test_check_lists_the_closure_and_reads_no_weights(checkpoint: CheckpointFact
     headers_only(monkeypatch)  # reading any tensor's data fails the test
     assert main(["check", "--model", str(zeros), *SMALL]) == 0
     out = capsys.readouterr().out
-    for op in ("gemm", "rms_norm", "gemm_add_rms_norm", "reshape_and_cache_flash", "flash_attn_varlen",
+    for op in ("gemm", "rms_norm", "fused_add_rms_norm", "reshape_and_cache_flash", "flash_attn_varlen",
                "flash_attn_with_kvcache"):
         assert f"\n{op} " in out
     assert "torch." in out and "linear bias: fused into gemm" in out
@@ -133,9 +133,14 @@ def test_bench_prints_a_table(checkpoint: CheckpointFactory, capsys: pytest.Capt
                  *SMALL]) == 0
     out = capsys.readouterr().out
     assert "batch / input / output" in out and "3 / 8 / 5" in out and "decode throughput (tok/s)" in out
-    # 14: a greedy step takes the argmax without the sampling operator (vLLM's all-greedy path); six calls a layer
-    # (the o and down projections each with the add and the next norm), the first norm and the LM head
-    assert "one decode step of 3: 14 operator calls on the host (7.0 per layer), no device kernels" in out
+    # 18: a greedy step takes the argmax without the sampling operator (vLLM's all-greedy path); eight calls a
+    # layer (the o and down projections then the add and the next norm, separate by default), the first norm and
+    # the LM head; 14 with --add-norm fused (each projection with the add and the norm in one call)
+    assert "one decode step of 3: 18 operator calls on the host (9.0 per layer), no device kernels" in out
+    assert main(["bench", "--model", str(path), "--batch", "3", "--input-len", "8", "--output-len", "5",
+                 "--add-norm", "fused", *SMALL]) == 0
+    assert "one decode step of 3: 14 operator calls on the host (7.0 per layer), no device kernels" in (
+        capsys.readouterr().out)
 
 
 def test_bad_arguments_exit_2(checkpoint: CheckpointFactory, capsys: pytest.CaptureFixture[str]) -> None:

@@ -329,16 +329,16 @@ def test_postprocess_applies_the_stop_rules_to_random_steps_as_written(seed: int
 def test_the_fused_residual_add_and_norm_give_the_unfused_tokens(checkpoint: CheckpointFactory, family: str,
                                                                  dtype: str) -> None:
     """The o/down projections (Mamba-2: out_proj) with the residual add and the next norm in one
-    `gemm_add_rms_norm` give the greedy tokens of the Gemm then `fused_add_rms_norm` (the reference forced onto
-    the fused operator), prefill and decode, in float32 and bfloat16."""
+    `gemm_add_rms_norm` (``add_norm="fused"``) give the greedy tokens of the Gemm then `fused_add_rms_norm` (the
+    default), prefill and decode, in float32 and bfloat16."""
     path, _ = checkpoint(family)
     vocab = read_config(path).vocab_size
     prompts = [[t % vocab for t in p] for p in _prompts(4, seed=9, lo=2, hi=12)]
     params = SamplingParams(max_new_tokens=8, ignore_eos=True)
     outputs = []
-    for providers in ((), (("gemm_add_rms_norm", "reference"),)):
+    for add_norm in ("fused", "separate"):
         engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32,
-                                                            dtype=dtype, providers=providers))
-        assert engine.plan.fused_add_norm == (not providers)
+                                                            dtype=dtype, add_norm=add_norm))
+        assert engine.plan.fused_add_norm == (add_norm == "fused")
         outputs.append(engine.generate(prompts, params))
     assert outputs[0] == outputs[1]

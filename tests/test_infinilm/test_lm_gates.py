@@ -77,9 +77,10 @@ def test_the_plan_lists_the_rope_and_activation_problems_of_each_family(checkpoi
 def test_the_projections_into_the_residual_stream_fuse_the_add_and_norm_where_a_provider_serves_it(
         checkpoint: CheckpointFactory) -> None:
     """The o and down projections run with the residual add and the next norm (`gemm_add_rms_norm`, at the
-    hidden size) where a provider other than the reference serves it, leaving no `fused_add_rms_norm`; forced onto
-    the reference, the Gemm then `fused_add_rms_norm`; Gemma 2 and GLM-4 (a norm after each sub-block) never."""
-    options = EngineOptions(block_size=16, max_model_len=40)
+    hidden size) with ``add_norm="fused"`` where a provider other than the reference serves it, leaving no
+    `fused_add_rms_norm`; forced onto the reference, or by default (``separate``), the Gemm then
+    `fused_add_rms_norm`; Gemma 2 and GLM-4 (a norm after each sub-block) never."""
+    options = EngineOptions(block_size=16, max_model_len=40, add_norm="fused")
 
     def ops(family: str, opts: EngineOptions = options) -> dict[str, list[dict[str, object]]]:
         found = plan(read_config(checkpoint(family)[0]), opts)
@@ -94,6 +95,8 @@ def test_the_projections_into_the_residual_stream_fuse_the_add_and_norm_where_a_
     assert "fused_add_rms_norm" not in llama
     for family in ("gemma2", "glm4"):
         assert "gemm_add_rms_norm" not in ops(family) and "fused_add_rms_norm" in ops(family)
-    unfused = ops("llama", EngineOptions(block_size=16, max_model_len=40,
+    unfused = ops("llama", EngineOptions(block_size=16, max_model_len=40, add_norm="fused",
                                          providers=(("gemm_add_rms_norm", "reference"),)))
     assert "gemm_add_rms_norm" not in unfused and "fused_add_rms_norm" in unfused
+    default = ops("llama", EngineOptions(block_size=16, max_model_len=40))
+    assert "gemm_add_rms_norm" not in default and "fused_add_rms_norm" in default

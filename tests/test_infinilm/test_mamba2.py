@@ -183,7 +183,7 @@ def test_gates_resolve_the_recurrent_closure(mamba2: Factory) -> None:
     path, _ = mamba2(n_groups=2)
     config = read_config(path)
     assert config.ssm is not None and config.ssm.group_size == 32 and config.ssm.conv_dim == 128
-    chosen = plan(config, EngineOptions()).chosen
+    chosen = plan(config, EngineOptions(add_norm="fused")).chosen
     ops = {p.op for p in chosen}
     assert ops == {"gemm", "rms_norm", "gemm_add_rms_norm", "rms_norm_gated", "causal_conv1d",
                    "causal_conv1d_update", "selective_scan", "selective_state_update"}  # out_proj + add + norm
