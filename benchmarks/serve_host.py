@@ -4,24 +4,31 @@
     python3 benchmarks/serve_host.py --step-ms 2 --num-prompts 128
 
 The server runs in its own process (``--server``): the real `infinilm.serve` application (routes, engine
-thread, streaming, detokenization with the demo checkpoint's byte-level tokenizer) over an `Engine` whose model
-is `engine_host.StandIn` (no kernel; a vocabulary of the tokenizer's size), so a decode step costs the engine's
-host work alone. ``--step-ms`` adds a sleep to each forward (the GIL released, as a CUDA synchronization
-releases it): a stand-in for the GPU's time per step. The client is ``infinilm bench-serve``'s, in this
-process (the two never share a GIL), closed loop at ``--concurrency``, streaming, ``ignore_eos``.
+process or thread, streaming, detokenization with the demo checkpoint's byte-level tokenizer) over an `Engine`
+whose model is `engine_host.StandIn` (no kernel; a vocabulary of the tokenizer's size), so a decode step costs
+the engine's host work alone. The engine runs in a process of its own, as ``infinilm serve`` runs it by
+default (`standin_engine` builds it there), or with ``--no-engine-process`` on a thread of the server
+process. ``--step-ms`` adds a sleep to each forward (the GIL released, as a CUDA synchronization releases it):
+a stand-in for the GPU's time per step. The client is ``infinilm bench-serve``'s, in this process (the
+client never shares a GIL with the server), closed loop at ``--concurrency``, streaming, ``ignore_eos``.
 
-Besides bench-serve's summary the server reports, at SIGTERM: its CPU time split into the engine thread's
-and the rest (the event loop, mostly), per output token, and the engine steps' wall and CPU time: a step's
-wall time above its CPU time plus the sleep is time the engine thread waited for the GIL.
+Besides bench-serve's summary the server reports, at SIGTERM: the server's CPU time per output token (both
+processes' with an engine process), split into the engine's (its thread, or its process) and the rest (the
+event loop, mostly), and the engine steps' wall and CPU time: on a thread, a step's wall time above its CPU
+time plus the sleep is time the engine thread waited for the GIL (in a process: for a core). ``--json``
+prints these numbers as one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import cProfile
 import dataclasses
+import functools
 import json
+import multiprocessing
 import os
 import pstats
 import signal
@@ -38,22 +45,21 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
     sys.path.insert(0, _HERE)
 
 _STATS = "serve_host stats: "
+_ENGINE_STATS = "serve_host engine stats: "
 
 
-def _server(args: argparse.Namespace) -> int:
-    """The ``--server`` process: the stand-in engine served on a free port until SIGTERM."""
+def standin_engine(root: str, step_ms: float) -> Any:
+    """The stand-in engine (the demo tokenizer's vocabulary; `step_ms` of sleep per forward), its steps timed into
+    `_ENGINE`; built where the engine runs (the engine process, or the server's), so it must pickle by name."""
     import engine_host
 
     from infinilm import EngineOptions
     from infinilm.demo import demo_checkpoint
     from infinilm.engine import Engine
     from infinilm.engine.gates import plan
-    from infinilm.serve import server as server_module
-    from infinilm.serve.engine_loop import EngineLoop
     from infinilm.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(demo_checkpoint(Path(args.server)))
-    vocab = tokenizer.get_vocab_size()
+    vocab = load_tokenizer(demo_checkpoint(Path(root))).get_vocab_size()
     cfg = dataclasses.replace(engine_host.config(), vocab_size=vocab)
     options = EngineOptions(block_size=16, num_blocks=2048, max_num_seqs=64, max_num_batched_tokens=8192,
                             max_model_len=512, async_scheduling=True)
@@ -61,9 +67,9 @@ def _server(args: argparse.Namespace) -> int:
     standin.table = torch.zeros(8192, vocab)
     standin.table[torch.arange(8192), 3 + torch.arange(8192) % (vocab - 3)] = 1.0  # varied printable bytes
     eng = Engine(cfg, options, plan(cfg, options), standin)
-    sleep = args.step_ms / 1e3
+    sleep = step_ms / 1e3
     forward, step = standin.forward, eng.step
-    stats: dict[str, float] = {"steps": 0, "tokens": 0, "wall": 0.0, "cpu": 0.0, "thread_cpu": 0.0}
+    stats = _ENGINE
 
     def slow_forward(*a: Any) -> torch.Tensor:
         if sleep:
@@ -74,45 +80,73 @@ def _server(args: argparse.Namespace) -> int:
         w, c = time.perf_counter(), time.thread_time()
         out = step()
         stats["wall"] += time.perf_counter() - w
-        stats["thread_cpu"] = time.thread_time()  # the engine thread's whole CPU time so far
-        stats["cpu"] += stats["thread_cpu"] - c
+        stats["engine_cpu"] = time.thread_time()  # the engine thread's whole CPU time so far
+        stats["cpu"] += stats["engine_cpu"] - c
         stats["steps"] += bool(out)
         stats["tokens"] += len(out)
         return out
 
     standin.forward, eng.step = slow_forward, timed_step  # type: ignore[method-assign]
-    info = server_module.ModelInfo(name="bench", vocab_size=vocab, max_model_len=512, cache_block_size=16,
-                                   cache_blocks=2048, tokenizer=tokenizer, eos_token_ids=(0,))
-    sock = server_module._listen("127.0.0.1", 0)
-    ns = argparse.Namespace(max_waiting=256, api_key=None, read_timeout=60.0, shutdown_timeout=5.0)
-    from infinilm.serve.middleware import ACCESS_LOG
+    if multiprocessing.parent_process() is not None:  # the engine process: its stats when it ends
+        cpu0 = time.process_time()
 
-    ACCESS_LOG.disabled = True
+        def report() -> None:
+            stats["engine_cpu"] = time.process_time() - cpu0
+            print(_ENGINE_STATS + json.dumps(stats), flush=True)
+
+        atexit.register(report)
+    return eng
+
+
+_ENGINE: dict[str, float] = {"steps": 0, "tokens": 0, "wall": 0.0, "cpu": 0.0, "engine_cpu": 0.0}
+
+
+def _server(args: argparse.Namespace) -> int:
+    """The ``--server`` process: the stand-in engine served on a free port until SIGTERM."""
+    from infinilm.serve import server as server_module
+    from infinilm.serve.engine_loop import EngineLoop
+    from infinilm.serve.middleware import ACCESS_LOG
+    from infinilm.tokenizer import load_tokenizer
+
+    process = not args.no_engine_process
     profiles = {"event loop": cProfile.Profile(), "engine thread": cProfile.Profile()} if args.profile else {}
-    if profiles:
+    if profiles and not process:
         run = EngineLoop._run
 
         def profiled_run(self: EngineLoop) -> None:
             profiles["engine thread"].runcall(run, self)
 
         EngineLoop._run = profiled_run  # type: ignore[method-assign]
+    factory = functools.partial(standin_engine, args.server, args.step_ms)
+    client, facts = server_module.start_engine(factory, process=process, max_waiting=256)
+    tokenizer = load_tokenizer(Path(args.server))
+    info = server_module.ModelInfo(name="bench", vocab_size=facts["vocab_size"], max_model_len=512,
+                                   cache_block_size=16, cache_blocks=2048, tokenizer=tokenizer, eos_token_ids=(0,))
+    sock = server_module._listen("127.0.0.1", 0)
+    ns = argparse.Namespace(max_waiting=256, api_key=None, read_timeout=60.0, shutdown_timeout=5.0)
+    ACCESS_LOG.disabled = True
+    serve = server_module._serve(client, facts, info, sock, ns)
     cpu0 = time.process_time()
     if profiles:
-        profiles["event loop"].runcall(asyncio.run, server_module._serve(eng, info, sock, ns))
+        profiles["event loop"].runcall(asyncio.run, serve)
     else:
-        asyncio.run(server_module._serve(eng, info, sock, ns))
-    stats["process_cpu"] = time.process_time() - cpu0
+        asyncio.run(serve)
+    cpu = time.process_time() - cpu0
     for name, prof in profiles.items():
-        print(f"--- {name}: tottime, top 25", flush=True)
-        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
-    print(_STATS + json.dumps(stats), flush=True)
+        if prof.getstats():
+            print(f"--- {name}: tottime, top 25", flush=True)
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    if not process:
+        print(_ENGINE_STATS + json.dumps(_ENGINE), flush=True)
+    print(_STATS + json.dumps({"process_cpu": cpu, "process": process}), flush=True)
     return 0
 
 
-def _start(root: str, step_ms: float, profile: bool) -> tuple[subprocess.Popen[str], str, list[str]]:
+def _start(root: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str, list[str]]:
     from gpu_serve import launch
 
-    cmd = [sys.executable, __file__, "--server", root, "--step-ms", str(step_ms), *(["--profile"] if profile else [])]
+    cmd = [sys.executable, __file__, "--server", root, "--step-ms", str(args.step_ms),
+           *(["--profile"] if args.profile else []), *(["--no-engine-process"] if args.no_engine_process else [])]
     return launch(cmd, 120.0, os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
 
 
@@ -120,20 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--step-ms", type=float, default=0.0, help="sleep per forward (a stand-in GPU step)")
-    parser.add_argument("--profile", action="store_true", help="the server's cProfile, per thread (slower)")
+    parser.add_argument("--no-engine-process", action="store_true",
+                        help="the engine on a thread of the server process (the server's option)")
+    parser.add_argument("--profile", action="store_true",
+                        help="the server's cProfile: the event loop's, and the engine thread's (slower)")
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--json", action="store_true", help="one JSON line of the numbers instead of the table")
     args = parser.parse_args(argv)
     if args.server is not None:
         return _server(args)
     from infinilm.serve.bench_client import run_bench_serve
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url, lines = _start(tmp, args.step_ms, args.profile)
+        proc, url, lines = _start(tmp, args)
         try:
             bench = dict(num_prompts=args.num_prompts, concurrency=args.concurrency, input_len=args.input_len,
                          output_len=args.output_len, temperature=args.temperature, top_p=args.top_p)
@@ -144,21 +182,31 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    stats = json.loads(next(x for x in lines if x.startswith(_STATS))[len(_STATS):])
-    tokens = stats["tokens"]  # warm-up included: the server's counters cover both passes
-    rest = stats["process_cpu"] - stats["thread_cpu"]
+    engine = json.loads(next(x for x in lines if x.startswith(_ENGINE_STATS))[len(_ENGINE_STATS):])
+    server = json.loads(next(x for x in lines if x.startswith(_STATS))[len(_STATS):])
+    tokens = engine["tokens"]  # warm-up included: the server's counters cover both passes
+    total = server["process_cpu"] + (engine["engine_cpu"] if server["process"] else 0.0)
+    rest = total - engine["engine_cpu"]
+    where = "process" if server["process"] else "thread"
+    numbers = {"engine": where, "step_ms": args.step_ms, "output_tok_s": result.output_throughput,
+               "client_us": 1e6 * client_cpu / max(1, result.completed * args.output_len),
+               "server_us": 1e6 * total / tokens, "engine_us": 1e6 * engine["engine_cpu"] / tokens,
+               "rest_us": 1e6 * rest / tokens, "step_wall_ms": 1e3 * engine["wall"] / engine["steps"],
+               "step_cpu_ms": 1e3 * engine["cpu"] / engine["steps"], "tokens_per_step": tokens / engine["steps"],
+               "failed": result.failed}
+    if args.json:
+        print(json.dumps(numbers))
+        return 0 if result.failed == 0 else 1
     if args.profile:
         print("\n".join(x for x in lines[lines.index(next(x for x in lines if x.startswith("--- "))):]
-                         if not x.startswith(_STATS)))
+                         if not x.startswith((_STATS, _ENGINE_STATS))))
     print(result.table())
-    client_tokens = max(1, result.completed * args.output_len)
-    print(f"client CPU per output token (us)        {1e6 * client_cpu / client_tokens:.1f}")
-    print(f"server CPU per output token (us)        {1e6 * stats['process_cpu'] / tokens:.1f}")
-    print(f"  engine thread (us)                    {1e6 * stats['thread_cpu'] / tokens:.1f}")
-    print(f"  event loop and the rest (us)          {1e6 * rest / tokens:.1f}")
-    print(f"engine step wall / CPU, mean (ms)       {1e3 * stats['wall'] / stats['steps']:.3f} / "
-          f"{1e3 * stats['cpu'] / stats['steps']:.3f}   (sleep {args.step_ms:g} ms, {tokens / stats['steps']:.1f} "
-          "tokens per step)")
+    print(f"client CPU per output token (us)        {numbers['client_us']:.1f}")
+    print(f"server CPU per output token (us)        {numbers['server_us']:.1f}   (engine on a {where})")
+    print(f"  engine {where} (us)                   {numbers['engine_us']:.1f}")
+    print(f"  event loop and the rest (us)          {numbers['rest_us']:.1f}")
+    print(f"engine step wall / CPU, mean (ms)       {numbers['step_wall_ms']:.3f} / {numbers['step_cpu_ms']:.3f}   "
+          f"(sleep {args.step_ms:g} ms, {numbers['tokens_per_step']:.1f} tokens per step)")
     return 0 if result.failed == 0 else 1
 
 
