@@ -73,7 +73,9 @@ def standin_engine(root: str, step_ms: float) -> Any:
 
     def slow_forward(*a: Any) -> torch.Tensor:
         if sleep:
+            w = time.perf_counter()
             time.sleep(sleep)
+            stats["slept"] += time.perf_counter() - w
         return forward(*a)
 
     def timed_step() -> Any:
@@ -98,7 +100,7 @@ def standin_engine(root: str, step_ms: float) -> Any:
     return eng
 
 
-_ENGINE: dict[str, float] = {"steps": 0, "tokens": 0, "wall": 0.0, "cpu": 0.0, "engine_cpu": 0.0}
+_ENGINE: dict[str, float] = {"steps": 0, "tokens": 0, "wall": 0.0, "cpu": 0.0, "engine_cpu": 0.0, "slept": 0.0}
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                "server_us": 1e6 * total / tokens, "engine_us": 1e6 * engine["engine_cpu"] / tokens,
                "rest_us": 1e6 * rest / tokens, "step_wall_ms": 1e3 * engine["wall"] / engine["steps"],
                "step_cpu_ms": 1e3 * engine["cpu"] / engine["steps"], "tokens_per_step": tokens / engine["steps"],
+               "slept_ms": 1e3 * engine["slept"] / engine["steps"],
                "failed": result.failed}
     if args.json:
         print(json.dumps(numbers))
@@ -206,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  engine {where} (us)                   {numbers['engine_us']:.1f}")
     print(f"  event loop and the rest (us)          {numbers['rest_us']:.1f}")
     print(f"engine step wall / CPU, mean (ms)       {numbers['step_wall_ms']:.3f} / {numbers['step_cpu_ms']:.3f}   "
-          f"(sleep {args.step_ms:g} ms, {numbers['tokens_per_step']:.1f} tokens per step)")
+          f"(sleep {args.step_ms:g} ms, slept {numbers['slept_ms']:.3f} ms; {numbers['tokens_per_step']:.1f} tokens "
+          "per step)")
     return 0 if result.failed == 0 else 1
 
 

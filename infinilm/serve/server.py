@@ -135,7 +135,7 @@ async def _serve(loop: EngineClient, facts: dict[str, Any], info: ModelInfo, soc
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    where = "its own process" if isinstance(loop, EngineProcess) else "a thread"
+    where = f"its own process (pid {loop.process.pid})" if isinstance(loop, EngineProcess) else "a thread"
     print(f"infinilm serve: {info.name} on {url} (max_model_len {info.max_model_len}, {facts['max_num_seqs']} "
           f"sequences per step, {info.cache_blocks} {facts['cache_kind']}s, chat template: "
           f"{'yes' if info.render_chat else 'no'}; {facts['graph_status']}; async scheduling: "
