@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,9 +168,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--json", action="store_true", help="one JSON line of the numbers instead of the table")
+    parser.add_argument("--ab", type=int, default=0, metavar="N",
+                        help="N rounds of both ways, alternating (process, thread); prints each run and the medians")
     args = parser.parse_args(argv)
     if args.server is not None:
         return _server(args)
+    if args.ab:
+        return _ab(args)
+    numbers, result, lines = _measure(args)
+    if args.json:
+        print(json.dumps(numbers))
+        return 0 if result.failed == 0 else 1
+    if args.profile:
+        print("\n".join(x for x in lines[lines.index(next(x for x in lines if x.startswith("--- "))):]
+                         if not x.startswith((_STATS, _ENGINE_STATS))))
+    where = numbers["engine"]
+    print(result.table())
+    print(f"client CPU per output token (us)        {numbers['client_us']:.1f}")
+    print(f"server CPU per output token (us)        {numbers['server_us']:.1f}   (engine on a {where})")
+    print(f"  engine {where} (us)                   {numbers['engine_us']:.1f}")
+    print(f"  event loop and the rest (us)          {numbers['rest_us']:.1f}")
+    print(f"engine step wall / CPU, mean (ms)       {numbers['step_wall_ms']:.3f} / {numbers['step_cpu_ms']:.3f}   "
+          f"(sleep {args.step_ms:g} ms, slept {numbers['slept_ms']:.3f} ms; {numbers['tokens_per_step']:.1f} tokens "
+          "per step)")
+    return 0 if result.failed == 0 else 1
+
+
+_COLUMNS = (("output_tok_s", "output tok/s", 0), ("client_us", "client us/tok", 1), ("server_us", "server us/tok", 1),
+            ("engine_us", "engine us/tok", 1), ("rest_us", "rest us/tok", 1), ("step_wall_ms", "step wall ms", 2),
+            ("step_cpu_ms", "step CPU ms", 2), ("slept_ms", "slept ms", 2), ("tokens_per_step", "tok/step", 1))
+
+
+def _ab(args: argparse.Namespace) -> int:
+    """`args.ab` rounds of the engine process then the engine thread; a markdown table of each run, then the
+    medians of each way."""
+    runs: dict[str, list[dict[str, Any]]] = {"process": [], "thread": []}
+    print("| engine | " + " | ".join(c[1] for c in _COLUMNS) + " |")
+    print("|---" * (len(_COLUMNS) + 1) + "|")
+    failed = 0
+    for _ in range(args.ab):
+        for thread in (False, True):
+            numbers, result, _ = _measure(argparse.Namespace(**{**vars(args), "no_engine_process": thread}))
+            runs[numbers["engine"]].append(numbers)
+            failed += result.failed
+            print(_row(numbers["engine"], numbers), flush=True)
+    for way, got in runs.items():
+        medians = {k: statistics.median(r[k] for r in got) for k, _, _ in _COLUMNS}
+        print(_row(f"**{way}, median of {len(got)}**", medians))
+    return 0 if failed == 0 else 1
+
+
+def _row(name: str, numbers: dict[str, Any]) -> str:
+    return f"| {name} | " + " | ".join(f"{numbers[k]:.{d}f}" for k, _, d in _COLUMNS) + " |"
+
+
+def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], Any, list[str]]:
+    """One run: the server started, a warm-up pass, the measured pass, SIGTERM; its numbers, bench-serve's
+    result and the server's lines."""
     from infinilm.serve.bench_client import run_bench_serve
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,30 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     server = json.loads(next(x for x in lines if x.startswith(_STATS))[len(_STATS):])
     tokens = engine["tokens"]  # warm-up included: the server's counters cover both passes
     total = server["process_cpu"] + (engine["engine_cpu"] if server["process"] else 0.0)
-    rest = total - engine["engine_cpu"]
-    where = "process" if server["process"] else "thread"
-    numbers = {"engine": where, "step_ms": args.step_ms, "output_tok_s": result.output_throughput,
+    numbers = {"engine": "process" if server["process"] else "thread", "step_ms": args.step_ms,
+               "output_tok_s": result.output_throughput,
                "client_us": 1e6 * client_cpu / max(1, result.completed * args.output_len),
                "server_us": 1e6 * total / tokens, "engine_us": 1e6 * engine["engine_cpu"] / tokens,
-               "rest_us": 1e6 * rest / tokens, "step_wall_ms": 1e3 * engine["wall"] / engine["steps"],
+               "rest_us": 1e6 * (total - engine["engine_cpu"]) / tokens,
+               "step_wall_ms": 1e3 * engine["wall"] / engine["steps"],
                "step_cpu_ms": 1e3 * engine["cpu"] / engine["steps"], "tokens_per_step": tokens / engine["steps"],
-               "slept_ms": 1e3 * engine["slept"] / engine["steps"],
-               "failed": result.failed}
-    if args.json:
-        print(json.dumps(numbers))
-        return 0 if result.failed == 0 else 1
-    if args.profile:
-        print("\n".join(x for x in lines[lines.index(next(x for x in lines if x.startswith("--- "))):]
-                         if not x.startswith((_STATS, _ENGINE_STATS))))
-    print(result.table())
-    print(f"client CPU per output token (us)        {numbers['client_us']:.1f}")
-    print(f"server CPU per output token (us)        {numbers['server_us']:.1f}   (engine on a {where})")
-    print(f"  engine {where} (us)                   {numbers['engine_us']:.1f}")
-    print(f"  event loop and the rest (us)          {numbers['rest_us']:.1f}")
-    print(f"engine step wall / CPU, mean (ms)       {numbers['step_wall_ms']:.3f} / {numbers['step_cpu_ms']:.3f}   "
-          f"(sleep {args.step_ms:g} ms, slept {numbers['slept_ms']:.3f} ms; {numbers['tokens_per_step']:.1f} tokens "
-          "per step)")
-    return 0 if result.failed == 0 else 1
+               "slept_ms": 1e3 * engine["slept"] / engine["steps"], "failed": result.failed}
+    return numbers, result, lines
 
 
 if __name__ == "__main__":
