@@ -27,6 +27,7 @@ import atexit
 import cProfile
 import dataclasses
 import functools
+import gc
 import json
 import multiprocessing
 import os
@@ -49,9 +50,10 @@ _STATS = "serve_host stats: "
 _ENGINE_STATS = "serve_host engine stats: "
 
 
-def standin_engine(root: str, step_ms: float) -> Any:
+def standin_engine(root: str, step_ms: float, gc_freeze: bool = True) -> Any:
     """The stand-in engine (the demo tokenizer's vocabulary; `step_ms` of sleep per forward), its steps timed into
-    `_ENGINE`; built where the engine runs (the engine process, or the server's), so it must pickle by name."""
+    `_ENGINE`; built where the engine runs (the engine process, or the server's), so it must pickle by name.
+    Without `gc_freeze` the engine process does not freeze its heap (the server's `freeze_heap`)."""
     import engine_host
 
     from infinilm import EngineOptions
@@ -80,6 +82,7 @@ def standin_engine(root: str, step_ms: float) -> Any:
         return forward(*a)
 
     def timed_step() -> Any:
+        stats["serving"] = 1
         w, c = time.perf_counter(), time.thread_time()
         out = step()
         stats["wall"] += time.perf_counter() - w
@@ -90,8 +93,13 @@ def standin_engine(root: str, step_ms: float) -> Any:
         return out
 
     standin.forward, eng.step = slow_forward, timed_step  # type: ignore[method-assign]
+    if not gc_freeze:
+        from infinilm.serve import engine_proc
+
+        engine_proc.freeze_heap = lambda: None  # type: ignore[assignment]
     if multiprocessing.parent_process() is not None:  # the engine process: its stats when it ends
         cpu0 = time.process_time()
+        _time_gc(stats)
 
         def report() -> None:
             stats["engine_cpu"] = time.process_time() - cpu0
@@ -99,6 +107,20 @@ def standin_engine(root: str, step_ms: float) -> Any:
 
         atexit.register(report)
     return eng
+
+
+def _time_gc(stats: dict[str, float]) -> None:
+    """Add this process's garbage-collection time (seconds) to ``stats["gc"]`` once ``stats["serving"]`` is set
+    (the startup's collections left out)."""
+    began = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        elif stats.get("serving"):
+            stats["gc"] = stats.get("gc", 0.0) + time.perf_counter() - began[0]
+
+    gc.callbacks.append(callback)
 
 
 _ENGINE: dict[str, float] = {"steps": 0, "tokens": 0, "wall": 0.0, "cpu": 0.0, "engine_cpu": 0.0, "slept": 0.0}
@@ -120,7 +142,9 @@ def _server(args: argparse.Namespace) -> int:
             profiles["engine thread"].runcall(run, self)
 
         EngineLoop._run = profiled_run  # type: ignore[method-assign]
-    factory = functools.partial(standin_engine, args.server, args.step_ms)
+    if args.no_gc_freeze:
+        server_module.freeze_heap = lambda: None  # type: ignore[assignment]
+    factory = functools.partial(standin_engine, args.server, args.step_ms, not args.no_gc_freeze)
     client, facts = server_module.start_engine(factory, process=process, max_waiting=256)
     tokenizer = load_tokenizer(Path(args.server))
     info = server_module.ModelInfo(name="bench", vocab_size=facts["vocab_size"], max_model_len=512,
@@ -129,6 +153,16 @@ def _server(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(max_waiting=256, api_key=None, read_timeout=60.0, shutdown_timeout=5.0)
     ACCESS_LOG.disabled = True
     serve = server_module._serve(client, facts, info, sock, ns)
+    server_stats: dict[str, float] = {}
+    _time_gc(server_stats)
+    on_output = client._on_output
+
+    def first_output(out: Any) -> None:
+        server_stats["serving"] = 1
+        client._on_output = on_output  # type: ignore[method-assign]
+        on_output(out)
+
+    client._on_output = first_output  # type: ignore[method-assign]
     cpu0 = time.process_time()
     if profiles:
         profiles["event loop"].runcall(asyncio.run, serve)
@@ -141,7 +175,7 @@ def _server(args: argparse.Namespace) -> int:
             pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
     if not process:
         print(_ENGINE_STATS + json.dumps(_ENGINE), flush=True)
-    print(_STATS + json.dumps({"process_cpu": cpu, "process": process}), flush=True)
+    print(_STATS + json.dumps({"process_cpu": cpu, "process": process, **server_stats}), flush=True)
     return 0
 
 
@@ -149,7 +183,8 @@ def _start(root: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], 
     from gpu_serve import launch
 
     cmd = [sys.executable, __file__, "--server", root, "--step-ms", str(args.step_ms),
-           *(["--profile"] if args.profile else []), *(["--no-engine-process"] if args.no_engine_process else [])]
+           *(["--profile"] if args.profile else []), *(["--no-engine-process"] if args.no_engine_process else []),
+           *(["--no-gc-freeze"] if args.no_gc_freeze else [])]
     return launch(cmd, 120.0, os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
 
 
@@ -159,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-ms", type=float, default=0.0, help="sleep per forward (a stand-in GPU step)")
     parser.add_argument("--no-engine-process", action="store_true",
                         help="the engine on a thread of the server process (the server's option)")
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="the server and engine processes do not freeze their heaps after startup (the A/B)")
     parser.add_argument("--profile", action="store_true",
                         help="the server's cProfile: the event loop's, and the engine thread's (slower)")
     parser.add_argument("--num-prompts", type=int, default=256)
@@ -196,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
 _COLUMNS = (("output_tok_s", "output tok/s", 0), ("client_us", "client us/tok", 1), ("server_us", "server us/tok", 1),
             ("engine_us", "engine us/tok", 1), ("rest_us", "rest us/tok", 1), ("step_wall_ms", "step wall ms", 2),
-            ("step_cpu_ms", "step CPU ms", 2), ("slept_ms", "slept ms", 2), ("tokens_per_step", "tok/step", 1))
+            ("step_cpu_ms", "step CPU ms", 2), ("slept_ms", "slept ms", 2), ("tokens_per_step", "tok/step", 1),
+            ("server_gc_us", "server GC us/tok", 1), ("engine_gc_us", "engine process GC us/tok", 1))
 
 
 def _ab(args: argparse.Namespace) -> int:
@@ -250,7 +288,9 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], Any, list[str]]:
                "rest_us": 1e6 * (total - engine["engine_cpu"]) / tokens,
                "step_wall_ms": 1e3 * engine["wall"] / engine["steps"],
                "step_cpu_ms": 1e3 * engine["cpu"] / engine["steps"], "tokens_per_step": tokens / engine["steps"],
-               "slept_ms": 1e3 * engine["slept"] / engine["steps"], "failed": result.failed}
+               "slept_ms": 1e3 * engine["slept"] / engine["steps"], "failed": result.failed,
+               "server_gc_us": 1e6 * server.get("gc", 0.0) / tokens,
+               "engine_gc_us": 1e6 * engine.get("gc", 0.0) / tokens}
     return numbers, result, lines
 
 

@@ -4,7 +4,7 @@
 EngineCore` and hands it the core's outputs (`_on_output`, on the event loop): `infinilm.serve.engine_loop.
 EngineLoop` runs the core on a thread of this process, `infinilm.serve.engine_proc.EngineProcess` in a
 process of its own. Each output is one round of the core: its events, for every request at once, land in
-their requests' `asyncio.Queue`s here, and the metrics are observed here (the latencies from the core's
+their requests' `Events` here, and the metrics are observed here (the latencies from the core's
 timestamp of the round, which is ``time.perf_counter``'s clock in either).
 
 Admission control: at most `max_waiting` requests may wait for their first token; past that `submit` answers
@@ -14,6 +14,7 @@ Admission control: at most `max_waiting` requests may wait for their first token
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from infinilm.serve.engine_core import Output
 from infinilm.serve.errors import APIError
 from infinilm.serve.metrics import ServerMetrics, observe_many
 
-__all__ = ["EngineClient", "Event", "Request"]
+__all__ = ["EngineClient", "Event", "Events", "Request"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,41 @@ _ADMITTED: Final = Event()
 _ids = itertools.count()
 
 
+class Events:
+    """One request's events, first in first out: filled by the event loop's side, read by one handler (the
+    subset of `asyncio.Queue` the routes use, without its task accounting: a token costs one append and at most
+    one wake-up)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Event] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, event: Event) -> None:
+        self._items.append(event)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def get(self) -> Event:
+        """The next event, once there is one (a cancelled wait takes none)."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self._items.popleft()
+
+
 class Request:
     """One engine request as the server sees it.
 
     Attributes:
         id: its number for the engine core (unique in this process).
         prompt / params: what the engine runs.
-        events: the `Event`s the engine sends, in order; the last one is `Event.final`.
+        events: the `Event`s the engine sends, in order (`Events`); the last one is `Event.final`.
         arrival: `time.perf_counter` at submission (the latency histograms start there).
         num_tokens / last: tokens produced so far and the core's time of the last one.
         final / cancel_sent / waiting: a final event was delivered, a cancel was sent, no token has arrived yet.
@@ -72,7 +101,7 @@ class Request:
     def __init__(self, prompt: list[int], params: SamplingParams) -> None:
         self.id = next(_ids)
         self.prompt, self.params = prompt, params
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.events = Events()
         self.arrival = time.perf_counter()
         self.num_tokens, self.last = 0, 0.0
         self.final = self.cancel_sent = False

@@ -29,6 +29,7 @@ sets, the cache blocks or state rows held, the scheduler's preemptions so far), 
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import time
 import traceback
@@ -39,7 +40,7 @@ from infinilm.distributed.launch import FollowerError
 from infinilm.engine import Engine, StepOutput
 from infinilm.engine.sequence import FinishReason, Sequence
 
-__all__ = ["EngineCore", "Output", "State", "engine_facts"]
+__all__ = ["EngineCore", "Output", "State", "engine_facts", "freeze_heap"]
 
 _IDLE_SLEEP: Final = 0.001  # seconds, when the engine has work that no step could schedule
 
@@ -58,6 +59,14 @@ def engine_facts(engine: Engine) -> dict[str, Any]:
             "cache_kind": "state_row" if isinstance(engine.cache, StatePool) else "kv_block",
             "max_num_seqs": engine.options.max_num_seqs, "graph_status": engine.graph_status,
             "async_scheduling": engine.async_scheduling}
+
+
+def freeze_heap() -> None:
+    """Collect, then move every object that survived into the collector's permanent generation (`gc.freeze`,
+    as vLLM does after startup): the engine's, the modules' and the app's objects are no longer traversed by
+    the full collections that the requests' short-lived objects trigger. Call once a process has started."""
+    gc.collect()
+    gc.freeze()
 
 
 class EngineCore:

@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from infinilm.engine import Engine
 from infinilm.serve.engine_client import EngineClient
-from infinilm.serve.engine_core import EngineCore, engine_facts
+from infinilm.serve.engine_core import EngineCore, engine_facts, freeze_heap
 from infinilm.serve.errors import APIError
 from infinilm.serve.metrics import ServerMetrics
 
@@ -118,6 +118,7 @@ def _engine_main(sock: socket.socket, factory: Callable[[], Engine]) -> None:
     except BaseException as err:
         sock.sendall(_frame(("failed", *_startup_error(err))))
         sys.exit(1)
+    freeze_heap()
     sock.sendall(_frame(("ready", engine_facts(engine))))
     frames = _Frames()
 

@@ -29,7 +29,7 @@ from infinilm.engine import Engine
 from infinilm.serve.chat_template import load_chat_template
 from infinilm.serve.connection import Runner, body_limits
 from infinilm.serve.engine_client import EngineClient
-from infinilm.serve.engine_core import engine_facts
+from infinilm.serve.engine_core import engine_facts, freeze_heap
 from infinilm.serve.engine_loop import EngineLoop
 from infinilm.serve.engine_proc import EngineProcess, start_engine_process
 from infinilm.serve.metrics import ServerMetrics
@@ -129,6 +129,7 @@ async def _serve(loop: EngineClient, facts: dict[str, Any], info: ModelInfo, soc
                     handler_cancellation=True, access_log=None, keepalive_timeout=_KEEPALIVE,
                     shutdown_timeout=args.shutdown_timeout + 5.0)
     await runner.setup()
+    freeze_heap()
     await web.SockSite(runner, sock).start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
