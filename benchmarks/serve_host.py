@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     where = numbers["engine"]
     print(result.table())
     print(f"client CPU per output token (us)        {numbers['client_us']:.1f}")
-    print(f"server CPU per output token (us)        {numbers['server_us']:.1f}   (engine on a {where})")
+    print(f"server CPU per output token (us)        {numbers['server_us']:.1f}   (engine: {where})")
     print(f"  engine {where} (us)                   {numbers['engine_us']:.1f}")
     print(f"  event loop and the rest (us)          {numbers['rest_us']:.1f}")
     print(f"engine step wall / CPU, mean (ms)       {numbers['step_wall_ms']:.3f} / {numbers['step_cpu_ms']:.3f}   "

@@ -146,3 +146,58 @@ def test_an_engine_that_does_not_load_is_one_error_line_and_exit_status_2(
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("infinilm serve: error: "), out.stderr
     assert "Traceback" not in out.stderr and "on http://" not in out.stdout
+
+
+def flaky_engine(path: str) -> object:
+    """The demo engine whose step raises while a request of ``max_new_tokens=7`` runs (a module function: the
+    engine process builds it by name)."""
+    from infinilm import Engine, EngineOptions
+
+    engine = Engine.from_pretrained(path, EngineOptions(max_num_seqs=4, max_model_len=256, num_blocks=64))
+    step = engine.step
+
+    def flaky() -> object:
+        if any(s.params.max_new_tokens == 7 for s in engine.scheduler.running):
+            raise RuntimeError("boom")
+        return step()
+
+    engine.step = flaky  # type: ignore[method-assign]
+    return engine
+
+
+@pytest.mark.parametrize("process", [True, False], ids=["process", "thread"])
+def test_a_step_that_raises_fails_its_requests_with_500_a_refused_prompt_is_400_and_the_engine_goes_on(
+        demo: Path, process: bool) -> None:  # noqa: F811
+    import asyncio
+    import functools
+
+    from infinilm import SamplingParams
+    from infinilm.serve.server import start_engine
+
+    client, facts = start_engine(functools.partial(flaky_engine, str(demo)), process=process, max_waiting=8)
+    assert facts["max_model_len"] == 256 and facts["cache_kind"] == "kv_block"
+
+    async def events(req: object) -> list[object]:
+        out = [await asyncio.wait_for(req.events.get(), 60)]  # type: ignore[attr-defined]
+        while not out[-1].final:
+            out.append(await asyncio.wait_for(req.events.get(), 60))  # type: ignore[attr-defined]
+        return out
+
+    async def run() -> tuple[list[object], ...]:
+        client.start()
+        try:
+            failed = await events(client.submit([1, 2, 3], SamplingParams(max_new_tokens=7)))
+            refused = await events(client.submit(list(range(1, 300)), SamplingParams(max_new_tokens=2)))
+            ok = await events(client.submit([1, 2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True)))
+            return failed, refused, ok
+        finally:
+            await client.stop()
+
+    failed, refused, ok = asyncio.run(run())
+    assert failed[-1].error.status == 500 and "RuntimeError: boom" in failed[-1].error.message
+    assert len(refused) == 1 and refused[0].error.status == 400 and refused[0].error.param == "prompt"
+    assert [e.token is not None for e in ok] == [False, True, True, True] and ok[-1].finish_reason == "length"
+    rendered = client.metrics.render().decode()
+    assert 'infinilm_cache_blocks_used{kind="kv_block"} 0.0' in rendered
+    assert 'infinilm_requests_finished_total{finish_reason="error"} 1.0' in rendered
+    assert not client.alive
