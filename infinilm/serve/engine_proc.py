@@ -44,6 +44,7 @@ __all__ = ["EngineProcess", "EngineStartupError", "start_engine_process"]
 
 _HEADER: Final = struct.Struct("<Q")
 _CHUNK: Final = 1 << 20  # bytes per recv
+_READS: Final = 16  # most recvs per wake-up of the event loop
 _STOP_SECONDS: Final = 30.0  # for the engine process to end after a stop input (then it is killed)
 
 
@@ -268,7 +269,7 @@ class EngineProcess(EngineClient):
     def _read(self) -> None:
         outs: list[Any] = []
         ended = False
-        while not self._gone:
+        for _ in range(_READS):  # bounded: a fast engine must not keep the loop from its streams
             try:
                 data = self._sock.recv(_CHUNK)
             except BlockingIOError:

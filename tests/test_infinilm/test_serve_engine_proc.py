@@ -201,3 +201,15 @@ def test_a_step_that_raises_fails_its_requests_with_500_a_refused_prompt_is_400_
     assert 'infinilm_cache_blocks_used{kind="kv_block"} 0.0' in rendered
     assert 'infinilm_requests_finished_total{finish_reason="error"} 1.0' in rendered
     assert not client.alive
+
+
+def test_a_gate_error_in_the_engine_process_is_the_threads_report_and_exit_status_1(demo: Path) -> None:  # noqa: F811
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFINIOPS_", "TRITON_"))} | {
+        "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "infinilm.cli", "serve", "--model", str(demo), "--port", "0", "--dtype", "float16",
+           "--provider", "rms_norm=triton"]  # triton serves CUDA only: no provider for this CPU run
+    outs = [subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120, env=env)
+            for extra in ([], ["--no-engine-process"])]
+    assert [o.returncode for o in outs] == [1, 1], outs[0].stderr
+    assert outs[0].stderr == outs[1].stderr and outs[0].stderr.startswith("gate check failed")
+    assert "no provider can serve rms_norm" in outs[0].stderr and "Traceback" not in outs[0].stderr
