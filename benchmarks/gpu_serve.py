@@ -4,6 +4,7 @@ greedy and sampled, in one run.
     python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton \
         -e providers/cupy
     python3 benchmarks/gpu_serve.py [--num-prompts 512] [--concurrency 64]   # about 2 min on the H200
+    python3 benchmarks/gpu_serve.py --no-engine-process                    # the engine on a thread (A/B)
     python3 benchmarks/gpu_serve.py --smoke                                # a tiny model on the CPU
 
 The H200's image has no pydantic (the `serve` extra): download the extra's wheels for its Python 3.12 here,
@@ -13,10 +14,11 @@ there first (``python3 -m pip install -q --no-index --find-links .whl aiohttp pr
 
 The checkpoint is ``gpu_infinilm.QWEN3_0_6B`` with random weights (seed 0), served in bf16 with CUDA graphs,
 ``--max-num-seqs 64 --max-model-len 512 --num-blocks 2048`` and the engine's default async scheduling, on a free
-loopback port. The client is ``infinilm bench-serve``'s (streaming completions of random 128-token prompts, 128
-output tokens each, ``ignore_eos``, a closed loop at ``--concurrency``): one warm-up pass of `concurrency`
-requests, then ``--num-prompts`` greedy and the same sampled at temperature 0.8, top_p 0.9 (issue #24's
-command). Prints both summaries and a PASS/FAIL line per target (30000 output tok/s greedy, 25000 sampled);
+loopback port, the engine in its own process (the server's default; ``--no-engine-process``: on a thread of the
+server process, for the A/B). The client is ``infinilm bench-serve``'s (streaming completions of random
+128-token prompts, 128 output tokens each, ``ignore_eos``, a closed loop at ``--concurrency``): one warm-up
+pass of `concurrency` requests, then ``--num-prompts`` greedy and the same sampled at temperature 0.8, top_p 0.9
+(issue #24's command). Prints both summaries and a PASS/FAIL line per target (30000 output tok/s greedy, 25000 sampled);
 exit status 1 when a target is missed or a request failed, 2 when the server did not start.
 """
 
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -46,12 +49,13 @@ SAMPLED = {"temperature": 0.8, "top_p": 0.9}
 _READY = " on http://"
 
 
-def start_server(model: Path, device: str, timeout: float) -> tuple[subprocess.Popen[str], str, list[str]]:
-    """Start ``infinilm serve`` on `model` (port 0) and wait for its ready line; returns the process, its URL and
-    the lines it printed (kept growing by a reader thread)."""
+def start_server(model: Path, device: str, timeout: float, extra: Sequence[str] = (),
+                 ) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """Start ``infinilm serve`` on `model` (port 0, with the `extra` options) and wait for its ready line; returns
+    the process, its URL and the lines it printed (kept growing by a reader thread)."""
     cmd = [sys.executable, "-c", "import sys; from infinilm.cli import main; sys.exit(main())", "serve",
            "--model", str(model), "--served-model-name", "bench", "--port", "0", "--device", device,
-           "--max-num-seqs", "64", "--max-model-len", "512", "--num-blocks", "2048", "--disable-access-log"]
+           "--max-num-seqs", "64", "--max-model-len", "512", "--num-blocks", "2048", "--disable-access-log", *extra]
     if device == "cuda":
         cmd += ["--dtype", "bfloat16"]
     return launch(cmd, timeout)
@@ -99,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU, few requests")
     parser.add_argument("--start-timeout", type=float, default=300.0, help="seconds for the server to start")
+    parser.add_argument("--no-engine-process", action="store_true",
+                        help="serve with the engine on a thread of the server process (the A/B of the default)")
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print("needs a CUDA device (or --smoke)", file=sys.stderr)
@@ -110,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         build(Path(tmp), SMOKE if args.smoke else QWEN3_0_6B, device)
         began = time.perf_counter()
         try:
-            proc, url, lines = start_server(Path(tmp), device, args.start_timeout)
+            extra = ["--no-engine-process"] if args.no_engine_process else []
+            proc, url, lines = start_server(Path(tmp), device, args.start_timeout, extra)
         except RuntimeError as err:
             print(err, file=sys.stderr)
             return 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinilm.engine.sequence import SamplingParams
-from infinilm.serve.engine_loop import EngineLoop, Request
+from infinilm.serve.engine_client import EngineClient, Request
 from infinilm.serve.responses import ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob, floor
 from infinilm.serve.schemas import ModelInfo
 from infinilm.serve.text import TextOutput
@@ -107,7 +107,7 @@ class Choice:
     def last(self) -> Piece:
         return self.pieces[-1]
 
-    async def run(self, loop: EngineLoop, info: ModelInfo, stop: tuple[str, ...]) -> AsyncIterator[Piece]:
+    async def run(self, loop: EngineClient, info: ModelInfo, stop: tuple[str, ...]) -> AsyncIterator[Piece]:
         """The choice's pieces, to its last (which carries `Piece.finish_reason`); each is kept in `pieces`.
 
         Raises:
@@ -150,7 +150,7 @@ class Choice:
         return token if token in p.stop_token_ids else None
 
 
-async def merged(choices: Sequence[Choice], loop: EngineLoop, info: ModelInfo,
+async def merged(choices: Sequence[Choice], loop: EngineClient, info: ModelInfo,
                  stop: tuple[str, ...]) -> AsyncIterator[tuple[Choice, Piece]]:
     """The pieces of every choice as they come (each choice's in order), until all have ended.
 

@@ -76,6 +76,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"the /v1 routes need 'Authorization: Bearer KEY', else 401 (default: ${API_KEY_ENV}, "
                    "else none; the variable keeps the key out of the process list)")
+    p.add_argument("--no-engine-process", action="store_true",
+                   help="run the engine on a thread of the server process instead of a process of its own (the "
+                   "default with one device: the two then share no GIL); tensor parallel always runs it on a thread")
     p.add_argument("--disable-access-log", action="store_true",
                    help="no access log line per request on stderr (logger infinilm.serve.access)")
 
@@ -105,7 +108,8 @@ def _missing(err: ModuleNotFoundError) -> ConfigError:
 
 
 def run_serve(args: argparse.Namespace, options: EngineOptions) -> int:
-    """``infinilm serve``: serve until SIGTERM; returns 0.
+    """``infinilm serve``: serve until SIGTERM; returns 0, or the CLI's status of the engine process's startup
+    error (1: a gate report, 2: another error; its text printed on stderr).
 
     Raises:
         ConfigError: a package of the ``serve`` extra is missing, the API key is empty, or the address cannot be
@@ -113,6 +117,7 @@ def run_serve(args: argparse.Namespace, options: EngineOptions) -> int:
             whatever loading the engine raises (ConfigError, GateError, LoadError).
     """
     try:
+        from infinilm.serve.engine_proc import EngineStartupError
         from infinilm.serve.middleware import ACCESS_LOG
         from infinilm.serve.server import serve
     except ModuleNotFoundError as err:
@@ -129,7 +134,11 @@ def run_serve(args: argparse.Namespace, options: EngineOptions) -> int:
         ACCESS_LOG.addHandler(handler)
         ACCESS_LOG.setLevel(logging.INFO)
         ACCESS_LOG.propagate = False
-    return serve(args, options)
+    try:
+        return serve(args, options)
+    except EngineStartupError as err:  # the engine process's error, as the CLI reports it on the thread
+        print(str(err) if err.gate else f"infinilm serve: error: {err}", file=sys.stderr)
+        return 1 if err.gate else 2
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ event before ``[DONE]``.
 A client that disconnects cancels its request: the write of the next chunk fails, or (the server runs with
 aiohttp's ``handler_cancellation``) the handler is cancelled while it waits, and its engine requests leave
 the engine before the next step. Every error a request can cause is answered by the middleware as an OpenAI
-error body; none reaches the engine thread or another request.
+error body; none reaches the engine or another request.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from infinilm.serve.choices import Choice, TokenTexts, merged
-from infinilm.serve.engine_loop import EngineLoop
+from infinilm.serve.engine_client import EngineClient
 from infinilm.serve.errors import APIError, bad_request
 from infinilm.serve.metrics import CONTENT_TYPE, ServerMetrics
 from infinilm.serve.middleware import Handler, access_log, require_api_key
@@ -77,14 +77,14 @@ def _json(obj: BaseModel | dict[str, object], status: int = 200) -> web.Response
 
 
 class Routes:
-    """The handlers of one server over one `EngineLoop`.
+    """The handlers of one server over one `EngineClient`.
 
     Attributes:
         draining: set at shutdown: new generation requests get 503, ``/health`` says so.
         api_keys: the keys a ``/v1`` request must bear (`infinilm.serve.middleware`); empty: none needed.
     """
 
-    def __init__(self, loop: EngineLoop, info: ModelInfo, metrics: ServerMetrics, *,
+    def __init__(self, loop: EngineClient, info: ModelInfo, metrics: ServerMetrics, *,
                  api_keys: Sequence[str] = ()) -> None:
         self.loop, self.info, self.metrics = loop, info, metrics
         self.api_keys = tuple(api_keys)
@@ -202,7 +202,8 @@ class Routes:
         return _json(VersionResponse(version=__version__))
 
     async def health(self, request: web.Request) -> web.Response:
-        """``GET /health``: 200 while the engine thread runs and the server is not shutting down, else 503."""
+        """``GET /health``: 200 while the engine (its process or thread) runs and the server is not shutting down,
+        else 503."""
         if self.draining or not self.loop.alive:
             return _json({"status": "shutting down" if self.draining else "engine stopped"}, 503)
         return _json({"status": "ok"})

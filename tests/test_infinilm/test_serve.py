@@ -66,6 +66,7 @@ class Server:
         found = None
         for line in self.proc.stdout:  # type: ignore[union-attr]
             if found := re.search(r"^infinilm serve: .* on (http://127\.0\.0\.1:\d+)", line):
+                self.ready = line  # the ready line
                 break
         watchdog.cancel()
         if not found:
