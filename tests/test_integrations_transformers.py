@@ -418,7 +418,8 @@ def test_attn_implementation_infiniops_works_first_in_a_fresh_process(family: st
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["implementation"] == ATTENTION
-    assert {"flash_attn_varlen", "flash_attn_with_kvcache"} <= set(found["called"])
+    # an unpadded decode step of one token per row goes to torch's SDPA (no mask to apply); Gemma 2's softcap not
+    assert {"flash_attn_varlen", *(["flash_attn_with_kvcache"] if family == "gemma2" else [])} <= set(found["called"])
     assert found["same_tokens"]
     tol = tolerance("rms_norm", "float32")
     assert isinstance(tol, Allclose)
