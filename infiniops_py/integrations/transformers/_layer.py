@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from infiniops_py import fused_add_rms_norm, fused_qk_norm_rope, rotary_embedding, silu_and_mul
+from infiniops_py.integrations.transformers._memo import PerForward
 from infiniops_py.integrations.transformers._rope import _table
 from infiniops_py.integrations.transformers._swaps import _layer_arguments, packed_rows, rms_norm_forward
 
@@ -35,6 +36,7 @@ __all__ = ["QKV", "layer_forward"]
 
 QKV = ("q_proj", "k_proj", "v_proj")
 _GATE_UP = ("gate_proj", "up_proj")
+_INTERFACE = PerForward()  # the model's attention function, looked up once per forward (its config is slow to read)
 
 
 def _linears(module: torch.nn.Module, names: tuple[str, ...], x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,8 @@ def layer_forward(self: torch.nn.Module, *args: Any, qk_norm: bool, is_neox: boo
         ValueError: no ``position_embeddings`` (transformers' model forward always passes them).
     """
     hidden_states, named = _layer_arguments(self, args, kwargs)
-    attn, mlp = self.self_attn, self.mlp
+    modules = self._modules  # the submodules and parameters read from their dicts, not through __getattr__
+    attn, mlp = modules["self_attn"], modules["mlp"]
     position_embeddings = named.pop("position_embeddings", None)
     attention_mask = named.pop("attention_mask", None)
     cache = named.pop("cache", None)
@@ -69,27 +72,29 @@ def layer_forward(self: torch.nn.Module, *args: Any, qk_norm: bool, is_neox: boo
     b, s = hidden_states.shape[:2]
     d = attn.head_dim
     residual = hidden_states.clone(memory_format=torch.contiguous_format)
-    qkv = _linears(attn, QKV, rms_norm_forward(self.input_layernorm, hidden_states))
-    width_q, width_k = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
-    flat = qkv.view(b * s, -1)
+    qkv = _linears(attn, QKV, rms_norm_forward(modules["input_layernorm"], hidden_states))
+    projs = attn._modules
+    widths = [projs[n]._parameters["weight"].shape[0] for n in QKV]
     positions, table = _table(*position_embeddings, b, s, d)
     if qk_norm:
-        q_norm = attn.q_norm
-        fused_qk_norm_rope(flat, q_norm.weight, attn.k_norm.weight, table, positions, num_q_heads=width_q // d,
-                           num_kv_heads=width_k // d, head_dim=d, eps=q_norm.variance_epsilon, is_neox=is_neox)
+        q_norm, k_norm = projs["q_norm"], projs["k_norm"]
+        fused_qk_norm_rope(qkv.view(b * s, -1), q_norm._parameters["weight"], k_norm._parameters["weight"], table,
+                           positions, num_q_heads=widths[0] // d, num_kv_heads=widths[1] // d, head_dim=d,
+                           eps=q_norm.variance_epsilon, is_neox=is_neox)
+        q, k, v = qkv.split(widths, dim=-1)
     else:
-        rotary_embedding(positions, flat[:, :width_q], flat[:, width_q:width_q + width_k], d, table, is_neox)
-    q = qkv[..., :width_q].view(b, s, -1, d).transpose(1, 2)
-    k = qkv[..., width_q:width_q + width_k].view(b, s, -1, d).transpose(1, 2)
-    v = qkv[..., width_q + width_k:].view(b, s, -1, d).transpose(1, 2)
+        q, k, v = qkv.split(widths, dim=-1)
+        rotary_embedding(positions, q.view(b * s, -1), k.view(b * s, -1), d, table, is_neox)
+    q, k, v = (t.view(b, s, -1, d).transpose(1, 2) for t in (q, k, v))
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=named)
-    interface = interfaces.get_interface(attn.config._attn_implementation, eager)
+    config = attn.config
+    interface = _INTERFACE.get((id(config),), lambda: interfaces.get_interface(config._attn_implementation, eager))
     out, _ = interface(attn, q, k, v, attention_mask, dropout=0.0 if not attn.training else attn.attention_dropout,
                        scaling=attn.scaling, **extra, **named)
-    o_proj = attn.o_proj
-    x = F.linear(out.reshape(b, s, -1), o_proj.weight, o_proj.bias)
-    post = self.post_attention_layernorm
-    fused_add_rms_norm(x, residual, post.weight, post.variance_epsilon)  # residual += x; x = norm(residual)
-    down = mlp.down_proj
-    return residual.add_(F.linear(silu_and_mul(_linears(mlp, _GATE_UP, x)), down.weight, down.bias))
+    o_proj = projs["o_proj"]._parameters
+    x = F.linear(out.reshape(b, s, -1), o_proj["weight"], o_proj["bias"])
+    post = modules["post_attention_layernorm"]
+    fused_add_rms_norm(x, residual, post._parameters["weight"], post.variance_epsilon)  # residual += x; x = norm
+    down = mlp._modules["down_proj"]._parameters
+    return residual.add_(F.linear(silu_and_mul(_linears(mlp, _GATE_UP, x)), down["weight"], down["bias"]))
