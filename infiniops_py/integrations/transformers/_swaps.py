@@ -214,7 +214,10 @@ def packed_rows(module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.
     if torch.compiler.is_compiling():
         first = params[0]
         return (weight, bias) if (weight.dtype, weight.device) == (first.dtype, first.device) else None
-    return (weight, bias) if _pointers(*params) == pointers else None
+    for p, at in zip(params, pointers, strict=True):
+        if p is not None and p.data_ptr() != at:
+            return None
+    return weight, bias
 
 
 def _packed(mlp: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
