@@ -244,6 +244,24 @@ def test_kernelize_keeps_the_parts_swaps_of_a_layer_with_a_hooked_forward() -> N
     assert calls
 
 
+def test_kernelize_layers_keep_the_attention_weights_of_eager_attention() -> None:
+    # the one-forward layer calls no attention module, whose forward hook records output_attentions: under
+    # transformers' eager attention (the one that returns weights) the layer runs its parts' swaps instead
+    model = _model("qwen3")
+    model.set_attn_implementation("eager")
+    patched = kernelize(copy.deepcopy(model), attention=False)
+    assert patched.infiniops_kernelized.swapped["layer"] == ["model.layers.0", "model.layers.1"]
+    ids = _ids()[0]
+    with torch.no_grad():
+        ours, theirs = (m(ids, output_attentions=True) for m in (patched, model))
+    assert len(ours.attentions) == len(theirs.attentions) == 2
+    tol = tolerance("rms_norm", "float32")
+    assert isinstance(tol, Allclose)
+    for got, want in zip(ours.attentions, theirs.attentions, strict=True):
+        torch.testing.assert_close(got, want, rtol=tol.rtol, atol=tol.atol)
+    torch.testing.assert_close(ours.logits, theirs.logits, rtol=tol.rtol, atol=tol.atol)
+
+
 @pytest.mark.parametrize("rope", [
     {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},  # frequencies rescaled past 16 positions
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

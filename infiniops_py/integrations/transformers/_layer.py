@@ -17,7 +17,8 @@ forward becomes one function over the layer's parameters, with as few calls as t
 
 The projections and the submodules' forwards are not called as modules: their hooks do not run (the layer's own
 hooks do; transformers records hidden states there). The attention weights that transformers' output capture
-records on the attention module are None under flash attention and the ``"infiniops"`` implementation anyway.
+records on the attention module are None under SDPA, flash attention and the ``"infiniops"`` implementation; under
+transformers' eager attention, which returns them, the layer runs its parts' swaps (`fused_layer_forward`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ import torch.nn.functional as F
 from infiniops_py import fused_add_rms_norm, fused_qk_norm_rope, rotary_embedding, silu_and_mul
 from infiniops_py.integrations.transformers._memo import PerForward
 from infiniops_py.integrations.transformers._rope import _table
-from infiniops_py.integrations.transformers._swaps import _layer_arguments, packed_rows, rms_norm_forward
+from infiniops_py.integrations.transformers._swaps import (
+    _layer_arguments,
+    fused_layer_forward,
+    packed_rows,
+    rms_norm_forward,
+)
 
 __all__ = ["QKV", "layer_forward"]
 
@@ -59,9 +65,13 @@ def layer_forward(self: torch.nn.Module, *args: Any, qk_norm: bool, is_neox: boo
     Raises:
         ValueError: no ``position_embeddings`` (transformers' model forward always passes them).
     """
-    hidden_states, named = _layer_arguments(self, args, kwargs)
     modules = self._modules  # the submodules and parameters read from their dicts, not through __getattr__
     attn, mlp = modules["self_attn"], modules["mlp"]
+    config = attn.config
+    interface = _INTERFACE.get((id(config),), lambda: interfaces.get_interface(config._attn_implementation, eager))
+    if interface is eager:  # it returns the attention weights, which transformers records on the attention module
+        return fused_layer_forward(self, *args, **kwargs)
+    hidden_states, named = _layer_arguments(self, args, kwargs)
     position_embeddings = named.pop("position_embeddings", None)
     attention_mask = named.pop("attention_mask", None)
     cache = named.pop("cache", None)
@@ -88,8 +98,6 @@ def layer_forward(self: torch.nn.Module, *args: Any, qk_norm: bool, is_neox: boo
     q, k, v = (t.view(b, s, -1, d).transpose(1, 2) for t in (q, k, v))
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx, kwargs=named)
-    config = attn.config
-    interface = _INTERFACE.get((id(config),), lambda: interfaces.get_interface(config._attn_implementation, eager))
     out, _ = interface(attn, q, k, v, attention_mask, dropout=0.0 if not attn.training else attn.attention_dropout,
                        scaling=attn.scaling, **extra, **named)
     o_proj = projs["o_proj"]._parameters
