@@ -11,7 +11,8 @@
 2. In this one process, on this one model object: ``generate`` as transformers runs it (its default
    attention, SDPA) and after ``infiniops_py.integrations.transformers.kernelize(model)`` (RMSNorm, the fused
    residual add + norm, the SwiGLU MLP as one gate|up projection and ``silu_and_mul``, RoPE and attention
-   through the InfiniOps-Py operators), switching with the report's
+   through the InfiniOps-Py operators; each decoder layer one forward over one q|k|v projection and
+   ``fused_qk_norm_rope``, an unpadded decode step's attention through torch SDPA), switching with the report's
    ``restore()``. Greedy, prompts of random token ids (not 0, the pad id), batch 1 and batch 8, 128 new
    tokens (``min_new_tokens`` too, so an end-of-sequence token does not stop a row early). A full-length
    warm-up of each way first (Triton compiles and autotunes there); then `--repeats` rounds, each timing

@@ -15,13 +15,14 @@ otherwise by the family's classes (`FAMILIES`, keyed by ``config.model_type``: L
 GLM-4, Gemma 2, Mamba-2), never by the text of their code; a subclass that overrides a forward is left alone.
 
 - every RMSNorm -> `rms_norm` (Qwen3's per-head ``q_norm``/``k_norm`` too, on the ``[B, S, H, D]`` views;
-  Gemma 2's ``(1 + weight)`` norm in float32, as Gemma computes it). `fused_qk_norm` is not used: it needs
-  the packed ``[T, (Hq + 2 Hkv) D]`` projection, and transformers computes q, k and v with three linears.
+  Gemma 2's ``(1 + weight)`` norm in float32, as Gemma computes it). Where the whole layer runs as one forward
+  (below), the q/k norms run with RoPE in one `fused_qk_norm_rope` over the packed q|k|v projection instead.
 - the decoder layer's ``residual + attention`` followed by ``post_attention_layernorm`` ->
   `fused_add_rms_norm` (Llama, Qwen2, Qwen3, Mistral, and GLM-4's layer with its extra post-attention and
   post-MLP norms). The layer's input is copied once first (the caller may still hold it:
   ``output_hidden_states``, a user's ``inputs_embeds``); the MLP's residual add then runs in place on that copy.
-- attention -> the ``"infiniops"`` implementation (above), set on the model.
+- attention -> the ``"infiniops"`` implementation (above), set on the model; an unpadded one-token decode step
+  over a cache every row fills has no mask to apply and goes to torch's SDPA (a fraction of the host cost).
 - RoPE (``apply_rotary_pos_emb`` in the attention forward) -> one in-place `rotary_embedding` of q and k on the
   ``[T, H, D]`` projection views (NeoX pairs over the whole head; GLM-4's interleaved pairs over its partial
   rotary dims), the attention forward otherwise transformers'. Its ``cos_sin_cache`` is built once per forward
@@ -31,6 +32,12 @@ GLM-4, Gemma 2, Mamba-2), never by the text of their code; a subclass that overr
   become the two halves of one ``[2I, H]`` tensor, allocated once (the biases likewise): the same parameter
   objects with the same values, not a second copy of the weights (GLM-4's ``gate_up_proj`` is packed already).
   Another activation (Gemma 2's GELU) leaves the MLP as it is.
+- a pre-norm decoder layer (Llama, Qwen2, Qwen3, Mistral) all of whose parts are swapped -> one forward over
+  its parameters (`_layer.layer_forward`): `rms_norm`, one q|k|v projection (the three weights packed once, as
+  the gate|up pair is), Qwen3's q/k norms and RoPE in one `fused_qk_norm_rope` (else one `rotary_embedding`),
+  the cache update and attention function as transformers calls them, ``o_proj``, `fused_add_rms_norm`, the
+  MLP above, and the residual add: no submodule is called (their hooks do not run; a submodule with a forward
+  of its instance's own, as accelerate's hooks set, keeps the layer on the parts' swaps). Listed as ``layer``.
 
 Left in transformers' code, and listed in `Kernelized.left` with the reason: any of the above whose module does
 not keep its class's forward, and Mamba-2's gated ``MambaRMSNormGated`` and ``Mamba2Mixer``.

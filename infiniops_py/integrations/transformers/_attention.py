@@ -1,6 +1,9 @@
 """Attention through InfiniOps-Py: the ``"infiniops"`` entry of transformers' ``AttentionInterface`` and
 ``AttentionMaskInterface`` (`register`, run when the integration is imported), over `flash_attn_varlen` (prefill)
-and `flash_attn_with_kvcache` (decode, padded batches, static caches).
+and `flash_attn_with_kvcache` (decode, padded batches, static caches). One query per row over a cache that every
+row fills (an unpadded ``DynamicCache`` decode step, no softcap, no window narrower than the keys) has no mask to
+apply: that goes to torch's ``scaled_dot_product_attention``, whose call costs the host a fraction of a
+`flash_attn_with_kvcache` call's time (the eager decode step is bound by host time).
 
 No host reads in the attention: what the host needs comes from shapes and arguments, and what is the same for
 every layer of a forward is derived once. The mask entry (`padding_mask`, once per forward) turns transformers'
@@ -19,6 +22,7 @@ import itertools
 from typing import Any, Final
 
 import torch
+import torch.nn.functional as F
 
 from infiniops_py import flash_attn_varlen, flash_attn_with_kvcache
 from infiniops_py.integrations.transformers._memo import PerForward, forget
@@ -145,6 +149,11 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                                 max_q if isinstance(max_q, int) else b * sq,
                                 max_k if isinstance(max_k, int) else b * sk, **options)
         return out.view(b, sq, hq, d), None
+    if sq == 1 and not softcap and (not sliding_window or sliding_window >= sk):
+        # one query per row over a cache every row fills: no mask, so torch's SDPA computes exactly this, at a
+        # fraction of the host time of a flash_attn_with_kvcache call (transformers' eager decode is host-bound)
+        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=hq != hkv)
+        return out.transpose(1, 2), None
     if sq < sk:  # decode over transformers' cache (every row holds all sk keys): a view, no copy
         held = _HELD.get((b, sk, query.device),
                          lambda: torch.full((b,), sk, dtype=torch.int32, device=query.device))

@@ -33,10 +33,14 @@ class PerForward:
         if torch.compiler.is_compiling():
             return make()
         held = self._key
-        if held is None or len(held) != len(key) or not all(
-                a is b if isinstance(a, torch.Tensor) else a == b for a, b in zip(held, key, strict=True)):
-            self._value = make()
-            self._key = key
+        if held is not None and len(held) == len(key):
+            for a, b in zip(held, key, strict=True):  # a loop, not all(...) over a generator: this runs per layer
+                if a is not b and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or a != b):
+                    break
+            else:
+                return self._value  # type: ignore[no-any-return]
+        self._value = make()
+        self._key = key
         return self._value  # type: ignore[no-any-return]
 
     def clear(self) -> None:

@@ -8,8 +8,9 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
-from infiniops_py import Problem, make_problem
+from infiniops_py import GateError, Problem, make_problem, resolve_closure
 from infiniops_py.integrations.transformers._families import ROLES, SwapTargets
+from infiniops_py.integrations.transformers._layer import QKV, layer_forward
 from infiniops_py.integrations.transformers._match import keeps_forward, role_of
 from infiniops_py.integrations.transformers._rope import rope_forward
 from infiniops_py.integrations.transformers._swaps import (
@@ -17,6 +18,7 @@ from infiniops_py.integrations.transformers._swaps import (
     gated_mlp_forward,
     gemma_rms_norm_forward,
     pack_gate_up,
+    pack_rows,
     packed_mlp_forward,
     rms_norm_forward,
     sandwich_layer_forward,
@@ -117,7 +119,83 @@ def make_plan(model: torch.nn.Module, family: SwapTargets, device_type: str, kin
             if role == "mlp":
                 prepare.append(functools.partial(pack_gate_up, module))
             swaps.append(("gated_mlp", name, module, gated_mlp_forward if role == "mlp" else packed_mlp_forward))
+    dims = _rotary_dims(model, rotary_classes)
+    if len(dims) == 1:
+        _plan_layers(swaps, problems, prepare, device_type, dims.pop())
     return Plan(list(problems), swaps, attention, left, prepare)
+
+
+def _plan_layers(swaps: list[tuple[str, str, torch.nn.Module, Callable[..., Any]]], problems: dict[Problem, None],
+                 prepare: list[Callable[[], None]], device_type: str, rotary_dim: int) -> None:
+    """Add a ``"layer"`` swap (`layer_forward`, the whole layer in one forward, made after the layer's
+    ``fused_add_rms_norm`` swap, so that the undos put both back in turn) to every pre-norm decoder layer whose
+    parts all have their swaps (input norm, RoPE, gated MLP, Qwen3's q/k norms), whose q/k/v projections are
+    plain linears that pack into one, whose submodules' forwards are their classes' (no ``forward`` of an
+    instance's own, as accelerate's hooks set), and, with q/k norms, whose `fused_qk_norm_rope` problem has a
+    provider (else the layer keeps the swaps of its parts)."""
+    by_name = {(kind, name): forward for kind, name, _, forward in swaps}
+    for kind, name, layer, forward in list(swaps):
+        if kind != "fused_add_rms_norm" or forward is not fused_layer_forward:
+            continue
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        rope = by_name.get(("rope", f"{name}.self_attn"))
+        if (attn is None or mlp is None or ("rms_norm", f"{name}.input_layernorm") not in by_name
+                or by_name.get(("gated_mlp", f"{name}.mlp")) is not gated_mlp_forward
+                or not isinstance(rope, functools.partial) or not _plain_qkv(attn)
+                or any(_foreign_forward(m) for m in layer.modules())):
+            continue
+        qk_norm = bool(rope.keywords["qk_norm"])
+        if qk_norm:
+            found = _qk_norm_rope_problem(attn, name, by_name, rope.keywords["is_neox"], device_type, rotary_dim)
+            if found is None:
+                continue
+            problems[found] = None
+        prepare.append(functools.partial(pack_rows, attn, QKV))
+        swaps.append(("layer", name, layer, functools.partial(layer_forward, **rope.keywords)))
+
+
+def _foreign_forward(module: torch.nn.Module) -> bool:
+    """Whether `module` has a ``forward`` of its instance's own that is not a kernelize swap (a hook's wrapper,
+    as accelerate sets; a previous kernelize's swaps are undone before this one's are made)."""
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return False
+    func = getattr(forward, "__func__", None)
+    func = getattr(func, "func", func)  # a functools.partial bound as a method
+    return not getattr(func, "__module__", "").startswith(__name__.rpartition(".")[0])
+
+
+def _plain_qkv(attn: torch.nn.Module) -> bool:
+    """Whether `attn`'s q/k/v projections are ``nn.Linear`` of one dtype and device, not on the meta device,
+    biases on all or none, whole heads of ``attn.head_dim``."""
+    projs = [getattr(attn, n, None) for n in QKV]
+    d = getattr(attn, "head_dim", None)
+    if not isinstance(d, int) or not all(type(m) is torch.nn.Linear for m in projs):
+        return False
+    weights = [m.weight for m in projs]  # type: ignore[union-attr]
+    return (len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta"
+            and len({m.bias is None for m in projs}) == 1  # type: ignore[union-attr]
+            and all(w.shape[0] % d == 0 for w in weights))
+
+
+def _qk_norm_rope_problem(attn: torch.nn.Module, name: str, by_name: dict[Any, Any], is_neox: bool,
+                          device_type: str, rotary_dim: int) -> Problem | None:
+    """The `fused_qk_norm_rope` problem of `attn`'s packed projection, or None when its q/k norms are not both
+    swapped, differ in epsilon, or the problem has no provider on `device_type`."""
+    if not all(("qk_norm", f"{name}.self_attn.{n}") in by_name for n in ("q_norm", "k_norm")):
+        return None
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    d = attn.head_dim
+    if q_norm.variance_epsilon != k_norm.variance_epsilon or q_norm.weight.numel() != d:
+        return None
+    problem = make_problem("fused_qk_norm_rope", device_type=device_type, dtype=attn.q_proj.weight.dtype,
+                           head_dim=d, num_q_heads=attn.q_proj.weight.shape[0] // d,
+                           num_kv_heads=attn.k_proj.weight.shape[0] // d, rotary_dim=rotary_dim, is_neox=is_neox)
+    try:
+        resolve_closure([problem])
+    except GateError:
+        return None
+    return problem
 
 
 def _plan_attention(model: torch.nn.Module, name: str, module: torch.nn.Module, declared: type, family: SwapTargets,
@@ -137,9 +215,8 @@ def _plan_attention(model: torch.nn.Module, name: str, module: torch.nn.Module, 
             attention.append(name)
     if "rope" not in kinds:
         return
-    rotary = [m for m in model.modules() if type(m) in rotary_classes]
-    dims = {int(m.inv_freq.numel()) * 2 for m in rotary if isinstance(getattr(m, "inv_freq", None), torch.Tensor)}
-    if len(dims) != 1 or not rotary:
+    dims = _rotary_dims(model, rotary_classes)
+    if len(dims) != 1:
         left.append(f"{name} ({cls}): rotary embeddings stay transformers' own: the model has no rotary module of "
                     f"{family.module.rpartition('.')[2]}'s class (or several of different widths)")
         return
@@ -149,6 +226,12 @@ def _plan_attention(model: torch.nn.Module, name: str, module: torch.nn.Module, 
     need("rotary_embedding", dtype, head_dim=module.head_dim, rotary_dim=rotary_dim, is_neox=family.rope == "neox")
     swaps.append(("rope", name, module, rope_forward(module, declared, is_neox=family.rope == "neox",
                                                      extra={k: v for k, v in extra.items() if v is not None})))
+
+
+def _rotary_dims(model: torch.nn.Module, rotary_classes: set[type]) -> set[int]:
+    """The rotary widths (twice ``inv_freq``'s length) of `model`'s rotary modules of `rotary_classes`."""
+    return {int(m.inv_freq.numel()) * 2 for m in model.modules()
+            if type(m) in rotary_classes and isinstance(getattr(m, "inv_freq", None), torch.Tensor)}
 
 
 def _has(obj: object, path: str) -> bool:

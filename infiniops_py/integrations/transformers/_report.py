@@ -18,7 +18,8 @@ class Kernelized:
         model_type: the config's ``model_type``.
         device_type: the device type the gates were resolved for.
         swapped: kind (``rms_norm``, ``qk_norm``, ``fused_add_rms_norm``, ``attention``, ``rope``,
-            ``gated_mlp``) -> the qualified names of the modules swapped.
+            ``gated_mlp``, ``layer``: a decoder layer run as one forward over its swapped parts) -> the qualified
+            names of the modules swapped.
         left: what still runs in transformers' code, and why.
         chosen: each operator problem gated -> the implementation that serves it.
         off: the switches of `kernelize` turned off.
@@ -49,11 +50,12 @@ class Kernelized:
                 seen.append(impl.provider)
         ops = {"rms_norm": ("rms_norm",), "qk_norm": ("rms_norm",), "fused_add_rms_norm": ("fused_add_rms_norm",),
                "attention": ("flash_attn_varlen", "flash_attn_with_kvcache"), "rope": ("rotary_embedding",),
-               "gated_mlp": ("silu_and_mul",)}
+               "gated_mlp": ("silu_and_mul",), "layer": ("fused_qk_norm_rope",)}
         lines = [f"kernelized {self.model_type} for {self.device_type}:"]
         for kind, names in self.swapped.items():
-            by = ", ".join(f"{op} by {'+'.join(providers.get(op, ['?']))}" for op in ops[kind])
-            lines.append(f"  {kind}: {len(names)} module(s) ({by})")
+            by = ", ".join(f"{op} by {'+'.join(providers.get(op, ['?']))}" for op in ops[kind]
+                           if kind != "layer" or op in providers)  # a layer without q/k norms uses none of its own
+            lines.append(f"  {kind}: {len(names)} module(s)" + (f" ({by})" if by else " (one forward of the parts)"))
         if self.off:
             lines.append(f"  off: {', '.join(self.off)}")
         lines.extend(f"  left: {why}" for why in self.left)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from infiniops_py import ContractError, fused_add_rms_norm, rms_norm, silu_and_mul
 from infiniops_py.integrations.transformers._report import Kernelized
 
-__all__ = ["fused_layer_forward", "gated_mlp_forward", "gemma_rms_norm_forward", "pack_gate_up", "packed_mlp_forward",
-           "rms_norm_forward", "sandwich_layer_forward", "swap_forward"]
+__all__ = ["fused_layer_forward", "gated_mlp_forward", "gemma_rms_norm_forward", "pack_gate_up", "pack_rows",
+           "packed_mlp_forward", "packed_rows", "rms_norm_forward", "sandwich_layer_forward", "swap_forward"]
 
 
 def swap_forward(report: Kernelized, module: torch.nn.Module, forward: Callable[..., Any]) -> None:
@@ -133,65 +133,95 @@ def sandwich_layer_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> 
     return residual.add_(self.post_mlp_layernorm(self.mlp(x)))
 
 
-def _gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """The ``[2n, ...]`` tensor whose first half is `gate` ``[n, ...]`` and second half `up` (the same storage,
-    both contiguous, `up` right after `gate`), or None when they are not laid out so."""
-    if (gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device or gate.numel() == 0
-            or not gate.is_contiguous() or not up.is_contiguous()
-            or up.storage_offset() != gate.storage_offset() + gate.numel()
-            or gate.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()):
-        return None
-    shape = (2 * gate.shape[0], *gate.shape[1:])
+def _rows(parts: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """The tensor whose rows are those of `parts` in order (the same storage, each contiguous, each right after
+    the one before), or None when they are not laid out so."""
+    first = parts[0]
+    at = first.storage_offset()
+    for t in parts:
+        if (t.shape[1:] != first.shape[1:] or t.dtype != first.dtype or t.device != first.device or t.numel() == 0
+                or not t.is_contiguous() or t.storage_offset() != at
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return None
+        at += t.numel()
+    shape = (sum(t.shape[0] for t in parts), *first.shape[1:])
     # through .data: a parameter made in inference mode (a model copied there) takes no view of its own
-    return gate.data.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+    return first.data.as_strided(shape, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+
+
+def pack_rows(module: torch.nn.Module, names: tuple[str, ...]) -> None:
+    """Lay the weights of `module`'s linears `names` (``[n_i, H]`` each) out as the consecutive row blocks of
+    one ``[sum n_i, H]`` tensor, and their biases likewise where they have biases (vLLM's ``gate_up_proj`` and
+    ``qkv_proj``). The parameters stay the same objects with the same values (their ``.data`` becomes a view
+    of the packed tensor, allocated once: the old storages are freed when nothing else holds them); weights
+    already packed so are left as they are. The packed views are held on `module` for `packed_rows`. The
+    packing outlives `Kernelized.restore` (it changes no value)."""
+    linears = [getattr(module, n) for n in names]
+    with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even if called in inference mode
+        for attr in ("weight", "bias"):
+            parts = tuple(getattr(m, attr) for m in linears)
+            if parts[0] is None or _rows(parts) is not None:
+                continue
+            packed = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype,
+                                 device=parts[0].device)
+            at = 0
+            for p in parts:
+                packed[at:at + p.shape[0]].copy_(p)
+                at += p.shape[0]
+            at = 0
+            for p in parts:
+                p.data, at = packed[at:at + p.shape[0]], at + p.shape[0]
+    with torch.no_grad():  # in the caller's mode: the parameters may be inference tensors
+        weights = tuple(m.weight for m in linears)
+        biases = tuple(m.bias for m in linears)
+        weight = _rows(weights)
+        bias = None if biases[0] is None else _rows(biases)
+        module.__dict__[_key(names)] = (weights + biases, weight, bias, _pointers(*weights, *biases))
 
 
 def pack_gate_up(mlp: torch.nn.Module) -> None:
-    """Lay ``mlp.gate_proj.weight`` ``[I, H]`` and ``mlp.up_proj.weight`` out as the two halves of one
-    ``[2I, H]`` tensor (vLLM's ``gate_up_proj``), and their biases as the halves of one ``[2I]`` where they
-    have biases. The parameters stay the same objects with the same values (their ``.data`` becomes a view
-    of the packed tensor, allocated once: the old storages are freed when nothing else holds them); a pair
-    already packed so is left as it is. The packed views are held on `mlp` for `gated_mlp_forward`. The
-    packing outlives `Kernelized.restore` (it changes no value)."""
-    with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even if called in inference mode
-        for attr in ("weight", "bias"):
-            gate, up = getattr(mlp.gate_proj, attr), getattr(mlp.up_proj, attr)
-            if gate is None or _gate_up(gate, up) is not None:
-                continue
-            n = gate.shape[0]
-            packed = torch.empty((2 * n, *gate.shape[1:]), dtype=gate.dtype, device=gate.device)
-            packed[:n].copy_(gate)
-            packed[n:].copy_(up)
-            gate.data, up.data = packed[:n], packed[n:]
-    with torch.no_grad():  # in the caller's mode: the parameters may be inference tensors
-        g, u = mlp.gate_proj, mlp.up_proj
-        weight = _gate_up(g.weight, u.weight)
-        bias = None if g.bias is None else _gate_up(g.bias, u.bias)
-        mlp.__dict__["_infiniops_gate_up"] = (g.weight, u.weight, g.bias, u.bias, weight, bias,
-                                              _pointers(g.weight, u.weight, g.bias, u.bias))
+    """`pack_rows` of ``gate_proj`` and ``up_proj``: one ``[2I, H]`` gate|up weight (and bias)."""
+    pack_rows(mlp, _GATE_UP)
+
+
+_GATE_UP = ("gate_proj", "up_proj")
+
+
+def _key(names: tuple[str, ...]) -> str:
+    return "_infiniops_packed_" + "_".join(names)
 
 
 def _pointers(*tensors: torch.Tensor | None) -> tuple[int, ...]:
     return tuple(0 if t is None else t.data_ptr() for t in tensors)
 
 
-def _packed(mlp: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """The packed gate|up weight and bias `pack_gate_up` holds on `mlp`, or None when the projections' parameters
-    are no longer those tensors (a parameter replaced, or its ``.data`` moved by ``model.to(...)``: eagerly their
-    addresses are compared too; while tracing, their identity, dtype and device)."""
-    held = mlp.__dict__.get("_infiniops_gate_up")
+def packed_rows(module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The packed weight and bias `pack_rows` holds on `module` for `names`, or None when the linears'
+    parameters are no longer those tensors (a parameter replaced, or its ``.data`` moved by ``model.to(...)``:
+    eagerly their addresses are compared too; while tracing, their identity, dtype and device)."""
+    held = module.__dict__.get(_key(names))
     if held is None:
         return None
-    gate, up = mlp.gate_proj, mlp.up_proj
-    now = (gate.weight, up.weight, gate.bias, up.bias)
-    if not all(a is b for a, b in zip(held[:4], now, strict=True)):
-        return None
-    weight, bias = held[4], held[5]
-    if weight is None or (bias is None) != (gate.bias is None):
+    params, weight, bias, pointers = held
+    modules = module._modules
+    n = len(names)
+    for i, name in enumerate(names):
+        linear = modules.get(name)
+        if linear is None or linear.weight is not params[i] or linear.bias is not params[n + i]:
+            return None
+    if weight is None or (bias is None) != (params[-1] is None):
         return None
     if torch.compiler.is_compiling():
-        return (weight, bias) if (weight.dtype, weight.device) == (gate.weight.dtype, gate.weight.device) else None
-    return (weight, bias) if _pointers(*now) == held[6] else None
+        first = params[0]
+        return (weight, bias) if (weight.dtype, weight.device) == (first.dtype, first.device) else None
+    for p, at in zip(params, pointers, strict=True):
+        if p is not None and p.data_ptr() != at:
+            return None
+    return weight, bias
+
+
+def _packed(mlp: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    return packed_rows(mlp, _GATE_UP)
 
 
 def gated_mlp_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
