@@ -341,6 +341,8 @@ def test_the_generated_call_binds_as_python_does(fake_cuda: None) -> None:
         launcher((1,), x, x, 3, 0.5)  # flag missing
     with pytest.raises(TypeError):
         launcher((1,), x, x, 3, 0.5, True, n=4)  # n twice
+    with pytest.raises(TypeError):
+        launcher((1,), x, x, 3, 0.5, True, 1, 64, 99)  # one positional too many
     launcher((1,), x, x, flag=False, scale=0.5, n=3)
     assert recorder.calls[0][2] == {"X": x, "Y": x, "n": 3, "scale": 0.5, "flag": False, "MODE": 1, "BLOCK": 64}
 
@@ -400,3 +402,13 @@ def test_a_planned_call_given_a_tensor_for_a_value_or_none_for_a_tensor_stays_ex
     launcher((1,), x, x, 16, torch.zeros(2), True, MODE=1)
     launcher((1,), None, x, 16, 0.5, True, MODE=1)  # None for `X`: the general call
     assert len(recorder.calls) == 3 and len(launcher._fast) == 1  # no tensor kept in a planned key
+
+
+@triton.jit
+def _shadowing(X, len):
+    tl.store(X, len)
+
+
+def test_a_parameter_named_like_what_the_generated_call_reads_takes_the_plain_launch() -> None:
+    launcher = Launcher(_shadowing)
+    assert launcher._plain and type(launcher) is Launcher

@@ -149,9 +149,18 @@ def _namespace(fn: JITFunction) -> dict[str, Any]:
     return namespace
 
 
+_TAKEN: Final = frozenset({"int", "tuple", "len", "callable", "_Unkeyed"})  # read by the generated functions
+
+
 def _check_names(fn: JITFunction) -> list[str]:
+    """The kernel's parameter names, none of which may shadow a name the generated functions read (theirs
+    start with two underscores).
+
+    Raises:
+        _Unkeyed: one does.
+    """
     names = list(fn.signature.parameters)
-    if any(n.startswith("__") for n in names):  # the generated functions' own names start with two underscores
+    if any(n.startswith("__") or n in _TAKEN for n in names):
         raise _Unkeyed(names)
     return names
 
@@ -159,7 +168,7 @@ def _check_names(fn: JITFunction) -> list[str]:
 def _make_binder(fn: JITFunction) -> Callable[..., tuple[tuple[Any, ...], tuple[Any, ...]]]:
     """``bind(*args, **kwargs) -> (params, key)``: every parameter in order (defaults applied) and the key of
     the parameters and the remaining options, as Python binds a call (a TypeError names a missing argument).
-    The fast path computes the same key inline (`_make_call`)."""
+    The fast path computes the same key inline (`_Source.general`)."""
     names = _check_names(fn)
     decl = [n if p.default is inspect.Parameter.empty else f"{n}=__d_{n}" for n, p in fn.signature.parameters.items()]
     src = (f"def bind({', '.join([*decl, '**__options'])}):\n"
@@ -227,7 +236,7 @@ class _Source:
     def general(self) -> str:
         """``__call__`` keyed exactly (`arg_key` inlined): the first calls, and the planned one's misses, which
         pass `__l1`, the planned key to remember the kernel under."""
-        lines = [*self.head("general", "__l1=None, "),
+        lines = [*self.head("general", "*, __l1=None, "),
                  "    try:",
                  f"        __key = (__C._cuda_getDevice(), __runtime.debug, __compilation.instrumentation_mode, "
                  f"{', '.join(_key_exprs(self.fn))}, *__options.items())",
