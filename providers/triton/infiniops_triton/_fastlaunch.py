@@ -212,7 +212,7 @@ class _Source:
         lines += ["    if not __module._enabled or __base.pre_run_hooks:",
                   f"        return __self._plain_call(__grid, {self.named}, __options)"]
         for depth, layer in enumerate(self.heuristics):  # as Heuristics.run, from the outermost in; the named
-            lines.append(f"    __named = {{**{self.named}, **__options}}")  # dict once per layer, as in Triton
+            lines.append(f"    __named = {self.named[:-1]}, **__options}}")  # dict once per layer, as in Triton
             for i, n in enumerate(layer.values):
                 lines.append(f"    {n} = __named[{n!r}] = __h{depth}_{i}(__named)")
         return lines
