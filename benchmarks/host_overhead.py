@@ -12,8 +12,9 @@ With ``--launch`` the launch layer is timed too: the kernels stay Triton JIT fun
 provider accepts CPU tensors, and every launch runs `_fastlaunch.Launcher`'s and `_launch.Tuned`'s whole path
 down to the C launch, which does nothing (a fake compiled kernel; the first call of a key "compiles" it, an
 autotuner picks its first configuration; `JITFunction.run`, reached by a plain ``kernel[grid](...)``, does
-nothing). The difference between the two modes is the launch layer's Python; the C launcher's own argument
-parsing and ``cuLaunchKernel`` are not in either.
+nothing). The difference between the two modes is the launch layer's Python (and the provider's branches
+that differ off the interpreter: launch settings from its tables, not the interpreter's small ones); the C
+launcher's own argument parsing and ``cuLaunchKernel`` are in neither.
 
 Each figure is the best over `rounds` rounds of `calls` calls of this thread's CPU time
 (``time.thread_time_ns``: other processes on a shared machine do not count), rounds interleaving the cases,
