@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu_host_cost.py [--write FILE] [--json FILE] [--only gemm,add,...] [--calls 50] [--rounds 5]
     python3 benchmarks/gpu_host_cost.py --smoke [--only ...]   # every case on the CPU at small sizes (a dry run)
+    python3 benchmarks/gpu_host_cost.py --only flash_attn_with_kvcache --profile 200   # where the host time goes
 
 One row per case (bf16; the sizes are in each case's name: a Llama-8B-class layer as in benchmarks/ops.py,
 Mamba-2-130m's for the SSM operators), our public call (``infiniops_py.<op>``, the resolver's choice unless
@@ -53,6 +54,8 @@ gemm_add_rms_norm ``F.linear``, the in-place residual add, then ``F.rms_norm`` w
 top_k_top_p_sampling_from_logits a sort-based sampler (topk, softmax, cumsum, multinomial);
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
+``--profile N`` also prints, after each row, a cProfile of N more calls of ours (the functions with the most
+self time, microseconds per call under the profiler, which inflates Python's share): where the host time goes.
 ``--write`` saves the table with the date, device and versions. Exit status: 0 when every target passed and
 nothing of ours crashed or synchronized, 1 otherwise, 2 without a CUDA device. `run(device="cpu",
 small=True)` runs every case on the CPU at small sizes (no graph or sync-free columns; the targets mean
@@ -63,10 +66,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import dataclasses
 import datetime
 import gc
+import io
 import math
+import pstats
 import statistics
 import sys
 import time
@@ -156,6 +162,7 @@ class Row:
     checked_sync: str = "-"
     provider: str = "-"
     plain_host: float = math.nan
+    profile: str = ""
 
 
 # --- the cases ------------------------------------------------------------------------------------------------
@@ -667,11 +674,13 @@ def _freed() -> None:
 
 
 def run(device: str = "cuda", small: bool = False, only: Sequence[str] | None = None, calls: int = 50,
-        rounds: int = 5, provider: str | None = None, progress: bool = False, keep_calls: bool = False) -> list[Row]:
+        rounds: int = 5, provider: str | None = None, progress: bool = False, keep_calls: bool = False,
+        profile: int = 0) -> list[Row]:
     """Build and measure the cases of `only` (entry point names; all when None) one entry point at a time,
     freeing its inputs (and the CUDA cache) before the next: each row's calls are then replaced by one that
     raises, unless `keep_calls`. `provider` forces one provider for our calls (``infiniops_py.use``). With
-    `progress`, print each row as it is measured. Runs under ``no_grad``.
+    `progress`, print each row as it is measured (and its profile). `profile` > 0: each row's `Row.profile` is
+    `profiled` over that many calls of ours. Runs under ``no_grad``.
 
     Raises:
         KeyError: a name in `only` is not an entry point of `BUILDERS`.
@@ -684,23 +693,52 @@ def run(device: str = "cuda", small: bool = False, only: Sequence[str] | None = 
     rows: list[Row] = []
     with torch.no_grad(), (ops.use(provider) if provider else contextlib.nullcontext()):
         for name in names:
-            rows += _measure_entry_point(name, env, calls, rounds, progress, keep_calls)
+            rows += _measure_entry_point(name, env, calls, rounds, progress, keep_calls, profile)
             if device == "cuda":  # its inputs are gone with its local variables
                 torch.cuda.empty_cache()
     return rows
 
 
 def _measure_entry_point(name: str, env: Env, calls: int, rounds: int, progress: bool,
-                         keep_calls: bool) -> list[Row]:
+                         keep_calls: bool, profile: int = 0) -> list[Row]:
     rows = []
     for case in BUILDERS[name](env):
         row = measure_case(case, env.device, calls, rounds)
+        if profile > 0 and math.isfinite(row.ours.host):
+            row.profile = profiled(case.ours, env.device, profile)
         if not keep_calls:  # drop the closures, and with them the inputs
             row.case = dataclasses.replace(case, ours=_freed, peer=None if case.peer is None else _freed)
         rows.append(row)
         if progress:
             print(format_table([row], header=False), flush=True)
+            if row.profile:
+                print(row.profile, flush=True)
     return rows
+
+
+def profiled(fn: Callable[[], Any], device: str, calls: int, top: int = 20) -> str:
+    """A cProfile of `calls` back-to-back calls of `fn` (the device synchronized before and after, outside the
+    profile): the `top` functions by self time, with microseconds per call of `fn`."""
+    fn()
+    _sync(device)
+    prof = cProfile.Profile()
+    gc.disable()
+    try:
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
+    finally:
+        gc.enable()
+    _sync(device)
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]  # type: ignore[attr-defined]
+    out = io.StringIO()
+    out.write(f"    profile of {calls} calls (us per call under cProfile: self, with callees; calls per call)\n")
+    for (path, line, func), (_, ncalls, tottime, cumtime, _) in rows:
+        where = func if path == "~" else f"{Path(path).name}:{line}({func})"
+        out.write(f"    {tottime / calls * 1e6:8.2f} {cumtime / calls * 1e6:8.2f} {ncalls / calls:6.1f}  {where}\n")
+    return out.getvalue().rstrip()
 
 
 # --- the table ------------------------------------------------------------------------------------------------
@@ -831,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=50, help="calls per timed round (default 50)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, the median is kept (default 5)")
     parser.add_argument("--provider", help="force this provider for our calls (default: the resolver's choice)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after each row, a cProfile of N more calls of ours (default 0: none)")
     parser.add_argument("--smoke", action="store_true",
                         help="a dry run: every case on the CPU at small sizes, 2 calls, 1 round (no CUDA needed)")
     json_option(parser)
@@ -839,7 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--calls and --rounds must be >= 1, got {args.calls} and {args.rounds}")
     if args.smoke:
         print(format_table([]), flush=True)
-        rows = run("cpu", small=True, only=args.only, calls=2, rounds=1, provider=args.provider, progress=True)
+        rows = run("cpu", small=True, only=args.only, calls=2, rounds=1, provider=args.provider, progress=True,
+                   profile=args.profile)
         failed = [r.case.name for r in rows if r.ours.errors or (r.peer is not None and r.peer.errors)]
         print(f"\n{len(rows)} cases on the CPU; failed: {', '.join(failed) or 'none'}")
         return 1 if failed else 0
@@ -848,7 +889,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     print(format_table([]), flush=True)
-    rows = run("cuda", only=args.only, calls=args.calls, rounds=args.rounds, provider=args.provider, progress=True)
+    rows = run("cuda", only=args.only, calls=args.calls, rounds=args.rounds, provider=args.provider, progress=True,
+               profile=args.profile)
     text = report(rows, "cuda", args.calls, args.rounds, time.perf_counter() - start)
     print("\n" + text)
     if args.write:

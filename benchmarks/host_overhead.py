@@ -8,19 +8,30 @@ host wrapper (its launch parameters, grid and scratch). The calls run inside ``u
 tensors shaped like the H200 rows of ``benchmarks/gpu_host_cost.py`` (smaller: nothing is computed), and
 index tensors are not range-checked (``unchecked_indices()``, as on CUDA by default).
 
+With ``--launch`` the launch layer is timed too: the kernels stay Triton JIT functions (no interpreter), the
+provider accepts CPU tensors, and every launch runs `_fastlaunch.Launcher`'s and `_launch.Tuned`'s whole path
+down to the C launch, which does nothing (a fake compiled kernel; the first call of a key "compiles" it, an
+autotuner picks its first configuration; `JITFunction.run`, reached by a plain ``kernel[grid](...)``, does
+nothing). The difference between the two modes is the launch layer's Python (and the provider's branches
+that differ off the interpreter: launch settings from its tables, not the interpreter's small ones); the C
+launcher's own argument parsing and ``cuLaunchKernel`` are in neither.
+
 Each figure is the best over `rounds` rounds of `calls` calls of this thread's CPU time
 (``time.thread_time_ns``: other processes on a shared machine do not count), rounds interleaving the cases,
 the garbage collector off.
 
     python benchmarks/host_overhead.py [--rounds 30] [--calls 300] [--only gemm_m1,add] [--profile selective_scan]
-    python benchmarks/host_overhead.py --smoke   # every case a few times (a test runs this)
+    python benchmarks/host_overhead.py --launch [...]   # the fast launcher's path included (see above)
+    python benchmarks/host_overhead.py --smoke [--launch]   # every case a few times (a test runs this)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ["TRITON_INTERPRET"] = "1"
+# read before Triton is imported: the interpreter switch decides what kind of function `triton.jit` makes
+os.environ["TRITON_INTERPRET"] = "0" if "--launch" in sys.argv[1:] else "1"
 os.environ["INFINIOPS_TRITON_INTERPRET_CPU"] = "1"
 
 import argparse
@@ -28,7 +39,6 @@ import cProfile
 import gc
 import platform
 import pstats
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +50,7 @@ import infiniops_py as ops
 from infiniops_py.operators._base import unchecked_indices
 
 BF16 = torch.bfloat16
+LAUNCH = os.environ["TRITON_INTERPRET"] == "0"  # --launch
 
 
 def stub_launches() -> None:
@@ -53,6 +64,49 @@ def stub_launches() -> None:
     _fastlaunch.Launcher.__call__ = lambda self, grid, *args, **kwargs: None  # type: ignore[method-assign]
     _launch.Tuned.launch = lambda self, key, grid, *args, **kwargs: None  # type: ignore[method-assign]
     InterpretedFunction.run = lambda self, *args, grid, warmup, **kwargs: None  # type: ignore[method-assign]
+
+
+def fake_device() -> None:
+    """``--launch``: the provider serves CPU tensors with its JIT kernels, and every launch runs the fast path's
+    Python down to a C launch that does nothing (the module docstring). Call before the provider loads."""
+    from infiniops_triton import _common, _fastlaunch
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    _common.interpreting_on_cpu = lambda: True  # type: ignore[assignment]  # the capabilities declare cpu
+    torch._C._cuda_getDevice = lambda: 0  # type: ignore[attr-defined]
+    torch._C._cuda_getCurrentRawStream = lambda device: 0  # type: ignore[attr-defined]
+    _fastlaunch.set_enabled(True)
+
+    class Run:
+        """A CudaLauncher's attributes, its C launch a no-op."""
+
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+
+        @staticmethod
+        def launch(*args: Any) -> None:
+            return None
+
+    class Compiled:
+        """What `_fastlaunch._Bound` reads of a compiled kernel."""
+
+        function, packed_metadata, run = 1, (), Run()
+
+        def launch_metadata(self, *args: Any) -> None:
+            return None
+
+    def compile_fake(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        return Compiled()
+
+    def choose_first(self: Autotuner, *args: Any, **kwargs: Any) -> None:
+        self.best_config = self.configs[0]
+
+    from triton.backends.nvidia import driver
+
+    driver.CudaLauncher = Run  # type: ignore[misc,assignment]  # `_Bound` checks the launcher's class
+    JITFunction.run = compile_fake  # type: ignore[method-assign]  # a miss, or a plain kernel[grid](...)
+    Autotuner.run = choose_first  # type: ignore[method-assign]
 
 
 def cases() -> dict[str, Callable[[], Any]]:
@@ -188,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated case names (default: all)")
     parser.add_argument("--profile", help="print a cProfile of this case instead of timing")
     parser.add_argument("--smoke", action="store_true", help="every case a few times (a quick dry run)")
+    parser.add_argument("--launch", action="store_true", help="time the fast launch path too (a fake C launch)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    stub_launches()
+    fake_device() if LAUNCH else stub_launches()
     fns = cases()
     if args.only:
         names = [s.strip() for s in args.only.split(",") if s.strip()]

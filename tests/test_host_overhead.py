@@ -33,6 +33,14 @@ def test_host_overhead_smoke_times_every_case() -> None:
     assert all(float(us) > 0 for us in rows.values()), rows
 
 
+def test_host_overhead_smoke_with_the_launch_layer_times_every_case() -> None:
+    done = _run("--launch")  # JIT kernels, the fast launcher's path down to a fake C launch
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = dict(re.findall(r"^\| (\w+) \| ([0-9.]+) \|$", done.stdout, re.MULTILINE))
+    assert sorted(rows) == sorted(CASES), done.stdout
+    assert all(float(us) > 0 for us in rows.values()), rows
+
+
 def test_host_overhead_rejects_an_unknown_case() -> None:
     done = _run("--only", "gemm_m1,nope")
     assert done.returncode == 2 and "nope" in done.stderr

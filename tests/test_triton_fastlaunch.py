@@ -82,9 +82,24 @@ def test_the_key_of_an_argument_splits_exactly_where_triton_specializes() -> Non
 def test_a_one_and_a_true_and_a_tensor_subclass_keep_their_own_keys() -> None:
     assert arg_key(1) != arg_key(True) and arg_key(1.0) != arg_key(1)
     p = torch.nn.Parameter(torch.zeros(4))
-    assert arg_key(p) == arg_key(torch.zeros(4)) == (torch.float32, True)
+    assert arg_key(p) == arg_key(torch.zeros(4)) == torch.float32  # aligned: the dtype alone
+    assert arg_key(torch.zeros(4)[1:]) == (torch.float32,)
     with pytest.raises(_fastlaunch._Unkeyed):
         arg_key(torch.float16)
+
+
+@triton.jit
+def _one(X):
+    tl.store(X, 0)
+
+
+def test_the_inlined_key_of_the_generated_functions_is_arg_key() -> None:
+    bind = _fastlaunch._make_binder(_one)
+    for arg in _runtime_args():
+        key = bind(arg)[1][0]
+        assert key == arg_key(arg) and type(key) is type(arg_key(arg)), arg
+    p = torch.nn.Parameter(torch.zeros(4))
+    assert bind(p)[1][0] == arg_key(p)
 
 
 def test_the_bound_parameters_are_what_tritons_binder_passes_to_the_launcher() -> None:
@@ -297,3 +312,103 @@ def test_raw_stream_off_cuda_is_zero() -> None:
     from infiniops_triton._common import raw_stream
 
     assert raw_stream(torch.device("cpu")) == 0
+
+
+def test_a_hit_under_heuristics_launches_their_values(fake_cuda: None) -> None:
+    tuned = triton.heuristics({"MODE": lambda args: args["n"] % 4})(_toy)
+    launcher = Launcher(tuned)
+    compiled = _FakeCompiled()
+    recorder = _Recorder(compiled)
+    launcher._base = recorder
+    x = torch.zeros(64)
+    launcher((2,), x, x, 5, 0.5, True)
+    assert recorder.calls[0][2]["MODE"] == 1  # the miss passes the heuristic's value to Triton
+    launcher((3,), x, x, 9, 0.5, True, BLOCK=64)  # 9 % 4 == 5 % 4, BLOCK its default: the same key
+    launcher((3,), x, x, 6, 0.5, True)  # MODE 2: another key
+    assert len(recorder.calls) == 2
+    assert compiled.run.launches == [(3, 1, 1, 777, 1234, False, True, None, None, (4, 1, 0), None, None, None,
+                                      x, x, 9, 0.5, True, 1, 64)]
+
+
+def test_the_generated_call_binds_as_python_does(fake_cuda: None) -> None:
+    tuned = triton.heuristics({"MODE": lambda args: 1})(_toy)
+    launcher = Launcher(tuned)
+    assert type(launcher) is not Launcher and isinstance(launcher, Launcher)
+    recorder = _Recorder()
+    launcher._base = recorder
+    x = torch.zeros(64)
+    with pytest.raises(TypeError, match="flag"):
+        launcher((1,), x, x, 3, 0.5)  # flag missing
+    with pytest.raises(TypeError):
+        launcher((1,), x, x, 3, 0.5, True, n=4)  # n twice
+    with pytest.raises(TypeError):
+        launcher((1,), x, x, 3, 0.5, True, 1, 64, 99)  # one positional too many
+    launcher((1,), x, x, flag=False, scale=0.5, n=3)
+    assert recorder.calls[0][2] == {"X": x, "Y": x, "n": 3, "scale": 0.5, "flag": False, "MODE": 1, "BLOCK": 64}
+
+
+def test_a_disabled_generated_call_gives_triton_what_the_caller_gave(fake_cuda: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    tuned = triton.heuristics({"MODE": lambda args: 1})(_toy)
+    launcher = Launcher(tuned)
+    recorder = _Recorder()
+    launcher._kernel = recorder
+    monkeypatch.setattr(_fastlaunch, "_enabled", False)
+    x = torch.zeros(64)
+    launcher((1,), x, x, 3, 0.5, True, num_warps=2)
+    assert recorder.calls == [((1,), (), {"X": x, "Y": x, "n": 3, "scale": 0.5, "flag": True, "BLOCK": 64,
+                                          "num_warps": 2})]
+
+
+def test_after_the_first_hit_the_planned_call_launches_addresses(fake_cuda: None) -> None:
+    launcher = Launcher(_toy)
+    compiled = _FakeCompiled()
+    recorder = _Recorder(compiled)
+    launcher._base = recorder
+    x, y = torch.zeros(64), torch.zeros(64)
+    launcher((2,), x, y, 3, 0.5, True, MODE=1)  # a miss: through Triton
+    launcher((2,), x, y, 3, 0.5, True, MODE=1)  # the first hit, exactly keyed: the plan is made
+    assert type(launcher).__call__.__name__ == "planned"
+    launcher((4,), y, x, 3, 0.5, True, MODE=1)  # a planned miss (a new key), found exactly, remembered
+    launcher((4,), y, x, 3, 0.5, True, MODE=1)  # a planned hit
+    assert len(recorder.calls) == 1 and len(launcher._fast) == 1
+    tail = (None, None, None, 3, 0.5, True, 1, 64)
+    assert compiled.run.launches == [
+        (2, 1, 1, 777, 1234, False, True, None, None, (4, 1, 0), None, None, None, x, y, 3, 0.5, True, 1, 64),
+        (4, 1, 1, 777, 1234, False, True, None, None, (4, 1, 0), None, None, None, y, x, 3, 0.5, True, 1, 64),
+        (4, 1, 1, 777, 1234, False, True, None, None, (4, 1, 0), *tail[:3], y.data_ptr(), x.data_ptr(), *tail[3:])]
+
+
+@pytest.mark.parametrize("other", [True, 3.0, 17, 1, None, -5, 2**31, 2**40 + 16])
+def test_a_planned_key_never_mixes_values_of_another_type_or_class(fake_cuda: None, other: Any) -> None:
+    launcher = Launcher(_toy)
+    launcher._base = _Recorder(_FakeCompiled())
+    x = torch.zeros(64)
+    for _ in range(3):
+        launcher((1,), x, x, 16, 0.5, True, MODE=1)
+    launcher((1,), x, x, other, 0.5, True, MODE=1)  # `n` of another type or Triton class: the exact key decides
+    exact = {launcher.key(x, x, 16, 0.5, True, MODE=1), launcher.key(x, x, other, 0.5, True, MODE=1)}
+    assert len(launcher._base.calls) == len(exact)  # one Triton launch per exact key, no more, no fewer
+
+
+def test_a_planned_call_given_a_tensor_for_a_value_or_none_for_a_tensor_stays_exact(fake_cuda: None) -> None:
+    launcher = Launcher(_toy)
+    recorder = _Recorder(_FakeCompiled())
+    launcher._base = recorder
+    x = torch.zeros(64)
+    for _ in range(3):
+        launcher((1,), x, x, 16, 0.5, True, MODE=1)
+    launcher((1,), x, x, 16, torch.zeros(2), True, MODE=1)  # a tensor for `scale`: another exact key
+    launcher((1,), x, x, 16, torch.zeros(2), True, MODE=1)
+    launcher((1,), None, x, 16, 0.5, True, MODE=1)  # None for `X`: the general call
+    assert len(recorder.calls) == 3 and len(launcher._fast) == 1  # no tensor kept in a planned key
+
+
+@triton.jit
+def _shadowing(X, len):
+    tl.store(X, len)
+
+
+def test_a_parameter_named_like_what_the_generated_call_reads_takes_the_plain_launch() -> None:
+    launcher = Launcher(_shadowing)
+    assert launcher._plain and type(launcher) is Launcher

@@ -408,7 +408,7 @@ def misses(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(_fastlaunch.Launcher, "_miss", counted)
     for launcher in switched_launchers():  # every test starts with no kernel kept
-        launcher._cache.clear()
+        launcher.clear()
     previous = _fastlaunch.set_enabled(True)
     yield seen
     _fastlaunch.set_enabled(previous)
@@ -447,6 +447,9 @@ def test_the_fast_path_gives_the_plain_launchs_output(name: str, dtype: torch.dt
     got = run()
     assert len(misses) == first, f"{name}: the second call missed: {misses[first:]}"
     _assert_same(got, expected, f"{name} {dtype} {variant}")
+    got = run()  # the planned call (tensors passed as addresses), made at the first hit
+    assert len(misses) == first, f"{name}: the third call missed: {misses[first:]}"
+    _assert_same(got, expected, f"{name} {dtype} {variant}, planned")
 
     side = torch.cuda.Stream()  # another stream: the launch must follow the current one
     side.wait_stream(torch.cuda.current_stream())

@@ -116,7 +116,8 @@ def add(
     if other.dtype is not dtype:
         raise ContractError(_OP, "other", f"expected dtype {dtype} (same as input), got {other.dtype}")
     on_cpu = input.is_cpu  # `is_cpu` costs a third of a device comparison
-    if (not other.is_cpu) if on_cpu else other.device != input.device:
+    if (not other.is_cpu) if on_cpu else not (other.is_cuda and other.get_device() == input.get_device()) and \
+            other.device != input.device:  # on CUDA two ints compare cheaper than two devices
         check_device(_OP, "other", other, input.device)
     shape = input.shape
     broadcast = other.shape != shape
@@ -127,8 +128,8 @@ def add(
             raise ContractError(
                 _OP, "other", f"shape {list(other.shape)} does not broadcast with input {list(input.shape)}"
             ) from None
-    if out is None:
-        out = torch.empty(shape, dtype=dtype, device=input.device)
+    if out is None:  # `empty_like` parses no shape, dtype or device: the cheapest allocation (issue #25)
+        out = torch.empty(shape, dtype=dtype, device=input.device) if broadcast else torch.empty_like(input)
         inplace = False
     else:
         inplace = _check_out(input, other, out, shape, on_cpu)

@@ -166,7 +166,8 @@ def gemm(
     if dt not in _FLOAT_SET:
         check_dtype(_OP, "a", a, FLOAT_DTYPES)
     on_cpu = a.is_cpu  # `is_cpu` costs a third of a device comparison
-    if b.dtype is not dt or ((not b.is_cpu) if on_cpu else b.device != a.device):
+    if b.dtype is not dt or ((not b.is_cpu) if on_cpu else not (b.is_cuda and b.get_device() == a.get_device())
+                             and b.device != a.device):  # on CUDA two ints compare cheaper than two devices
         _check_operand("b", b, dt, a.device)
     sa, sb = a.shape, b.shape
     rank = len(sa)
@@ -199,7 +200,7 @@ def gemm(
             raise ContractError(_OP, "c", f"shape {list(c.shape)} does not broadcast to {list(shape)}") from None
         c = c_full if beta != 0 else None
     if out is None:
-        out = torch.empty(shape, dtype=dt, device=a.device)
+        out = torch.empty(*shape, dtype=dt, device=a.device)  # sizes as ints parse faster than a tuple
         if not (m and n and (not batched or shape[0])):
             return out
     else:  # c is checked even when beta == 0: it is not read then, but out must not write into it

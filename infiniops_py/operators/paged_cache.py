@@ -198,8 +198,10 @@ def reshape_and_cache_flash(
             if x.dtype != cache_dt:
                 raise ContractError(_OP, name, f"expected dtype {cache_dt} ({why}), got {x.dtype}")
     on_cpu = key.is_cpu  # `is_cpu` costs a third of a device comparison
-    if not (on_cpu and value.is_cpu and key_cache.is_cpu and value_cache.is_cpu):
-        dev = key.device
+    if not (on_cpu and value.is_cpu and key_cache.is_cpu and value_cache.is_cpu) and not (
+            key.is_cuda and value.is_cuda and key_cache.is_cuda and value_cache.is_cuda  # one CUDA device: the
+            and key.get_device() == value.get_device() == key_cache.get_device() == value_cache.get_device()):
+        dev = key.device  # ints compare cheaper than devices
         for name, x in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
             check_device(_OP, name, x, dev)
     if d > 1 and (key.stride(-1) != 1 or value.stride(-1) != 1 or key_cache.stride(-1) != 1
@@ -209,7 +211,8 @@ def reshape_and_cache_flash(
                 raise ContractError(_OP, name, f"expected last stride 1, got strides {list(x.stride())}")
     if slot_mapping.dtype is not _INT64:
         raise ContractError(_OP, "slot_mapping", f"expected dtype torch.int64, got {slot_mapping.dtype}")
-    if (not slot_mapping.is_cpu) if on_cpu else slot_mapping.device != key.device:
+    if (not slot_mapping.is_cpu) if on_cpu else not (slot_mapping.is_cuda and slot_mapping.get_device()
+                                                      == key.get_device()) and slot_mapping.device != key.device:
         check_device(_OP, "slot_mapping", slot_mapping, key.device)
     ss = slot_mapping.shape
     if len(ss) != 1 or ss[0] > t:

@@ -18,11 +18,14 @@ import triton.language as tl
 from infiniops_py import Constraint, OneOf, Requires
 
 __all__ = [
-    "PDL", "PRIORITY", "base_constraints", "cdiv", "interpreting_on_cpu", "next_power_of_2", "pdl", "pdl_start",
-    "raw_stream", "sm_count",
+    "INTERPRET", "PDL", "PRIORITY", "base_constraints", "cdiv", "interpreting_on_cpu", "next_power_of_2", "pdl",
+    "pdl_start", "raw_stream", "sm_count",
 ]
 
 PRIORITY: Final = 20
+# Whether this process's kernels are the interpreter's: ``triton.jit`` decides it when a kernel module is imported
+# (read once here, not per call: issue #25).
+INTERPRET: Final = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def cdiv(a: int, b: int) -> int:

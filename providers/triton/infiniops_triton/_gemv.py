@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infiniops_triton._common import cdiv, next_power_of_2, pdl, pdl_start, raw_stream
+from infiniops_triton._common import cdiv, next_power_of_2, pdl, pdl_start
 from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._launch import Tuned
 
@@ -432,7 +432,26 @@ def _scratch(device: torch.device, counters: int, floats: int) -> tuple[torch.Te
     `_MIN_COUNTERS` (every variant at the Qwen3-0.6B and Mamba-2-130m shapes: no growth, in particular none while a CUDA
     graph is captured, where the counters' zero fill would not run before the capture's kernels). A grown pair
     replaces the old one, which is kept alive: a captured CUDA graph may still address it."""
-    key = (device, raw_stream(device))
+    if device.type != "cuda":  # the interpreter's CPU tensors
+        return _scratch_at(device, 0, device, counters, floats)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _scratch_at(index, torch._C._cuda_getCurrentRawStream(index), device, counters, floats)
+
+
+def _scratch_of(x: torch.Tensor, counters: int, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_scratch` on `x`'s device: its index and stream read without a ``torch.device`` (issue #25)."""
+    index = x.get_device()  # -1 off CUDA (the interpreter's CPU tensors)
+    if index < 0 or not x.is_cuda:
+        return _scratch(x.device, counters, floats)
+    found = _SCRATCH.get((index, torch._C._cuda_getCurrentRawStream(index)))
+    if found is not None and found[0].numel() >= floats and found[1].numel() >= counters:
+        return found
+    return _scratch(x.device, counters, floats)
+
+
+def _scratch_at(index: int | torch.device, stream: int, device: torch.device, counters: int,
+                floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (index, stream)
     found = _SCRATCH.get(key)
     if found is None or found[0].numel() < floats or found[1].numel() < counters:
         if found is not None:
@@ -446,7 +465,8 @@ def _scratch(device: torch.device, counters: int, floats: int) -> tuple[torch.Te
 
 _MIN_FLOATS = 1 << 22  # 16 MB
 _MIN_COUNTERS = 1 << 14
-_SCRATCH: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+# by (CUDA device index, stream), or (device, 0) off CUDA
+_SCRATCH: dict[tuple[int | torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
@@ -484,7 +504,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
     precision = "ieee" if dtype is torch.float32 else "tf32"
     if variant is None:
         tiles = cdiv(n + 64, 8)  # the narrowest candidate's column tiles, past the edge of the widest
-        part, counter = _scratch(x.device, tiles, 2 * MAX_SPLIT_K * block_m * 8 * tiles)
+        part, counter = _scratch_of(x, tiles, 2 * MAX_SPLIT_K * block_m * 8 * tiles)
         grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
         _GEMV.launch(
             (n, k, block_m, has_c, has_bias, swiglu, add_norm, dtype, c_arg.dtype, bias_arg.dtype), grid,
@@ -499,7 +519,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
     if config is None:
         config = _KWARGS[variant] = variant.config().all_kwargs()
     tiles = cdiv(n, variant.block_n)
-    part, counter = _scratch(x.device, tiles + 1, variant.split_k * 2 * block_m * variant.block_n * tiles)
+    part, counter = _scratch_of(x, tiles + 1, variant.split_k * 2 * block_m * variant.block_n * tiles)
     _FIXED((tiles, variant.split_k), x, w, c_arg, bias_arg, out, part, counter, r_arg, nw_arg, m, n, k,
            stride_xm, stride_wn, *c_arg.stride(), *out.stride(), stride_rm, float(alpha), float(beta), float(eps),
            HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, ADD_NORM=add_norm,

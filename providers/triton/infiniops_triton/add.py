@@ -16,14 +16,12 @@ place stays correct); smaller adds, and the interpreter, use one configuration.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, cdiv
+from infiniops_triton._common import INTERPRET, PRIORITY, base_constraints, cdiv
 from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._launch import Tuned
 
@@ -135,7 +133,7 @@ def _launch_flat(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: flo
     numel = out.numel()
     args = (a, b, out, numel, alpha, numel.bit_length())
     wide = numel + 2 * _MAX_FLAT_BLOCK >= 2**31  # the last block's offsets too
-    if numel >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
+    if numel >= TUNE_MIN_NUMEL and not INTERPRET:
         _add_flat_tuned.launch((args[-1], wide, out.dtype), lambda meta: (cdiv(numel, meta["BLOCK"]),), *args,
                                WIDE=wide)
         return
@@ -202,7 +200,8 @@ def add(input: torch.Tensor, other: torch.Tensor, alpha: float, out: torch.Tenso
     """
     if out.numel() == 0:
         return out
-    if input.shape == other.shape == out.shape and all(t.is_contiguous() for t in (input, other, out)):
+    if (input.shape == other.shape == out.shape and input.is_contiguous() and other.is_contiguous()
+            and out.is_contiguous()):
         _launch_flat(input, other, out, float(alpha))
         return out
     _launch(input.expand(out.shape), other.expand(out.shape), out, float(alpha))

@@ -38,7 +38,6 @@ The packed form of the prefill (vLLM's, ``query_start_loc``) is not served here:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +45,7 @@ import triton
 
 from infiniops_py import Between, Capability, Implementation, OneOf
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
-from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, sm_count
+from infiniops_triton._common import INTERPRET, PRIORITY, base_constraints, cdiv, next_power_of_2, sm_count
 from infiniops_triton._conv_kernels import (
     _conv_channel_first_kernel,
     _conv_channel_last_kernel,
@@ -198,7 +197,7 @@ def causal_conv1d(
     if not channel_last and seq_idx is None and width <= _FAST_MAX_WIDTH:
         args = (x, weight, bias_arg, init, out, final, dim, length, length.bit_length(), *x.stride(), *common,
                 *final_strides)
-        if x.numel() >= TUNE_MIN_NUMEL and os.environ.get("TRITON_INTERPRET") != "1":
+        if x.numel() >= TUNE_MIN_NUMEL and not INTERPRET:
             # the autotuner's own key: D, the size class of L and every tensor's dtype
             key = (dim, args[8], x.dtype, weight.dtype, bias_arg.dtype, init.dtype, out.dtype, final.dtype)
             _CHANNEL_FIRST_TUNED.launch(key, lambda meta: (cdiv(length, meta["BLOCK_L"]), cdiv(dim, meta["BLOCK_D"]),

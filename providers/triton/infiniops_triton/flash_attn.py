@@ -26,14 +26,22 @@ launch, so do not capture the prefill in a CUDA graph; the decode path needs non
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Final
 
 import torch
 import triton
 
 from infiniops_py import Capability, Implementation, OneOf
-from infiniops_triton._common import PRIORITY, base_constraints, cdiv, next_power_of_2, pdl, raw_stream, sm_count
+from infiniops_triton._common import (
+    INTERPRET,
+    PRIORITY,
+    base_constraints,
+    cdiv,
+    next_power_of_2,
+    pdl,
+    raw_stream,
+    sm_count,
+)
 from infiniops_triton._decode_kernels import append_kv_kernel, combine_kernel, decode_split_kernel, decode_split_tuned
 from infiniops_triton._fastlaunch import Launcher
 from infiniops_triton._flash_attn_kernels import LOG2E, SMEM_BUDGET, attn_fwd_kernel, attn_fwd_tuned, tma_layout_ok
@@ -99,7 +107,7 @@ _COMBINE = Launcher(combine_kernel)
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return INTERPRET
 
 
 # --- prefill ---------------------------------------------------------------------------------------
