@@ -226,6 +226,40 @@ def check_last_stride(op: str, name: str, t: torch.Tensor) -> None:
         raise ContractError(op, name, f"expected last stride 1, got strides {list(t.stride())}")
 
 
+_FLOAT_SET: Final = frozenset(FLOAT_DTYPES)
+
+
+def check_projection(op: str, x: torch.Tensor, weight: torch.Tensor, weight_form: str = "[N, K={k}]",
+                     ) -> tuple[int, int, bool]:
+    """The input of a fused projection (`gemm_swiglu`, `gemm_add_rms_norm`): x ``[T, K]`` float, stride 1 along K,
+    and weight ``[rows, K]`` of x's dtype and device in the ``nn.Linear`` layout (stride 1 along K), each attribute
+    read once (the call's hot path: a helper runs only to raise). Returns ``(T, K, x.is_cpu)``.
+
+    Raises:
+        ContractError: naming x or weight; `weight_form` (formatted with ``k``) is the weight shape the message
+            expects.
+    """
+    dtype = x.dtype
+    if dtype not in _FLOAT_SET:
+        check_dtype(op, "x", x, FLOAT_DTYPES)
+    xs = x.shape
+    if len(xs) != 2:
+        raise ContractError(op, "x", f"expected 2 dims [T, K], got {len(xs)}: {list(xs)}")
+    t, k = xs
+    if k > 1 and x.stride(1) != 1:
+        check_last_stride(op, "x", x)
+    on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
+    if weight.dtype is not dtype or ((not weight.is_cpu) if on_cpu else weight.device != x.device):
+        check_like(op, "weight", weight, x)
+    ws = weight.shape
+    if len(ws) != 2 or ws[1] != k:
+        raise ContractError(op, "weight", f"expected {weight_form.format(k=k)}, got {list(ws)}")
+    if k > 1 and weight.stride(1) != 1:
+        raise ContractError(op, "weight", f"expected last stride 1 (the nn.Linear layout), got strides "
+                                          f"{list(weight.stride())}")
+    return t, k, on_cpu
+
+
 def check_vector(op: str, name: str, t: torch.Tensor, like: torch.Tensor, n: int, what: str, *,
                  like_name: str = "x", dim: str = "H") -> None:
     """Raise `ContractError` unless `t` is a contiguous ``[n]`` tensor of `like`'s dtype and device (a norm's

@@ -26,14 +26,13 @@ import torch.nn.functional as F
 
 from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
-    FLOAT_DTYPES,
     ContractError,
     check_disjoint,
-    check_dtype,
     check_last_stride,
     check_like,
     check_no_grad,
     check_out_like,
+    check_projection,
     check_real,
     check_tensor,
     check_vector,
@@ -47,7 +46,6 @@ __all__ = ["SPECS", "gemm_add_rms_norm", "reference"]
 
 _OP = "gemm_add_rms_norm"
 _INF = math.inf
-_FLOAT_SET = frozenset(FLOAT_DTYPES)
 _Tensor = torch.Tensor
 _STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor (issue #30)
 _grad_enabled = torch.is_grad_enabled
@@ -136,25 +134,8 @@ def gemm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
                             "bias": bias, "out": out})
     if type(eps) is not float or not 0.0 < eps < _INF:
         check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
-    dtype = x.dtype
-    if dtype not in _FLOAT_SET:
-        check_dtype(_OP, "x", x, FLOAT_DTYPES)
-    xs = x.shape
-    if len(xs) != 2:
-        raise ContractError(_OP, "x", f"expected 2 dims [T, K], got {len(xs)}: {list(xs)}")
-    t, k = xs
-    if k > 1 and x.stride(1) != 1:
-        check_last_stride(_OP, "x", x)
-    on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
-    if weight.dtype is not dtype or ((not weight.is_cpu) if on_cpu else weight.device != x.device):
-        check_like(_OP, "weight", weight, x)
-    ws = weight.shape
-    if len(ws) != 2 or ws[1] != k:
-        raise ContractError(_OP, "weight", f"expected [N, K={k}], got {list(ws)}")
-    if k > 1 and weight.stride(1) != 1:
-        raise ContractError(_OP, "weight", f"expected last stride 1 (the nn.Linear layout), got strides "
-                                           f"{list(weight.stride())}")
-    n = ws[0]
+    t, k, on_cpu = check_projection(_OP, x, weight)
+    dtype, n = x.dtype, weight.shape[0]
     if residual.dtype is not dtype or ((not residual.is_cpu) if on_cpu else residual.device != x.device):
         check_like(_OP, "residual", residual, x)
     if tuple(residual.shape) != (t, n):

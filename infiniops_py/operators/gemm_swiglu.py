@@ -22,14 +22,12 @@ import torch.nn.functional as F
 
 from infiniops_py.dispatch import dispatch
 from infiniops_py.operators._base import (
-    FLOAT_DTYPES,
     ContractError,
-    check_dtype,
-    check_last_stride,
     check_like,
     check_no_grad,
     check_no_overlap,
     check_out_like,
+    check_projection,
     check_tensor,
     device_type,
 )
@@ -38,7 +36,6 @@ from infiniops_py.operators._declare import GIVEN, Operator, Overload, sample_te
 __all__ = ["SPECS", "gemm_swiglu", "reference"]
 
 _OP = "gemm_swiglu"
-_FLOAT_SET = frozenset(FLOAT_DTYPES)
 _Tensor = torch.Tensor
 _STRIDED = torch.strided  # a sparse or MKLDNN tensor is refused by check_tensor (issue #30)
 _grad_enabled = torch.is_grad_enabled
@@ -114,25 +111,12 @@ def gemm_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
                             or (out is not None and out.requires_grad)):
         check_no_grad(_OP, {"x": x, "weight": weight, "bias": bias, "out": out})
-    dtype = x.dtype
-    if dtype not in _FLOAT_SET:
-        check_dtype(_OP, "x", x, FLOAT_DTYPES)
-    xs = x.shape
-    if len(xs) != 2:
-        raise ContractError(_OP, "x", f"expected 2 dims [T, K], got {len(xs)}: {list(xs)}")
-    t, k = xs
-    if k > 1 and x.stride(1) != 1:
-        check_last_stride(_OP, "x", x)
-    on_cpu = x.is_cpu  # `is_cpu` costs a third of a device comparison
-    if weight.dtype is not dtype or ((not weight.is_cpu) if on_cpu else weight.device != x.device):
-        check_like(_OP, "weight", weight, x)
-    ws = weight.shape
-    if len(ws) != 2 or ws[1] != k or ws[0] % 2:
-        raise ContractError(_OP, "weight", f"expected [2d, K={k}] (the gate rows, then the up rows), got {list(ws)}")
-    if k > 1 and weight.stride(1) != 1:
-        raise ContractError(_OP, "weight", f"expected last stride 1 (the nn.Linear layout), got strides "
-                                           f"{list(weight.stride())}")
-    d = ws[0] // 2
+    form = "[2d, K={k}] (the gate rows, then the up rows)"
+    t, k, on_cpu = check_projection(_OP, x, weight, form)
+    dtype, rows = x.dtype, weight.shape[0]
+    if rows % 2:
+        raise ContractError(_OP, "weight", f"expected {form.format(k=k)}, got {list(weight.shape)}")
+    d = rows // 2
     if bias is not None:
         check_like(_OP, "bias", bias, x)
         if tuple(bias.shape) != (2 * d,) or not bias.is_contiguous():
