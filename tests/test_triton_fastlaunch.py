@@ -412,3 +412,21 @@ def _shadowing(X, len):
 def test_a_parameter_named_like_what_the_generated_call_reads_takes_the_plain_launch() -> None:
     launcher = Launcher(_shadowing)
     assert launcher._plain and type(launcher) is Launcher
+
+
+def test_an_unhashable_argument_or_option_launches_through_triton(fake_cuda: None) -> None:
+    # Triton keys its options by their str (a dict option, CUDAOptions.extern_libs, is fine there) and hands a list
+    # argument to its own specialization: neither may raise an unhashable TypeError in the key lookups
+    launcher = Launcher(_toy)
+    recorder = _Recorder(_FakeCompiled())
+    launcher._kernel = launcher._base = recorder
+    x = torch.zeros(64)
+    libs = {"libdevice": "/path/libdevice.bc"}
+    launcher((1,), x, x, 3, 0.5, True, MODE=1, extern_libs=libs)  # general
+    for _ in range(2):
+        launcher((1,), x, x, 3, 0.5, True, MODE=1)  # a miss, then the first hit: planned from here on
+    assert type(launcher).__call__.__name__ == "planned"
+    launcher((1,), x, x, 3, 0.5, True, MODE=1, extern_libs=libs)  # planned
+    launcher((1,), x, x, [3], 0.5, True, MODE=1)  # a list where an int was planned
+    assert [c[2].get("extern_libs") for c in recorder.calls] == [libs, None, libs, None]
+    assert recorder.calls[-1][2]["n"] == [3]
