@@ -51,7 +51,8 @@ not changed since it was compiled (ours read module constants).
 The fast path exists only where its calling convention was read in Triton's source: Triton 3.6.x with the
 CUDA launcher. Everywhere else, under the interpreter (``TRITON_INTERPRET=1``), with
 ``INFINIOPS_TRITON_FASTLAUNCH=0``, or after `set_enabled(False)`, a `Launcher` is exactly
-``kernel[grid](*args, **kwargs)``; so is a call with an argument the key does not know (any other type).
+``kernel[grid](*args, **kwargs)``; so is a call with an argument the key does not know (any other type) or
+an option value that does not hash (Triton keys options by their str).
 """
 
 from __future__ import annotations
@@ -240,9 +241,9 @@ class _Source:
                  "    try:",
                  f"        __key = (__C._cuda_getDevice(), __runtime.debug, __compilation.instrumentation_mode, "
                  f"{', '.join(_key_exprs(self.fn))}, *__options.items())",
-                 "    except _Unkeyed:",
+                 "        __bound = __self._cache.get(__key)",
+                 "    except (_Unkeyed, TypeError):  # TypeError: an unhashable option (Triton keys options by str)",
                  f"        return __self._plain_call(__grid, {self.named}, __options)",
-                 "    __bound = __self._cache.get(__key)",
                  "    if __bound is None:",
                  f"        return __self._miss(__key, __grid, ({self.params},), __options)",
                  "    if __l1 is not None:",
@@ -275,9 +276,10 @@ class _Source:
         lines = [*self.head("planned"),
                  "    try:",
                  f"        __key = ({', '.join(parts)}, *__options.items())",
-                 "    except AttributeError:  # a tensor's place holds something else",
+                 "        __bound = __self._fast.get(__key)",
+                 "    except (AttributeError, TypeError):  # a tensor's place holds something else; an unhashable "
+                 "value or option",
                  f"        return __self._general(__grid, {self.params}, **__options)",
-                 "    __bound = __self._fast.get(__key)",
                  "    if __bound is None:",
                  f"        return __self._general(__grid, {self.params}, __l1=__key, **__options)",
                  *self.tail(", ".join(launched))]
