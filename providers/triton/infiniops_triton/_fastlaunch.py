@@ -194,6 +194,8 @@ class _Source:
                 self.decl.append(f"{n}=__d_{n}")
                 late = True
             elif n in heuristic_names:
+                if "*" not in self.decl:  # Heuristics.run passes its values by keyword: in Triton a positional
+                    self.decl.append("*")  # argument that reaches this parameter is a "multiple values" TypeError
                 self.decl.append(f"{n}=__H")
                 late = True
             elif late:
@@ -202,10 +204,14 @@ class _Source:
             else:
                 self.decl.append(n)
         self.params = ", ".join(self.names)
+        keyword = self.decl.index("*") if "*" in self.decl else len(self.names)  # the keyword-only ones from here
+        self.passed = ", ".join([*self.names[:keyword], *(f"{n}={n}" for n in self.names[keyword:])])
         self.named = "{" + ", ".join(f"{n!r}: {n}" for n in self.names) + "}"
 
     def head(self, name: str, extra: str = "") -> list[str]:
         """The signature, the missing-argument check, the way out when the fast path is off, the heuristics."""
+        if "*" in self.decl:  # the parameters from the first a heuristic sets on are keyword-only already
+            extra = extra.removeprefix("*, ")
         lines = [f"def {name}(__self, __grid, /, {', '.join(self.decl)}, {extra}**__options):"]
         if self.required_late:  # as Python would raise for a missing argument
             lines += [f"    if {' or '.join(f'{n} is __H' for n in self.required_late)}:",
@@ -279,9 +285,9 @@ class _Source:
                  "        __bound = __self._fast.get(__key)",
                  "    except (AttributeError, TypeError):  # a tensor's place holds something else; an unhashable "
                  "value or option",
-                 f"        return __self._general(__grid, {self.params}, **__options)",
+                 f"        return __self._general(__grid, {self.passed}, **__options)",
                  "    if __bound is None:",
-                 f"        return __self._general(__grid, {self.params}, __l1=__key, **__options)",
+                 f"        return __self._general(__grid, {self.passed}, __l1=__key, **__options)",
                  *self.tail(", ".join(launched))]
         return "\n".join(lines) + "\n", tuple(types)
 
