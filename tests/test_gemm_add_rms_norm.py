@@ -112,3 +112,18 @@ def test_compile_and_fake_tensors_see_one_node() -> None:
     with FakeTensorMode():
         out, res = ops.gemm_add_rms_norm(torch.empty(3, 8), torch.empty(6, 8), torch.empty(3, 6), torch.empty(6))
         assert out.shape == res.shape == (3, 6)
+
+
+@pytest.mark.parametrize("provider", ["torch", "reference"])
+def test_an_int_eps_reaches_the_provider_as_the_float_it_was_checked_as(provider: str) -> None:
+    # eps is a finite real number > 0: an int is one, even past int64 (2**70), but torch's scalar arithmetic
+    # refuses such an int; the reference wrote the residual, then raised OverflowError
+    gen = torch.Generator().manual_seed(3)
+    x, w, r = (torch.randn(s, generator=gen) for s in ((2, 3), (4, 3), (2, 4)))
+    nw = torch.rand(4, generator=gen) + 0.5
+    want_r = r.clone()
+    with ops.use(provider):
+        want, _ = ops.gemm_add_rms_norm(x, w, want_r, nw, float(2**70))
+        got, _ = ops.gemm_add_rms_norm(x, w, r, nw, 2**70)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(r, want_r)

@@ -412,3 +412,43 @@ def _shadowing(X, len):
 def test_a_parameter_named_like_what_the_generated_call_reads_takes_the_plain_launch() -> None:
     launcher = Launcher(_shadowing)
     assert launcher._plain and type(launcher) is Launcher
+
+
+def test_an_unhashable_argument_or_option_launches_through_triton(fake_cuda: None) -> None:
+    # Triton keys its options by their str (a dict option, CUDAOptions.extern_libs, is fine there) and hands a list
+    # argument to its own specialization: neither may raise an unhashable TypeError in the key lookups
+    launcher = Launcher(_toy)
+    recorder = _Recorder(_FakeCompiled())
+    launcher._kernel = launcher._base = recorder
+    x = torch.zeros(64)
+    libs = {"libdevice": "/path/libdevice.bc"}
+    launcher((1,), x, x, 3, 0.5, True, MODE=1, extern_libs=libs)  # general
+    for _ in range(2):
+        launcher((1,), x, x, 3, 0.5, True, MODE=1)  # a miss, then the first hit: planned from here on
+    assert type(launcher).__call__.__name__ == "planned"
+    launcher((1,), x, x, 3, 0.5, True, MODE=1, extern_libs=libs)  # planned
+    launcher((1,), x, x, [3], 0.5, True, MODE=1)  # a list where an int was planned
+    assert [c[2].get("extern_libs") for c in recorder.calls] == [libs, None, libs, None]
+    assert recorder.calls[-1][2]["n"] == [3]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_parameter_a_heuristic_sets_given_positionally_is_a_type_error_as_in_triton(
+        fake_cuda: None, monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+    # Heuristics.run passes the heuristic's value by keyword, so a positional argument that reaches its parameter
+    # (or one after it) is Python's "multiple values" TypeError in Triton; the generated call must not take it
+    tuned = triton.heuristics({"MODE": lambda args: 1})(_toy)
+    launcher = Launcher(tuned)
+    recorder = _Recorder(_FakeCompiled())
+    launcher._kernel = launcher._base = recorder
+    monkeypatch.setattr(_fastlaunch, "_enabled", enabled)
+    x = torch.zeros(64)
+    binder = create_function_from_signature(_toy.signature, _toy.params, _BACKEND)
+    with pytest.raises(TypeError, match="multiple values"):  # what JITFunction.run binds after Heuristics.run
+        binder(x, x, 3, 0.5, True, 2, MODE=1)
+    for _ in range(3):  # the general call, then the planned one
+        with pytest.raises(TypeError):
+            launcher((1,), x, x, 3, 0.5, True, 2)
+        launcher((1,), x, x, 3, 0.5, True, MODE=2, BLOCK=64)  # by keyword: the heuristic's value wins, as in Triton
+    assert len(recorder.calls) == (1 if enabled else 3)  # then hits; off: each by name through "Triton"
+    assert not enabled or recorder.calls[0][2]["MODE"] == 1

@@ -25,11 +25,13 @@ import asyncio
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import signal
 import socket
 import struct
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any, Final
@@ -117,10 +119,14 @@ def _engine_main(sock: socket.socket, factory: Callable[[], Engine]) -> None:
     try:
         engine = factory()
     except BaseException as err:
-        sock.sendall(_frame(("failed", *_startup_error(err))))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the server is gone: nobody to tell
+            sock.sendall(_frame(("failed", *_startup_error(err))))
         sys.exit(1)
     freeze_heap()
-    sock.sendall(_frame(("ready", engine_facts(engine))))
+    try:
+        sock.sendall(_frame(("ready", engine_facts(engine))))
+    except (BrokenPipeError, ConnectionResetError):  # the server ended while this process loaded
+        return
     frames = _Frames()
 
     def inputs(block: bool) -> list[tuple[Any, ...]]:
@@ -155,6 +161,7 @@ def start_engine_process(factory: Callable[[], Engine], *, max_waiting: int) -> 
     proc.start()
     child.close()
     frames = _Frames()
+    restore = _kill_on_sigterm(proc)
     try:
         while True:
             multiprocessing.connection.wait([parent, proc.sentinel])
@@ -169,6 +176,8 @@ def start_engine_process(factory: Callable[[], Engine], *, max_waiting: int) -> 
         proc.kill()
         parent.close()
         raise
+    finally:
+        restore()
     msg = got[0]
     if msg[0] == "failed":
         proc.join(5.0)
@@ -177,6 +186,23 @@ def start_engine_process(factory: Callable[[], Engine], *, max_waiting: int) -> 
     facts = msg[1]
     metrics = ServerMetrics(facts["cache_kind"], facts["num_blocks"])
     return EngineProcess(proc, parent, frames, facts, metrics, max_waiting=max_waiting)
+
+
+def _kill_on_sigterm(proc: Any) -> Callable[[], None]:
+    """Until the returned function is called: a SIGTERM first kills the engine process `proc`, then ends this
+    process as it would have (a server stopped while its engine loads must not leave the engine loading, holding
+    its device's memory, for minutes). Only where SIGTERM has its default action, in the main thread."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not \
+            signal.SIG_DFL:
+        return lambda: None
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        proc.kill()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _readable(sock: socket.socket) -> bool:

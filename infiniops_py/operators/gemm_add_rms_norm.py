@@ -132,8 +132,8 @@ def gemm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Ten
                             or (out is not None and out.requires_grad)):
         check_no_grad(_OP, {"x": x, "weight": weight, "residual": residual, "norm_weight": norm_weight,
                             "bias": bias, "out": out})
-    if type(eps) is not float or not 0.0 < eps < _INF:
-        check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+    if type(eps) is not float or not 0.0 < eps < _INF:  # an int (even past int64) goes on as its float
+        eps = check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     t, k, on_cpu = check_projection(_OP, x, weight)
     dtype, n = x.dtype, weight.shape[0]
     if residual.dtype is not dtype or ((not residual.is_cpu) if on_cpu else residual.device != x.device):

@@ -213,3 +213,46 @@ def test_a_gate_error_in_the_engine_process_is_the_threads_report_and_exit_statu
     assert [o.returncode for o in outs] == [1, 1], outs[0].stderr
     assert outs[0].stderr == outs[1].stderr and outs[0].stderr.startswith("gate check failed")
     assert "no provider can serve rms_norm" in outs[0].stderr and "Traceback" not in outs[0].stderr
+
+
+def _engine_child(parent: int) -> int | None:
+    """The pid of `parent`'s engine process (multiprocessing's spawned child, not its resource tracker), if any."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmdline:
+                return int(entry.name)
+    return None
+
+
+def _running(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_while_the_engine_process_loads_ends_it_too() -> None:
+    # a server stopped while its engine still loads (minutes for a large checkpoint, GPU memory held) must not
+    # leave the engine process loading on its own: it ends with the server, which ends as SIGTERM ends it
+    code = ("import functools, time\n"
+            "from infinilm.serve.engine_proc import start_engine_process\n"
+            "start_engine_process(functools.partial(time.sleep, 600), max_waiting=1)\n")  # an engine that never loads
+    server = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    child = None
+    try:
+        _poll("the engine process spawned", lambda: _engine_child(server.pid) is not None, timeout=60)
+        child = _engine_child(server.pid)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == -signal.SIGTERM
+        _poll("the engine process ended with the server", lambda: not _running(child))  # type: ignore[arg-type]
+    finally:
+        server.kill()
+        server.wait()
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)

@@ -10,6 +10,7 @@ projection is about N(0, 1), as in a model); the residual ~ N(0, 1), sometimes a
 
 from __future__ import annotations
 
+import torch
 from hypothesis import strategies as st
 
 from infiniops_py.testing.case import Case, CaseContext, randn
@@ -18,6 +19,9 @@ __all__ = ["STRATEGIES"]
 
 _T = (1, 2, 5, 16, 17, 64)
 _N = (1, 8, 33, 64, 96, 768)
+# N == 1 only in fp32/fp64: one column's norm is r / sqrt(r^2 + eps), and where the projection and the residual
+# cancel (|r| ~ 1e-2 from |y| ~ 1) the projection's rounding to 16 bits, which the contract keeps, moves it by 0.1
+_N_16BIT = _N[1:]
 _K = (1, 16, 63, 128, 256)
 _EPS = (1e-6, 1e-5)
 _LARGE_T = (*_T, 128, 512)
@@ -31,7 +35,8 @@ def gemm_add_rms_norm_case(ctx: CaseContext) -> Case:
         n, k = ctx.draw(st.sampled_from(_LARGE_NK))
         t = ctx.draw(st.sampled_from(_LARGE_T))
     else:
-        t, n, k = ctx.draw(st.sampled_from(_T)), ctx.draw(st.sampled_from(_N)), ctx.draw(st.sampled_from(_K))
+        sizes = _N_16BIT if ctx.dtype in (torch.float16, torch.bfloat16) else _N
+        t, n, k = ctx.draw(st.sampled_from(_T)), ctx.draw(st.sampled_from(sizes)), ctx.draw(st.sampled_from(_K))
     ctx.record("max_k", k)
     new = {"dtype": ctx.dtype, "device": ctx.device, "generator": gen}
     pad = ctx.draw(st.sampled_from((0, 1, 8)))  # x a column slice of a wider buffer when > 0

@@ -51,7 +51,8 @@ not changed since it was compiled (ours read module constants).
 The fast path exists only where its calling convention was read in Triton's source: Triton 3.6.x with the
 CUDA launcher. Everywhere else, under the interpreter (``TRITON_INTERPRET=1``), with
 ``INFINIOPS_TRITON_FASTLAUNCH=0``, or after `set_enabled(False)`, a `Launcher` is exactly
-``kernel[grid](*args, **kwargs)``; so is a call with an argument the key does not know (any other type).
+``kernel[grid](*args, **kwargs)``; so is a call with an argument the key does not know (any other type) or
+an option value that does not hash (Triton keys options by their str).
 """
 
 from __future__ import annotations
@@ -193,6 +194,8 @@ class _Source:
                 self.decl.append(f"{n}=__d_{n}")
                 late = True
             elif n in heuristic_names:
+                if "*" not in self.decl:  # Heuristics.run passes its values by keyword: in Triton a positional
+                    self.decl.append("*")  # argument that reaches this parameter is a "multiple values" TypeError
                 self.decl.append(f"{n}=__H")
                 late = True
             elif late:
@@ -201,10 +204,14 @@ class _Source:
             else:
                 self.decl.append(n)
         self.params = ", ".join(self.names)
+        keyword = self.decl.index("*") if "*" in self.decl else len(self.names)  # the keyword-only ones from here
+        self.passed = ", ".join([*self.names[:keyword], *(f"{n}={n}" for n in self.names[keyword:])])
         self.named = "{" + ", ".join(f"{n!r}: {n}" for n in self.names) + "}"
 
     def head(self, name: str, extra: str = "") -> list[str]:
         """The signature, the missing-argument check, the way out when the fast path is off, the heuristics."""
+        if "*" in self.decl:  # the parameters from the first a heuristic sets on are keyword-only already
+            extra = extra.removeprefix("*, ")
         lines = [f"def {name}(__self, __grid, /, {', '.join(self.decl)}, {extra}**__options):"]
         if self.required_late:  # as Python would raise for a missing argument
             lines += [f"    if {' or '.join(f'{n} is __H' for n in self.required_late)}:",
@@ -240,9 +247,9 @@ class _Source:
                  "    try:",
                  f"        __key = (__C._cuda_getDevice(), __runtime.debug, __compilation.instrumentation_mode, "
                  f"{', '.join(_key_exprs(self.fn))}, *__options.items())",
-                 "    except _Unkeyed:",
+                 "        __bound = __self._cache.get(__key)",
+                 "    except (_Unkeyed, TypeError):  # TypeError: an unhashable option (Triton keys options by str)",
                  f"        return __self._plain_call(__grid, {self.named}, __options)",
-                 "    __bound = __self._cache.get(__key)",
                  "    if __bound is None:",
                  f"        return __self._miss(__key, __grid, ({self.params},), __options)",
                  "    if __l1 is not None:",
@@ -275,11 +282,12 @@ class _Source:
         lines = [*self.head("planned"),
                  "    try:",
                  f"        __key = ({', '.join(parts)}, *__options.items())",
-                 "    except AttributeError:  # a tensor's place holds something else",
-                 f"        return __self._general(__grid, {self.params}, **__options)",
-                 "    __bound = __self._fast.get(__key)",
+                 "        __bound = __self._fast.get(__key)",
+                 "    except (AttributeError, TypeError):  # a tensor's place holds something else; an unhashable "
+                 "value or option",
+                 f"        return __self._general(__grid, {self.passed}, **__options)",
                  "    if __bound is None:",
-                 f"        return __self._general(__grid, {self.params}, __l1=__key, **__options)",
+                 f"        return __self._general(__grid, {self.passed}, __l1=__key, **__options)",
                  *self.tail(", ".join(launched))]
         return "\n".join(lines) + "\n", tuple(types)
 
