@@ -411,3 +411,24 @@ def test_a_block_table_without_columns_is_refused_in_unchecked_mode_too() -> Non
                 message = str(_rejects(lambda fn=fn, bad=bad: fn(**bad), "block_table",
                                        *(t for t in args.values() if isinstance(t, torch.Tensor))))
             assert "max_blocks >= 1" in message, message
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "rms_norm_gated"])
+def test_an_int_eps_past_int64_is_its_float(op: str) -> None:
+    # check_real's float goes on to the provider: an int eps (even 2**70, past int64) gives the float eps's
+    # result and a fused residual is written once, not left half-updated by an OverflowError
+    x, r = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(3, 8, dtype=torch.bfloat16)
+    w = torch.ones(8, dtype=torch.bfloat16)
+
+    def run(eps: float) -> list[torch.Tensor]:
+        xs, rs = x.clone(), r.clone()
+        with io.use("reference"):
+            if op == "fused_add_rms_norm":
+                io.fused_add_rms_norm(xs, rs, w, eps)
+                return [xs, rs]
+            if op == "rms_norm":
+                return [io.rms_norm(xs, w, eps)]
+            return [io.rms_norm_gated(xs, w, eps=eps)]
+
+    for got, want in zip(run(2**70), run(float(2**70)), strict=True):
+        assert torch.equal(got, want)

@@ -121,7 +121,7 @@ def fused_qk_norm(
         check_no_grad(_OP, {"qkv": qkv, "q_weight": q_weight, "k_weight": k_weight})
     if qkv.dtype not in _FLOAT_SET:
         check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
-    check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+    eps = check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ContractError(_OP, name, f"expected a positive int, got {v!r}")

@@ -168,7 +168,7 @@ def fused_qk_norm_rope(
         check_no_grad(_OP, tensors)
     if qkv.dtype not in _FLOAT_SET:
         check_dtype(_OP, "qkv", qkv, FLOAT_DTYPES)
-    check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+    eps = check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     if is_neox is not True and is_neox is not False:
         check_bool(_OP, "is_neox", is_neox)
     for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):

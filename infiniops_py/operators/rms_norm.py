@@ -141,7 +141,7 @@ def rms_norm(
     # attribute is read once, and a helper is only called to raise. A non-tensor fails an attribute read
     # (the try costs nothing when nothing is raised) or, duck-typed, a helper's `check_tensor`.
     if type(eps) is not float or not 0.0 < eps < _INF:
-        check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+        eps = check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     try:
         dtype = x.dtype
         if dtype not in _FLOAT_SET or x.layout is not _STRIDED:
@@ -232,7 +232,7 @@ def fused_add_rms_norm(
     if _grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
         check_no_grad(_FUSED, {"x": x, "residual": residual, "weight": weight})
     if type(eps) is not float or not 0.0 < eps < _INF:
-        check_real(_FUSED, "eps", eps, low=0.0, low_inclusive=False)
+        eps = check_real(_FUSED, "eps", eps, low=0.0, low_inclusive=False)
     dtype, shape = x.dtype, x.shape
     if dtype not in _FLOAT_SET or not shape:
         _check_rows(_FUSED, "x", x)

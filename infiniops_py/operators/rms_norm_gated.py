@@ -136,7 +136,7 @@ def rms_norm_gated(
     if wants_grad(x, weight, bias, z, out):
         check_no_grad(_OP, {"x": x, "weight": weight, "bias": bias, "z": z, "out": out})
     if type(eps) is not float or not eps > 0.0 or eps - eps != 0.0:  # NaN and +-inf give NaN
-        check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
+        eps = check_real(_OP, "eps", eps, low=0.0, low_inclusive=False)
     if norm_before_gate is not True and norm_before_gate is not False:
         check_bool(_OP, "norm_before_gate", norm_before_gate)
     dtype, shape = x.dtype, x.shape
