@@ -236,7 +236,7 @@ def _gemv_kernel(
     if BLOCK_M == 1:
         x_ptrs = X + k_lo + rk
         if PRE_NORM:  # each split reads the whole row once for its mean square (from L2: every program reads it)
-            rstd = _row_rstd(X + rk, rk, K, eps, BLOCK_K)
+            rstd = _row_rstd(X + rk, rk, K, eps, BLOCK_K, True)
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)  # SUM_EACH: summed each step
         acc1_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # else summed over K once, after the loop
@@ -282,7 +282,7 @@ def _gemv_kernel(
         x_ptrs = X + xm[:, None].to(tl.int64) * stride_xm + k_lo + rk[None, :]
         if PRE_NORM:
             rstd = _row_rstd(X + xm[:, None].to(tl.int64) * stride_xm + rk[None, :], rk[None, :], K, eps,
-                             BLOCK_K)[:, None]
+                             BLOCK_K, False)[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, steps):
             k_ok = rk[None, :] < K - k_lo - k * BLOCK_K
@@ -339,15 +339,23 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _row_rstd(ptrs, cols, K, eps, BLOCK_K: tl.constexpr):
+def _row_rstd(ptrs, cols, K, eps, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr):
     """``rsqrt(mean(x**2) + eps)`` in fp32 of the rows whose first `BLOCK_K` values `ptrs` points at (``[BLOCK_K]``
     for one row, ``[rows, BLOCK_K]`` for a block), `cols` (``arange(BLOCK_K)``, ``[1, BLOCK_K]`` for a block) their
-    columns, over all K values, `BLOCK_K` at a time: `rms_norm`'s mean square; a scalar, or one value per row."""
-    squares = tl.zeros(ptrs.shape, dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        v = tl.load(ptrs + k0, mask=k0 + cols < K, other=0.0).to(tl.float32)
-        squares += v * v
-    return tl.rsqrt(tl.sum(squares, axis=-1) / K + eps)
+    columns, over all K values, `BLOCK_K` at a time: `rms_norm`'s mean square; a scalar (`ONE_ROW`: the squares
+    summed once after the loop), or one value per row (summed each step)."""
+    if ONE_ROW:  # one row: the squares summed once, after the loop
+        squares = tl.zeros(ptrs.shape, dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(ptrs + k0, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            squares += v * v
+        total = tl.sum(squares, axis=0)
+    else:  # a block: summed each step (fewer registers)
+        total = tl.sum(tl.zeros(ptrs.shape, dtype=tl.float32), axis=1)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(ptrs + k0, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            total += tl.sum(v * v, axis=1)
+    return tl.rsqrt(total / K + eps)
 
 
 @triton.jit
