@@ -21,8 +21,9 @@ problems with `infiniops_py.resolve_closure`, before any weight is read: an unsu
   `fused_add_rms_norm`. A family whose layers norm each sub-block's output (Gemma 2, GLM-4) keeps the latter.
   With ``add_norm="prologue"`` instead, each norm goes into the prologue of the projection after it (one
   `rms_norm_gemm`: qkv, gate/up with SwiGLU, the LM head) and o and down add into the residual stream as the Gemm's
-  ``c``, when a non-reference provider serves all of those problems, the model runs in one process and is not a
-  Mamba-2 (whose layers keep the separate path); else the separate path.
+  ``c`` (Mamba-2: ``in_proj`` with the block's norm, ``out_proj`` with ``c``, the LM head with the final norm), when
+  a non-reference provider serves all of those problems and the model runs in one process; else the separate
+  path.
 
 Provider overrides (``--provider OP=NAME``) apply as `infiniops_py.use` scopes, both here and while the
 engine runs (`overrides`), so the gates check exactly what will run. An override naming an operator or a
@@ -108,12 +109,13 @@ def _residual_biases(config: ModelConfig) -> set[bool]:
 
 
 def _prologue_served(config: ModelConfig, base: dict[str, Any]) -> bool:
-    """Whether non-reference providers serve the problems of the prologue path of a decoder (not Mamba-2): the qkv
-    projection, the gate/up projection with SwiGLU and the LM head as `rms_norm_gemm`, the o and down projections
-    as `gemm` with ``c``."""
+    """Whether non-reference providers serve the problems of the prologue path: the qkv projection, the gate/up
+    projection with SwiGLU (Mamba-2: ``in_proj``) and the LM head as `rms_norm_gemm`, the o and down projections
+    (Mamba-2: ``out_proj``) as `gemm` with ``c``."""
     if config.ssm is not None:
-        return False
-    norm_gemms = {(config.qkv_bias, False), (config.mlp_bias, True), (False, False)}
+        norm_gemms = {(config.ssm.use_bias, False), (False, False)}
+    else:
+        norm_gemms = {(config.qkv_bias, False), (config.mlp_bias, True), (False, False)}
     return (all(_served("rms_norm_gemm", **base, has_bias=bias, swiglu=swiglu) for bias, swiglu in norm_gemms)
             and all(_served("gemm", **base, **{**GEMM_FIELDS, "has_c": True}, has_bias=bias)
                     for bias in _residual_biases(config)))

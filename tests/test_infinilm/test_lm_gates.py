@@ -106,8 +106,9 @@ def test_the_prologue_path_folds_each_norm_into_the_next_projection_where_a_prov
         checkpoint: CheckpointFactory) -> None:
     """With ``add_norm="prologue"`` a pre-norm decoder's qkv and gate/up (SwiGLU) projections and its LM head are
     `rms_norm_gemm` (at K = the hidden size) and o and down a Gemm with ``c``, no `rms_norm` nor
-    `fused_add_rms_norm` left, where a provider other than the reference serves them; Gemma 2 and GLM-4 (a norm
-    after each sub-block), Mamba-2, or rms_norm_gemm forced onto the reference keep the separate path."""
+    `fused_add_rms_norm` left, where a provider other than the reference serves them (Mamba-2: ``in_proj`` and the
+    head); Gemma 2 and GLM-4 (a norm after each sub-block), or rms_norm_gemm forced onto the reference keep the
+    separate path."""
     options = EngineOptions(block_size=16, max_model_len=40, add_norm="prologue")
 
     def chosen(family: str, opts: EngineOptions = options) -> tuple[bool, dict[str, list[dict[str, object]]]]:
@@ -125,7 +126,8 @@ def test_the_prologue_path_folds_each_norm_into_the_next_projection_where_a_prov
         on, found = chosen(family)  # the plan may allow it; these layers never take it
         assert "rms_norm_gemm" not in found and "fused_add_rms_norm" in found
     on, mamba2 = chosen("mamba2")
-    assert not on and "rms_norm_gemm" not in mamba2
+    assert on and "fused_add_rms_norm" not in mamba2 and "rms_norm" not in mamba2
+    assert {(f["has_bias"], f["swiglu"]) for f in mamba2["rms_norm_gemm"]} == {(False, False)}
     on, refused = chosen("qwen3", EngineOptions(block_size=16, max_model_len=40, add_norm="prologue",
                                                 providers=(("rms_norm_gemm", "reference"),)))
     assert not on and "rms_norm_gemm" not in refused and "fused_add_rms_norm" in refused
