@@ -23,8 +23,9 @@ SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwe
    the kernels a decode step launches per layer, and its device busy time from one profiled step; Qwen3 again
    with the Triton kernels launched with programmatic dependent launch (`infiniops_triton._common.PDL`), and
    both models at batch 1 with ``add_norm="fused"`` (the o/down/out_proj projections as `gemm_add_rms_norm`),
-   and Qwen3 at batch 1 and 32 with ``add_norm="prologue"`` (each norm in the next projection's `rms_norm_gemm`,
-   o/down adding the residual as the Gemm's ``c``: two launches fewer per layer).
+   and Qwen3 at batch 1 and 32, Mamba-2 at batch 1, with ``add_norm="prologue"`` (each norm in the next projection's
+   `rms_norm_gemm`, o/down/out_proj adding the residual as the Gemm's ``c``: two launches fewer per Qwen3 layer,
+   one per Mamba-2 layer).
 
 Every ratio is ours over the alternative measured in the same run, the same way (graph replay against graph
 replay). Exit status 1 when a kernel's output differs from its alternative beyond the bf16 tolerance.
@@ -334,7 +335,8 @@ def bench_engine(device: torch.device, smoke: bool, only: list[str] | None = Non
               ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True, {}),
               ("qwen3-0.6b, fused add+norm", gpu_infinilm, qwen3, (1,), False, fused),
               ("mamba2-130m, fused add+norm", gpu_mamba2, mamba2, (1,), False, fused),
-              ("qwen3-0.6b, prologue norm", gpu_infinilm, qwen3, (1, 32), False, prologue))
+              ("qwen3-0.6b, prologue norm", gpu_infinilm, qwen3, (1, 32), False, prologue),
+              ("mamba2-130m, prologue norm", gpu_mamba2, mamba2, (1,), False, prologue))
     names = {m[0] for m in models}  # a whole name picks that model alone; any other text, every name containing it
     for name, module, shape, batches, pdl, extra in models:
         if only and not any(o == name or (o not in names and o in name) for o in only):
