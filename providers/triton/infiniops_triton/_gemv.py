@@ -17,7 +17,10 @@ epilogue is the tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``)
 output dtype; or SiLU-and-multiply of the gate and up halves (``SWIGLU``, `infiniops_triton.gemm_swiglu`); or the
 residual add and the row's RMSNorm (``ADD_NORM``, `infiniops_triton.gemm_add_rms_norm`): each program adds its
 columns of the product into the residual, counts itself done on one more counter (as the splits do), and the last
-column tile to finish normalizes the whole rows, so the product, the add and the norm stay one kernel.
+column tile to finish normalizes the whole rows, so the product, the add and the norm stay one kernel. ``PRE_NORM``
+(`infiniops_triton.rms_norm_gemm`) is a prologue instead: each program (each split too) first reads its rows of x
+once for their mean square over K, then normalizes every x tile as it loads it (`rms_norm`'s roundings), so the
+norm before a projection costs one more read of the rows and no launch, and no program waits on another.
 
 The configuration (a `Variant`) comes from `TABLE` per ``(row class, N, K, swiglu)`` where the GPU sweep
 (`benchmarks/gpu_sweep_gemv.py`) filled it; elsewhere it is autotuned once per ``(N, K, row class)`` (1 to 16
