@@ -215,7 +215,8 @@ class EngineOptions:
             process; one launch fewer per projection) or ``prologue`` (each norm folded into the prologue of the
             projection after it, one rms_norm_gemm: the qkv, the gate/up with SwiGLU and the LM head; o and down
             add into the residual stream as the Gemm's ``c``; where a non-reference provider serves them, one
-            process, layers without a norm after each sub-block; two launches fewer per layer than ``separate``).
+            process, layers without a norm after each sub-block; two launches fewer per decoder layer than
+            ``separate``, one per Mamba-2 layer, whose ``in_proj`` takes the block's norm and ``out_proj`` the ``c``).
         cuda_graphs: capture decode steps in CUDA graphs (CUDA only; falls back to eager when capture fails).
         prefill_graph_lengths: Mamba-2 only, CUDA only, with `cuda_graphs`: bucket lengths at which the prefill
             of a lone prompt (no other request in the step) is captured as a CUDA graph; a prompt is padded on
