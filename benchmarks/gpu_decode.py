@@ -2,7 +2,7 @@
 SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwen3-0.6B and Mamba-2-130m shapes.
 
     python3 -m pip install -q --no-deps --no-build-isolation -e . -e providers/torch -e providers/triton
-    python3 benchmarks/gpu_decode.py [--json FILE] [--part gemm|add_norm|attention|engine ...]   # ~3-4 min
+    python3 benchmarks/gpu_decode.py [--json FILE] [--part gemm|add_norm|pre_norm|attention|engine ...]  # ~4 min
     python3 benchmarks/gpu_decode.py --smoke            # tiny sizes on the CPU: the script itself, no timing
 
 1. Copy bandwidth: a 1 GiB device-to-device copy, (read + write bytes) / time, graph replay.
@@ -13,13 +13,19 @@ SDPA on a dense cache of the same bytes, and the engine's decode step of the Qwe
 2b. Projection into the residual stream, bf16, at the Qwen3-0.6B o and down and Mamba-2-130m out_proj shapes, M 1
    and 16: ours fused (`gemm_add_rms_norm`, one kernel: the GEMV with the add and the RMSNorm in its epilogue)
    against ours unfused (`gemm` then `fused_add_rms_norm`, two kernels), each a graph over distinct weights.
+2c. Norm then projection, bf16, at the Qwen3-0.6B qkv and gate_up (with SwiGLU) and Mamba-2-130m in_proj shapes,
+   M 1 and 16: ours fused (`rms_norm_gemm`, one kernel: the GEMV with the RMSNorm in its prologue) against ours
+   unfused (`rms_norm` then `gemm` or `gemm_swiglu`, two kernels), each a graph over distinct weights.
 3. Paged decode attention, bf16, D 128, block size 16: ours (``flash_attn_with_kvcache``, Triton, appending the
    new k/v) against SDPA on a dense ``[B, Hkv, ctx, D]`` cache (GQA), each a graph over distinct caches; GB/s is
    the K/V bytes read per call.
 4. Engine (random bf16 weights, CUDA graphs on): decode tok/s at batch 1 and 32 (Qwen3-0.6B), 1 (Mamba-2-130m),
    the kernels a decode step launches per layer, and its device busy time from one profiled step; Qwen3 again
    with the Triton kernels launched with programmatic dependent launch (`infiniops_triton._common.PDL`), and
-   both models at batch 1 with ``add_norm="fused"`` (the o/down/out_proj projections as `gemm_add_rms_norm`).
+   both models at batch 1 with ``add_norm="fused"`` (the o/down/out_proj projections as `gemm_add_rms_norm`),
+   and Qwen3 at batch 1 and 32, Mamba-2 at batch 1, with ``add_norm="prologue"`` (each norm in the next projection's
+   `rms_norm_gemm`, o/down/out_proj adding the residual as the Gemm's ``c``: two launches fewer per Qwen3 layer,
+   one per Mamba-2 layer).
 
 Every ratio is ours over the alternative measured in the same run, the same way (graph replay against graph
 replay). Exit status 1 when a kernel's output differs from its alternative beyond the bf16 tolerance.
@@ -167,6 +173,58 @@ def bench_add_norm(device: torch.device, smoke: bool) -> tuple[list[dict[str, An
     return rows, ok
 
 
+PRE_NORM_SHAPES = {  # name: (K, output columns N, swiglu): the weight is [N, K], or [2N, K] with swiglu
+    "qwen3-0.6b qkv": (1024, 4096, False), "qwen3-0.6b gate_up + SwiGLU": (1024, 3072, True),
+    "mamba2-130m in_proj": (768, 3352, False),
+}
+
+
+def _pre_fused(x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, swiglu: bool, out: torch.Tensor) -> None:
+    with ops.use("triton", op="rms_norm_gemm"):
+        ops.rms_norm_gemm(x, nw, w, 1e-6, swiglu=swiglu, out=out)
+
+
+def _pre_unfused(x: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, swiglu: bool, normed: torch.Tensor,
+                 out: torch.Tensor) -> None:
+    with ops.use("triton", op=("rms_norm", "gemm", "gemm_swiglu")):
+        ops.rms_norm(x, nw, 1e-6, out=normed)
+        if swiglu:
+            ops.gemm_swiglu(normed, w, out=out)
+        else:
+            ops.gemm(normed, w, trans_b=True, out=out)
+
+
+def bench_pre_norm(device: torch.device, smoke: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Part 2c: `rms_norm_gemm` against `rms_norm` then the projection per call (graph replay); the outputs compared
+    once."""
+    rows, ok = [], True
+    shapes = {"tiny": (48, 64, False), "tiny SwiGLU": (48, 32, True)} if smoke else PRE_NORM_SHAPES
+    for name, (k, n, swiglu) in shapes.items():
+        for m in (1, 16):
+            gen = torch.Generator(device=device).manual_seed(m * n + k + 2)
+            w_rows = 2 * n if swiglu else n
+            count = _copies(w_rows * k * 2, smoke)
+            bf16 = torch.bfloat16
+            weights = [torch.randn(w_rows, k, generator=gen, device=device, dtype=bf16) * k**-0.5
+                       for _ in range(count)]
+            x = torch.randn(m, k, generator=gen, device=device, dtype=bf16)
+            nw = torch.randn(k, generator=gen, device=device, dtype=bf16) * 0.1 + 1
+            normed = torch.empty(m, k, device=device, dtype=bf16)
+            out_f, out_u = (torch.full((m, n), float("nan"), device=device, dtype=bf16) for _ in range(2))
+            _pre_fused(x, nw, weights[0], swiglu, out_f)
+            _pre_unfused(x, nw, weights[0], swiglu, normed, out_u)
+            ok &= _close(out_f, out_u)
+            if smoke:
+                continue
+            fused = [lambda w=w, a=(x, nw, swiglu, out_f): _pre_fused(a[0], a[1], w, *a[2:]) for w in weights]
+            unfused = [lambda w=w, a=(x, nw, swiglu, normed, out_u): _pre_unfused(a[0], a[1], w, *a[2:])
+                       for w in weights]
+            t_fused, t_unfused = graph_time(fused, device), graph_time(unfused, device)
+            rows.append({"shape": name, "M": m, "N": n, "K": k, "fused_us": t_fused * 1e6,
+                         "unfused_us": t_unfused * 1e6, "speedup": t_unfused / t_fused})
+    return rows, ok
+
+
 def _paged_case(batch: int, ctx: int, hq: int, hkv: int, device: torch.device, gen: torch.Generator,
                 block: int = 16, d: int = 128, capacity: int = 0) -> dict[str, torch.Tensor]:
     """A paged decode case: block tables of `capacity` keys a sequence (at least `ctx`; the engine's are its max
@@ -271,11 +329,14 @@ def bench_engine(device: torch.device, smoke: bool, only: list[str] | None = Non
     qwen3 = gpu_infinilm.SMOKE if smoke else gpu_infinilm.QWEN3_0_6B
     mamba2 = gpu_mamba2.SMOKE if smoke else gpu_mamba2.MAMBA2_130M
     fused = {"add_norm": "fused"}  # the projections into the residual stream as gemm_add_rms_norm
+    prologue = {"add_norm": "prologue"}  # each norm in the next projection's rms_norm_gemm, o/down with c
     models = (("qwen3-0.6b", gpu_infinilm, qwen3, (1, 32, 64), False, {}),
               ("mamba2-130m", gpu_mamba2, mamba2, (1,), False, {}),
               ("qwen3-0.6b, PDL", gpu_infinilm, qwen3, (1, 32), True, {}),
               ("qwen3-0.6b, fused add+norm", gpu_infinilm, qwen3, (1,), False, fused),
-              ("mamba2-130m, fused add+norm", gpu_mamba2, mamba2, (1,), False, fused))
+              ("mamba2-130m, fused add+norm", gpu_mamba2, mamba2, (1,), False, fused),
+              ("qwen3-0.6b, prologue norm", gpu_infinilm, qwen3, (1, 32), False, prologue),
+              ("mamba2-130m, prologue norm", gpu_mamba2, mamba2, (1,), False, prologue))
     names = {m[0] for m in models}  # a whole name picks that model alone; any other text, every name containing it
     for name, module, shape, batches, pdl, extra in models:
         if only and not any(o == name or (o not in names and o in name) for o in only):
@@ -319,14 +380,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (no timing): the script itself")
-    parser.add_argument("--part", action="append", choices=("gemm", "add_norm", "attention", "engine"))
+    parser.add_argument("--part", action="append", choices=("gemm", "add_norm", "pre_norm", "attention", "engine"))
     parser.add_argument("--model", action="append", metavar="NAME",
                         help="engine part: only model NAME (qwen3-0.6b, mamba2-130m, 'qwen3-0.6b, PDL'), or those "
                              "whose name contains it (repeatable); a model alone in its process: its host-bound "
                              "rows unmixed")
     json_option(parser)
     args = parser.parse_args(argv)
-    parts = args.part or ["gemm", "add_norm", "attention", "engine"]
+    parts = args.part or ["gemm", "add_norm", "pre_norm", "attention", "engine"]
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_decode.py needs a CUDA device (or --smoke)", file=sys.stderr)
         return 2
@@ -353,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n### projection + residual add + RMSNorm, bf16, graph replay (outputs {'match' if good else 'DIFFER'})"
               f"\n\n{_table(rows)}", flush=True)
         records += [{"part": "add_norm", **r} for r in rows]
+    if "pre_norm" in parts:
+        rows, good = bench_pre_norm(device, args.smoke)
+        ok &= good
+        print(f"\n### RMSNorm + projection, bf16, graph replay (outputs {'match' if good else 'DIFFER'})"
+              f"\n\n{_table(rows)}", flush=True)
+        records += [{"part": "pre_norm", **r} for r in rows]
     if "attention" in parts:
         rows, good = bench_attention(device, args.smoke, copy_bw)
         ok &= good

@@ -51,6 +51,7 @@ silu_and_mul vLLM's ``forward_native`` (``F.silu(gate) * up``); rotary_embedding
 then that, for each;
 rms_norm_gated transformers' ``MambaRMSNormGated`` (per group); gemm_swiglu ``F.linear`` then SiLU-and-multiply;
 gemm_add_rms_norm ``F.linear``, the in-place residual add, then ``F.rms_norm`` with the weight;
+rms_norm_gemm ``F.rms_norm`` with the weight, then ``F.linear``;
 top_k_top_p_sampling_from_logits a sort-based sampler (topk, softmax, cumsum, multinomial);
 all_reduce ``torch.distributed.all_reduce`` over a one-rank gloo group (the host cost of the call alone).
 
@@ -369,6 +370,14 @@ def _gemm_add_rms_norm(e: Env) -> list[Case]:
                  "F.linear, add_, F.rms_norm (vLLM's fused_add_rms_norm after the projection)", False)]
 
 
+def _rms_norm_gemm(e: Env) -> list[Case]:
+    t, k, n = e.pick(1, 1), e.pick(1024, 32), e.pick(4096, 48)  # a Qwen3-0.6B qkv projection after its norm
+    x, nw, w = e.randn(t, k), e.randn(k), e.randn(n, k, scale=k**-0.5)
+    return [Case(f"rms_norm_gemm [{t}, {k}] x [{n}, {k}]", "rms_norm_gemm", lambda: ops.rms_norm_gemm(x, nw, w),
+                 lambda: F.linear(F.rms_norm(x, (k,), nw, 1e-6), w),
+                 "F.rms_norm, F.linear (vLLM's RMSNorm then the linear layer)", False)]
+
+
 def _sampling(e: Env) -> list[Case]:
     b, v = e.pick(32, 4), e.pick(151936, 256)
     logits = e.randn(b, v)
@@ -476,6 +485,7 @@ BUILDERS: dict[str, Callable[[Env], list[Case]]] = {
     "silu_and_mul": _silu_and_mul,
     "gemm_swiglu": _gemm_swiglu,
     "gemm_add_rms_norm": _gemm_add_rms_norm,
+    "rms_norm_gemm": _rms_norm_gemm,
     "rms_norm_gated": _rms_norm_gated,
     "top_k_top_p_sampling_from_logits": _sampling,
     "rotary_embedding": _rotary_embedding,

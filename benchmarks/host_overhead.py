@@ -142,6 +142,7 @@ def _dense(r: Callable[..., torch.Tensor], g: torch.Generator) -> dict[str, Call
         "reshape_and_cache_flash": lambda: ops.reshape_and_cache_flash(key, value, kc, vc, slots),
         "gemm_swiglu": lambda: ops.gemm_swiglu(xs, ws),
         "gemm_add_rms_norm": lambda: ops.gemm_add_rms_norm(xd, wd, rd, nw, 1e-6),
+        "rms_norm_gemm": lambda: ops.rms_norm_gemm(a1, nw, w),  # a Qwen3-0.6B qkv projection after its norm
     }
 
 

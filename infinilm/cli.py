@@ -48,9 +48,10 @@ def _engine_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
                    help="force a provider for an operator (or NAME for all); repeatable")
     p.add_argument("--qk-norm", choices=("auto", "fused", "per_head"), default="auto",
                    help="Qwen3 q/k norm path (default: fused where a provider serves it)")
-    p.add_argument("--add-norm", choices=("separate", "fused"), default="separate",
+    p.add_argument("--add-norm", choices=("separate", "fused", "prologue"), default="separate",
                    help="the o/down (Mamba-2: out_proj) projections and the residual add + norm after them: "
-                        "separate kernels (default, faster on the H200) or one gemm_add_rms_norm")
+                        "separate kernels (default, faster on the H200), one gemm_add_rms_norm, or each norm in "
+                        "the next projection's prologue (rms_norm_gemm; o/down add the residual as the Gemm's c)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on CUDA")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="launch each decode step before reading the last one's tokens, overlapping the host's work "

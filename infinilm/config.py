@@ -211,8 +211,12 @@ class EngineOptions:
             ``fused`` (fused_qk_norm) or ``per_head``.
         add_norm: the projections into the residual stream (o, down; Mamba-2's out_proj) and the add + norm
             after them: ``separate`` (gemm, then fused_add_rms_norm: the faster on the H200, benchmarks/RESULTS.md
-            session 10) or ``fused`` (one gemm_add_rms_norm where a non-reference provider serves it, one
-            process; one launch fewer per projection).
+            session 10), ``fused`` (one gemm_add_rms_norm where a non-reference provider serves it, one
+            process; one launch fewer per projection) or ``prologue`` (each norm folded into the prologue of the
+            projection after it, one rms_norm_gemm: the qkv, the gate/up with SwiGLU and the LM head; o and down
+            add into the residual stream as the Gemm's ``c``; where a non-reference provider serves them, one
+            process, layers without a norm after each sub-block; two launches fewer per decoder layer than
+            ``separate``, one per Mamba-2 layer, whose ``in_proj`` takes the block's norm and ``out_proj`` the ``c``).
         cuda_graphs: capture decode steps in CUDA graphs (CUDA only; falls back to eager when capture fails).
         prefill_graph_lengths: Mamba-2 only, CUDA only, with `cuda_graphs`: bucket lengths at which the prefill
             of a lone prompt (no other request in the step) is captured as a CUDA graph; a prompt is padded on
@@ -297,8 +301,8 @@ class EngineOptions:
             raise ConfigError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.qk_norm not in ("auto", "fused", "per_head"):
             raise ConfigError(f"qk_norm={self.qk_norm!r} must be one of auto, fused, per_head")
-        if self.add_norm not in ("separate", "fused"):
-            raise ConfigError(f"add_norm={self.add_norm!r} must be one of separate, fused")
+        if self.add_norm not in ("separate", "fused", "prologue"):
+            raise ConfigError(f"add_norm={self.add_norm!r} must be one of separate, fused, prologue")
         if any(n <= 0 or n > self.max_num_batched_tokens for n in self.prefill_graph_lengths):
             raise ConfigError(f"prefill_graph_lengths={self.prefill_graph_lengths}: each must be in [1, "
                               f"max_num_batched_tokens={self.max_num_batched_tokens}]")

@@ -35,6 +35,7 @@ from infiniops_py.operators.gemm_swiglu import gemm_swiglu
 from infiniops_py.operators.paged_cache import reshape_and_cache_flash
 from infiniops_py.operators.rms_norm import fused_add_rms_norm, rms_norm
 from infiniops_py.operators.rms_norm_gated import rms_norm_gated
+from infiniops_py.operators.rms_norm_gemm import rms_norm_gemm
 from infiniops_py.operators.rotary_embedding import rotary_embedding
 from infiniops_py.operators.sampling import top_k_top_p_sampling_from_logits
 from infiniops_py.operators.selective_scan import selective_scan, selective_state_update
@@ -98,6 +99,7 @@ __all__ = [
     "resolve_closure",
     "rms_norm",
     "rms_norm_gated",
+    "rms_norm_gemm",
     "rotary_embedding",
     "selective_scan",
     "selective_state_update",

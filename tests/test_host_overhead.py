@@ -13,9 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("gemm_m1", "gemm_m32", "rms_norm", "fused_add_rms_norm", "silu_and_mul", "add", "reshape_and_cache_flash",
-         "gemm_swiglu", "gemm_add_rms_norm", "flash_attn_varlen", "flash_attn_with_kvcache", "selective_scan",
-         "selective_state_update", "causal_conv1d", "causal_conv1d_update", "rms_norm_gated", "rotary_embedding",
-         "fused_qk_norm", "fused_qk_norm_rope")
+         "gemm_swiglu", "gemm_add_rms_norm", "rms_norm_gemm", "flash_attn_varlen", "flash_attn_with_kvcache",
+         "selective_scan", "selective_state_update", "causal_conv1d", "causal_conv1d_update", "rms_norm_gated",
+         "rotary_embedding", "fused_qk_norm", "fused_qk_norm_rope")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -83,8 +83,8 @@ def _every_entry_point(i: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, hq: int, hkv: int,
                    d: int) -> list[torch.Tensor]:
     """silu_and_mul (and its out= form), rotary_embedding (NeoX on q and k, GPT-J partial on q alone),
-    fused_qk_norm_rope, gemm_swiglu and gemm_add_rms_norm (and their out= forms) on `i`'s ``gu``, ``pos``,
-    ``rope``, ``qkv``, ``a``, ``w``, ``bias`` (`q`, `k`: ``[T, H, D]`` heads); returns every
+    fused_qk_norm_rope, gemm_swiglu, gemm_add_rms_norm and rms_norm_gemm (and their out= forms) on `i`'s ``gu``,
+    ``pos``, ``rope``, ``qkv``, ``a``, ``w``, ``bias``, ``nw`` (`q`, `k`: ``[T, H, D]`` heads); returns every
     output and mutated tensor."""
     t = q.shape[0]
     g = ops.silu_and_mul(i["gu"])
@@ -102,7 +102,10 @@ def decode_fusions(i: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
     an, _ = ops.gemm_add_rms_norm(i["a"], i["w"], an_r, i["bias"] + 2, 1e-6, bias=i["bias"])
     an2 = torch.empty_like(an)
     ops.gemm_add_rms_norm(i["a"], i["w"], an_r2, i["bias"] + 2, 1e-5, out=an2)
-    return [g, g2, rq, rk, rq2, qkr, sw, sw2, an, an_r, an2, an_r2]
+    pn = ops.rms_norm_gemm(i["a"], i["nw"], i["w"], 1e-6, bias=i["bias"])
+    pn2 = torch.empty(t, i["w"].shape[0] // 2, dtype=pn.dtype, device=pn.device)
+    ops.rms_norm_gemm(i["a"], i["nw"], i["w"], 1e-5, swiglu=True, out=pn2)
+    return [g, g2, rq, rk, rq2, qkr, sw, sw2, an, an_r, an2, an_r2, pn, pn2]
 
 
 def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:

@@ -34,6 +34,7 @@ if torch.cuda.is_available():
         paged_cache,
         rms_norm,
         rms_norm_gated,
+        rms_norm_gemm,
         rotary_embedding,
         silu_and_mul,
         state_update,
@@ -159,6 +160,21 @@ def _gemm_swiglu(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case
     def run() -> list[torch.Tensor]:
         out = torch.full((m, 384), float("nan"), dtype=dtype, device="cuda")
         return [gemm_swiglu.gemm_swiglu(x, weight, None, out)]
+
+    return run
+
+
+def _rms_norm_gemm(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
+    m = 1 if variant == "one" else 4
+    off = 1 if variant == "misaligned" else 0
+    x = _rand(m, 768, dtype=dtype, gen=gen, offset=off)
+    nw = _rand(768, dtype=dtype, gen=gen)
+    weight = _rand(3352, 768, dtype=dtype, gen=gen)  # Mamba-2-130m's in_proj
+
+    def run() -> list[torch.Tensor]:
+        out = torch.full((m, 3352), float("nan"), dtype=dtype, device="cuda")
+        rms_norm_gemm.rms_norm_gemm(x, nw, weight, None, 1e-6, False, out)
+        return [out]
 
     return run
 
@@ -387,7 +403,8 @@ def _sampling(dtype: torch.dtype, variant: str, gen: torch.Generator) -> Case:
 CASES: dict[str, Callable[[torch.dtype, str, torch.Generator], Case]] = {
     "rms_norm": _rms_norm, "fused_add_rms_norm": _fused_add_rms_norm, "silu_and_mul": _silu_and_mul,
     "fused_qk_norm_rope": _qk_norm_rope, "reshape_and_cache_flash": _reshape_and_cache, "gemv": _gemv_case,
-    "gemm_swiglu": _gemm_swiglu, "gemm_add_rms_norm": _gemm_add_rms_norm, "flash_attn_with_kvcache": _decode,
+    "gemm_swiglu": _gemm_swiglu, "gemm_add_rms_norm": _gemm_add_rms_norm, "rms_norm_gemm": _rms_norm_gemm,
+    "flash_attn_with_kvcache": _decode,
     "decode_append_combine": _decode_separate,
     "add": _add, "rotary_embedding": _rotary, "fused_qk_norm": _qk_norm, "causal_conv1d_update": _conv_update,
     "selective_state_update": _state_update, "causal_conv1d": _conv, "causal_conv1d_tuned": _conv_tuned,
@@ -429,8 +446,8 @@ def _assert_same(got: list[torch.Tensor], expected: list[torch.Tensor], what: st
 
 
 # the autotuned ones tune once per dtype and row class (several compiles each): two dtypes
-_TUNED = ("gemv", "gemm_swiglu", "gemm_add_rms_norm", "flash_attn_with_kvcache", "decode_append_combine",
-          "causal_conv1d_tuned")
+_TUNED = ("gemv", "gemm_swiglu", "gemm_add_rms_norm", "rms_norm_gemm", "flash_attn_with_kvcache",
+          "decode_append_combine", "causal_conv1d_tuned")
 PARAMS = [pytest.param(name, dtype, variant, id=f"{name}-{str(dtype).removeprefix('torch.')}-{variant}")
           for name in CASES for dtype in (DTYPES[1:] if name in _TUNED else DTYPES) for variant in VARIANTS]
 

@@ -200,7 +200,7 @@ def test_gemv_configs_stream_the_weight_in_vectors(config: Any) -> None:
 
 
 _NO_ADD_NORM = {"R": _Ptr(BF16), "NW": _Ptr(BF16), "stride_rm": 1024, "eps": 1e-6, "ADD_NORM": False,
-                "NORM_ROWS": 1, "NORM_BLOCK": 16, "NORM_ONE_PASS": False}
+                "NORM_ROWS": 1, "NORM_BLOCK": 16, "NORM_ONE_PASS": False, "PRE_NORM": False}
 
 
 def _add_norm_cases() -> list[tuple[Any, int, int, int]]:
@@ -228,7 +228,7 @@ def test_gemv_add_norm_epilogue_compiles_without_spills(variant: Any, block_m: i
             "stride_xm": k, "stride_wn": k, "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1,
             "stride_rm": n, "alpha": 1.0, "beta": 0.0, "eps": 1e-6, "HAS_C": False, "HAS_BIAS": False,
             "PRECISION": "tf32", "BLOCK_M": block_m, "EVEN_K": k % (variant.block_k * variant.split_k) == 0,
-            "PDL": True, "SWIGLU": False, "ADD_NORM": True, **norm, **config.kwargs}
+            "PDL": True, "SWIGLU": False, "ADD_NORM": True, "PRE_NORM": False, **norm, **config.kwargs}
     compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
     if block_m == 1 and variant.pipe == 1:
         assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
@@ -236,6 +236,43 @@ def test_gemv_add_norm_epilogue_compiles_without_spills(variant: Any, block_m: i
         assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
         assert _count(compiled, r"mma") > 0
     assert _count(compiled, r"atom\.[.\w]*add") > 0
+    assert _ptxas_spills(compiled) == 0
+    assert compiled.metadata.shared <= SMEM_LIMIT
+
+
+def _pre_norm_cases() -> list[tuple[Any, int, int, int, bool]]:
+    """(variant, BLOCK_M, N, K, SWIGLU) of `rms_norm_gemm`'s GEMV: the autotuned candidates at one row and 16 rows,
+    the sweep's tile variants at 64 rows, at the Qwen3-0.6B qkv and gate_up projections (K 1024 -> N 4096, and 2 x
+    3072 with SWIGLU) and Mamba-2-130m's in_proj (768 -> 3352)."""
+    shapes = ((4096, 1024, False), (3072, 1024, True), (3352, 768, False))
+    return ([(v, 1, n, k, sw) for v in _gemv.SWEEP_ONE_ROW[:len(_gemv._ONE_ROW)] for n, k, sw in shapes]
+            + [(v, 16, n, k, sw) for v in _gemv.SWEEP_TILE[:len(_gemv._FEW_ROWS)] for n, k, sw in shapes]
+            + [(v, 64, 3072, 1024, True) for v in _gemv.SWEEP_TILE])
+
+
+@pytest.mark.parametrize(("variant", "block_m", "n", "k", "swiglu"), _pre_norm_cases(),
+                         ids=lambda p: "x".join(map(str, p)) if isinstance(p, tuple) else str(p))
+def test_gemv_pre_norm_prologue_compiles_without_spills(variant: Any, block_m: int, n: int, k: int,
+                                                        swiglu: bool) -> None:
+    """`rms_norm_gemm`'s GEMV (PRE_NORM): it compiles, ptxas spills nothing, shared memory fits, the weight streams
+    as in the plain product (16-byte loads, or cp.async tiles on tensor cores), and no program waits on a counter
+    beyond the split-K one (no atomic unless the K range is split)."""
+    config = variant.config()
+    args = {"X": _Ptr(BF16), "W": _Ptr(BF16), "C": _Ptr(BF16), "BIAS": _Ptr(BF16), "OUT": _Ptr(BF16),
+            "PART": _Ptr(F32), "COUNTER": _Ptr("*i32"), "R": _Ptr(BF16), "NW": _Ptr(BF16), "M": 1, "N": n, "K": k,
+            "stride_xm": k, "stride_wn": k, "stride_cm": n, "stride_cn": 1, "stride_om": n, "stride_on": 1,
+            "stride_rm": n, "alpha": 1.0, "beta": 0.0, "eps": 1e-6, "HAS_C": False, "HAS_BIAS": False,
+            "PRECISION": "tf32", "BLOCK_M": block_m, "EVEN_K": k % (variant.block_k * variant.split_k) == 0,
+            "PDL": True, "SWIGLU": swiglu, **_NO_ADD_NORM, "PRE_NORM": True,
+            **config.kwargs}
+    compiled = _compile(_gemv._gemv_kernel, args, config.num_warps, config.num_stages)
+    if block_m == 1 and variant.pipe == 1:
+        assert _count(compiled, r"ld\.global[.\w:]*\.v4") > 0, "no 16-byte vector loads"
+    else:
+        assert _count(compiled, r"cp\.async\.cg\.shared\.global[.\w]* \[[^]]*\], \[[^]]*\], 0x10") > 0
+        assert _count(compiled, r"mma") > 0
+    if variant.split_k == 1:
+        assert _count(compiled, r"atom\.") == 0
     assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= SMEM_LIMIT
 

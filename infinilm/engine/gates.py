@@ -19,6 +19,11 @@ problems with `infiniops_py.resolve_closure`, before any weight is read: an unsu
   and the next RMSNorm: one `gemm_add_rms_norm` when a non-reference provider serves it at the model's hidden size
   (with and without the projections' biases) and the model runs in one process, else Gemm then
   `fused_add_rms_norm`. A family whose layers norm each sub-block's output (Gemma 2, GLM-4) keeps the latter.
+  With ``add_norm="prologue"`` instead, each norm goes into the prologue of the projection after it (one
+  `rms_norm_gemm`: qkv, gate/up with SwiGLU, the LM head) and o and down add into the residual stream as the Gemm's
+  ``c`` (Mamba-2: ``in_proj`` with the block's norm, ``out_proj`` with ``c``, the LM head with the final norm), when
+  a non-reference provider serves all of those problems and the model runs in one process; else the separate
+  path.
 
 Provider overrides (``--provider OP=NAME``) apply as `infiniops_py.use` scopes, both here and while the
 engine runs (`overrides`), so the gates check exactly what will run. An override naming an operator or a
@@ -103,6 +108,19 @@ def _residual_biases(config: ModelConfig) -> set[bool]:
     return {config.ssm.use_bias} if config.ssm is not None else {config.o_bias, config.mlp_bias}
 
 
+def _prologue_served(config: ModelConfig, base: dict[str, Any]) -> bool:
+    """Whether non-reference providers serve the problems of the prologue path: the qkv projection, the gate/up
+    projection with SwiGLU (Mamba-2: ``in_proj``) and the LM head as `rms_norm_gemm`, the o and down projections
+    (Mamba-2: ``out_proj``) as `gemm` with ``c``."""
+    if config.ssm is not None:
+        norm_gemms = {(config.ssm.use_bias, False), (False, False)}
+    else:
+        norm_gemms = {(config.qkv_bias, False), (config.mlp_bias, True), (False, False)}
+    return (all(_served("rms_norm_gemm", **base, has_bias=bias, swiglu=swiglu) for bias, swiglu in norm_gemms)
+            and all(_served("gemm", **base, **{**GEMM_FIELDS, "has_c": True}, has_bias=bias)
+                    for bias in _residual_biases(config)))
+
+
 def problem_base(config: ModelConfig, options: EngineOptions) -> dict[str, Any]:
     """The fields every problem of `config` under `options` shares: ``device_type`` and the ``dtype`` name."""
     return {"device_type": torch.device(options.device).type, "dtype": dtype_name(options.resolved_dtype(config))}
@@ -145,7 +163,9 @@ def plan(config: ModelConfig, options: EngineOptions) -> GatePlan:
                            fused_swiglu=_served("gemm_swiglu", **base, has_bias=config.mlp_bias),
                            fused_add_norm=options.add_norm == "fused" and options.tensor_parallel_size == 1 and all(
                                _served("gemm_add_rms_norm", **base, has_bias=bias, hidden_size=config.hidden_size)
-                               for bias in _residual_biases(config)))
+                               for bias in _residual_biases(config)),
+                           prologue_norm=options.add_norm == "prologue" and options.tensor_parallel_size == 1
+                           and _prologue_served(config, base))
         collectives = [make_problem(op, **fields) for op, fields in parallel_problems(full, options, base)]
         problems = list(dict.fromkeys([*traced_problems(config, options, choices), *collectives]))
         chosen = resolve_closure(problems)

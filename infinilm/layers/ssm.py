@@ -186,7 +186,12 @@ class Mamba2Mixer:
     def mix(self, h: torch.Tensor, conv_states: torch.Tensor, ssm_states: torch.Tensor,
             ctx: SsmContext) -> torch.Tensor:
         """The mixer without ``out_proj``: the gated norm's output ``[T, intermediate]`` (the states as `__call__`)."""
-        zx = self.in_proj(h)
+        return self.mix_projected(self.in_proj(h), conv_states, ssm_states, ctx)
+
+    def mix_projected(self, zx: torch.Tensor, conv_states: torch.Tensor, ssm_states: torch.Tensor,
+                      ctx: SsmContext) -> torch.Tensor:
+        """`mix` from ``in_proj``'s output `zx` ``[T, proj_size]`` (computed by the caller: `rms_norm_gemm` of the
+        residual stream, with the block's norm in its prologue)."""
         nd = ctx.num_decode
         parts = []
         if nd:

@@ -12,7 +12,13 @@ gate/up projection where the gate plan fuses them), cache write and attention ru
 embedding lookup is plain PyTorch. Where the gate plan fuses the residual add and norm (``plan.fused_add_norm``,
 issue #23) the o projection, the residual add and the post-attention norm are one `gemm_add_rms_norm`, and so are
 the down projection, its add and the next layer's input norm (the last layer's: the final norm): a layer then
-takes its input already normed, and the model's output is the final norm's. Weights are allocated empty and
+takes its input already normed, and the model's output is the final norm's. Where the plan folds each norm into
+the next projection's prologue instead (``plan.prologue_norm``, issue #23: ``add_norm="prologue"``) a layer takes
+and returns the residual stream itself: ``qkv = rms_norm_gemm(stream, input norm, W_qkv)``, ``stream = gemm(attn,
+W_o, c=stream, beta=1)``, ``act = rms_norm_gemm(stream, post-attention norm, W_gate_up, swiglu=True)``, ``stream =
+gemm(act, W_down, c=stream, beta=1)``, and the final norm runs in the LM head's `rms_norm_gemm` (`logits`); the
+Gemm adds ``c`` in fp32 before its one rounding, where `fused_add_rms_norm` rounds the projection first, so the
+values differ from the separate path's within the rounding of one add. Weights are allocated empty and
 filled by the loader through `targets()`, which maps each checkpoint tensor name to the view it loads into.
 
 Tensor parallelism (``plan.parallel`` set, the layout of `infinilm.distributed.parallel`): the embedding and the
@@ -36,9 +42,9 @@ from infinilm.layers.linear import ColumnParallelLinear, Linear, RowParallelLine
 from infinilm.layers.norm import QKNorm, RMSNorm
 from infinilm.layers.rotary import RotaryEmbedding
 from infinilm.models.family import GatePlan
-from infiniops_py import gemm_swiglu
+from infiniops_py import gemm, gemm_swiglu, rms_norm_gemm
 
-__all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer", "fused_add_norm"]
+__all__ = ["DecoderLayer", "DecoderModel", "SandwichLayer", "fused_add_norm", "prologue_norm"]
 
 
 class DecoderLayer:
@@ -50,7 +56,8 @@ class DecoderLayer:
     """
 
     __slots__ = ("attn", "attn_out_norm", "down_proj", "fused_add_norm", "fused_rope", "fused_swiglu", "gate_up_proj",
-                 "input_layernorm", "kv", "mlp_out_norm", "o_proj", "post_attention_layernorm", "qk_norm", "qkv_proj")
+                 "input_layernorm", "kv", "mlp_out_norm", "o_proj", "post_attention_layernorm", "prologue_norm",
+                 "qk_norm", "qkv_proj")
     norm_class: ClassVar[type[RMSNorm]] = RMSNorm
     # the o and down projections may run with the add and the next norm (a layer that norms each sub-block's
     # output in between may not)
@@ -98,6 +105,8 @@ class DecoderLayer:
         self.fused_swiglu = plan.fused_swiglu  # the gate/up projection and SiLU-and-multiply in one gemm_swiglu
         # the o and down projections with the residual add and the next norm, each one gemm_add_rms_norm
         self.fused_add_norm = fused_add_norm(plan, type(self))
+        # each norm in the prologue of the projection after it (rms_norm_gemm), o and down adding the residual as c
+        self.prologue_norm = prologue_norm(plan, type(self))
 
     def norms(self, prefix: str) -> dict[str, torch.Tensor]:
         """Checkpoint name -> weight of each norm of the layer."""
@@ -124,7 +133,11 @@ class DecoderLayer:
     def attend(self, positions: torch.Tensor, hidden: torch.Tensor, rope: RotaryEmbedding,
                k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """`attention` without o_proj: the heads' outputs ``[T, Hq * D]``."""
-        qkv = self.qkv_proj(hidden)
+        return self.attend_qkv(positions, self.qkv_proj(hidden), rope, k_cache, v_cache, ctx)
+
+    def attend_qkv(self, positions: torch.Tensor, qkv: torch.Tensor, rope: RotaryEmbedding,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """`attend` from the packed projection `qkv` ``[T, (Hq + 2 Hkv) * D]``: q/k norms, RoPE, attention."""
         hq, hkv, d = self.kv
         if self.qk_norm is not None and self.fused_rope:
             q, k, v = rope.with_qk_norm(positions, qkv, self.qk_norm)
@@ -147,6 +160,19 @@ class DecoderLayer:
             return gemm_swiglu(hidden, self.gate_up_proj.weight, self.gate_up_proj.bias)
         return silu_and_mul(self.gate_up_proj(hidden))
 
+    def prologue(self, positions: torch.Tensor, stream: torch.Tensor, rope: RotaryEmbedding, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """The layer on the residual stream ``[T, hidden]`` with each norm in the next projection's prologue: four
+        operator calls beside the attention's (`rms_norm_gemm` twice, `gemm` with ``c`` twice); returns the new
+        stream (a new tensor: the Gemm's ``c`` is read, not written)."""
+        norm, qkv_proj = self.input_layernorm, self.qkv_proj
+        qkv = rms_norm_gemm(stream, norm.weight, qkv_proj.weight, norm.eps, bias=qkv_proj.bias)
+        attended = self.attend_qkv(positions, qkv, rope, k_cache, v_cache, ctx)
+        stream = gemm(attended, self.o_proj.weight, c=stream, bias=self.o_proj.bias, beta=1.0, trans_b=True)
+        norm, gate_up = self.post_attention_layernorm, self.gate_up_proj
+        act = rms_norm_gemm(stream, norm.weight, gate_up.weight, norm.eps, bias=gate_up.bias, swiglu=True)
+        return gemm(act, self.down_proj.weight, c=stream, bias=self.down_proj.bias, beta=1.0, trans_b=True)
+
     def __call__(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryEmbedding,
         k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttnContext, next_norm: RMSNorm,
@@ -155,7 +181,11 @@ class DecoderLayer:
 
         With `fused_add_norm`, a `hidden` that comes with a residual is already this layer's input norm of it (the
         previous layer's down projection ran it), and the returned hidden is `next_norm` (the next layer's input
-        norm, or the model's final one) of the returned residual; otherwise `next_norm` is not used."""
+        norm, or the model's final one) of the returned residual; otherwise `next_norm` is not used. With
+        `prologue_norm`, `hidden` is the residual stream itself (`residual` None), and so is the returned hidden
+        (the returned residual None)."""
+        if self.prologue_norm:
+            return self.prologue(positions, hidden, rope, k_cache, v_cache, ctx), None
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         elif not self.fused_add_norm:
@@ -170,6 +200,13 @@ class DecoderLayer:
         hidden, residual = self.post_attention_layernorm.add_norm(hidden, residual)
         hidden = self.mlp(hidden)
         return (hidden if self.mlp_out_norm is None else self.mlp_out_norm(hidden)), residual
+
+
+def prologue_norm(plan: GatePlan, layer: type[DecoderLayer]) -> bool:
+    """Whether layers of class `layer` fold each norm into the next projection's prologue (`rms_norm_gemm`) and add
+    the o and down projections into the residual stream as the Gemm's ``c``: the plan says so, the model runs in
+    one process, and the layer has no norm between a sub-block and its residual add (`DecoderLayer.fuses_add_norm`)."""
+    return plan.prologue_norm and plan.parallel is None and layer.fuses_add_norm
 
 
 def fused_add_norm(plan: GatePlan, layer: type[DecoderLayer]) -> bool:
@@ -228,6 +265,8 @@ class DecoderModel:
             head = self.embed.weight if config.tie_word_embeddings else torch.zeros_like(self.embed.weight)
             self.lm_head = ParallelLMHead(head, config.vocab_size, tp)
         self.rope = self.rotary(config, max_len, dtype, device)
+        # the layers pass the residual stream on, and the final norm runs in the LM head's prologue (`logits`)
+        self.prologue_norm = bool(self.layers) and self.layers[-1].prologue_norm
 
     def attention(self, config: ModelConfig, index: int) -> Attention:
         """The attention of layer `index`: causal over every key, scale ``head_dim**-0.5``. `config` holds the heads
@@ -268,8 +307,13 @@ class DecoderModel:
                                      following)
         if layers and layers[-1].fused_add_norm:  # the last down projection ran the final norm
             return hidden
+        if self.prologue_norm:  # the residual stream: `logits` runs the final norm in the LM head's prologue
+            return hidden
         return self.norm.add_norm(hidden, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden ``[B, H]`` -> logits ``[B, V]`` in the model dtype."""
+        """hidden ``[B, H]`` -> logits ``[B, V]`` in the model dtype (with `prologue_norm`, `hidden` is the residual
+        stream and the final norm runs in the head's `rms_norm_gemm`)."""
+        if self.prologue_norm:
+            return rms_norm_gemm(hidden, self.norm.weight, self.lm_head.weight, self.norm.eps)
         return self.lm_head(hidden)

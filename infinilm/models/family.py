@@ -44,6 +44,11 @@ class GatePlan:
             decoder layer, Mamba-2's ``out_proj``) with the residual add and the norm that follows it in one
             `gemm_add_rms_norm` (else `gemm`, then `fused_add_rms_norm`); one process only (a row-parallel
             projection all-reduces between the two) and layers without a norm after each sub-block.
+        prologue_norm: each RMSNorm of a pre-norm decoder layer (and the final norm) folded into the prologue of
+            the projection that reads it, one `rms_norm_gemm` (the qkv projection; the gate/up projection with
+            SwiGLU; the LM head), and the o and down projections adding into the residual stream as the Gemm's
+            ``c`` (``beta=1``), instead of `gemm` then `fused_add_rms_norm`; one process only, layers without a
+            norm after each sub-block; not with `fused_add_norm`.
         chosen: each problem the model needs -> the implementation that serves it.
         parallel: the tensor-parallel rank the model is built for (its shard of every weight), None for one
             process holding the whole model; set by the engine.
@@ -54,6 +59,7 @@ class GatePlan:
     fused_bias: bool = True
     fused_swiglu: bool = False
     fused_add_norm: bool = False
+    prologue_norm: bool = False
     chosen: dict[Problem, Implementation] = field(default_factory=dict)
     parallel: TensorParallel | None = None
 
@@ -77,9 +83,15 @@ class GatePlan:
         lines.append(f"qk norm: {qk}; "
                      f"linear bias: {'fused into gemm' if self.fused_bias else 'gemm + add'}; "
                      f"SwiGLU MLP: {'gemm_swiglu' if self.fused_swiglu else 'gemm + silu_and_mul'}; "
-                     f"residual add + norm: "
-                     f"{'gemm_add_rms_norm' if self.fused_add_norm else 'gemm + fused_add_rms_norm'}")
+                     f"residual add + norm: {self._add_norm_path()}")
         return "\n".join(lines)
+
+    def _add_norm_path(self) -> str:
+        if self.fused_add_norm:
+            return "gemm_add_rms_norm"
+        if self.prologue_norm:
+            return "rms_norm_gemm (each norm in the next projection), gemm with c"
+        return "gemm + fused_add_rms_norm"
 
 
 class CausalLM(Protocol):

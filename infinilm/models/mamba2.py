@@ -5,7 +5,10 @@ The model is an embedding, one block per layer (``h = rms_norm(residual)``, the 
 runs through `infiniops_py`: the first block's norm is `rms_norm`, each residual add is fused with the next
 norm (`fused_add_rms_norm`; the last one with the final norm), so a decode step makes six operator calls per
 layer and no PyTorch glue; where the gate plan fuses them (``plan.fused_add_norm``, one process) ``out_proj``, the
-residual add and the next norm are one `gemm_add_rms_norm`, five calls per layer. The residual stream is in the
+residual add and the next norm are one `gemm_add_rms_norm`, five calls per layer; where it folds each norm into the
+next projection's prologue instead (``plan.prologue_norm``, one process) the block's norm runs in ``in_proj``'s
+`rms_norm_gemm` and ``out_proj`` adds into the residual stream as the Gemm's ``c`` (five calls per layer too, no
+add + norm kernel; the final norm in the LM head's `rms_norm_gemm`). The residual stream is in the
 model dtype, as vLLM's Mamba-2 keeps it
 (``residual_in_fp32`` is accepted and not followed: transformers keeps that stream in float32, which differs
 only in a bf16/fp16 model, by the rounding of each add); SSM states are float32, conv states in the model
@@ -29,6 +32,7 @@ from infinilm.layers.norm import RMSNorm
 from infinilm.layers.ssm import Mamba2Mixer, SsmContext, StateRows
 from infinilm.models.decoder_config import MAX_LAYERS
 from infinilm.models.family import GatePlan, ModelFamily
+from infiniops_py import gemm, rms_norm_gemm
 from infiniops_py.operators.causal_conv1d import MAX_WIDTH, MIN_WIDTH
 
 __all__ = ["MAMBA2", "NO_POSITION_LIMIT", "Mamba2Model", "mamba2_config"]
@@ -123,6 +127,8 @@ class Mamba2Model:
         self.mixers = [Mamba2Mixer(config, fuse_bias=plan.fused_bias, tp=tp, **new) for _ in range(config.num_layers)]
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps, **new)
         self.fused_add_norm = plan.fused_add_norm and tp is None  # out_proj, the add and the next norm in one
+        # each norm in in_proj's (the final one in the LM head's) rms_norm_gemm, out_proj adding the residual as c
+        self.prologue_norm = plan.prologue_norm and tp is None
         if tp is None:
             head = self.embed.weight if config.tie_word_embeddings else torch.empty_like(self.embed.weight)
             self.lm_head = LMHead(head)
@@ -153,6 +159,8 @@ class Mamba2Model:
         overwritten with the prompts' final states, never read).
         """
         residual = self.embed(input_ids)
+        if self.prologue_norm:  # the residual stream out: `logits` runs the final norm in the head's prologue
+            return self._forward_prologue(residual, ctx, pool)
         h = self.norms[0](residual)
         for i, mixer in enumerate(self.mixers):
             following = self.norms[i + 1] if i + 1 < len(self.norms) else self.norm_f
@@ -164,8 +172,21 @@ class Mamba2Model:
             h, residual = following.add_norm(out, residual)  # residual += out; h = the next norm of it
         return h
 
+    def _forward_prologue(self, stream: torch.Tensor, ctx: SsmContext, pool: StateRows) -> torch.Tensor:
+        """`forward` with each block's norm in ``in_proj``'s `rms_norm_gemm` and ``out_proj`` adding into the
+        residual stream as the Gemm's ``c``: returns the stream (not normed)."""
+        for i, (norm, mixer) in enumerate(zip(self.norms, self.mixers)):
+            in_proj, out_proj = mixer.in_proj, mixer.out_proj
+            zx = rms_norm_gemm(stream, norm.weight, in_proj.weight, norm.eps, bias=in_proj.bias)
+            mixed = mixer.mix_projected(zx, pool.conv[i], pool.ssm[i], ctx)
+            stream = gemm(mixed, out_proj.weight, c=stream, bias=out_proj.bias, beta=1.0, trans_b=True)
+        return stream
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden ``[B, hidden]`` -> logits ``[B, V]`` in the model dtype."""
+        """hidden ``[B, hidden]`` -> logits ``[B, V]`` in the model dtype (with `prologue_norm`, `hidden` is the
+        residual stream and the final norm runs in the head's `rms_norm_gemm`)."""
+        if self.prologue_norm:
+            return rms_norm_gemm(hidden, self.norm_f.weight, self.lm_head.weight, self.norm_f.eps)
         return self.lm_head(hidden)
 
 

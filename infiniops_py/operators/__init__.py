@@ -25,8 +25,8 @@ __all__ = ["FAMILIES", "GIVEN", "OPERATORS", "ContractError", "OpSpec", "Operato
 
 FAMILIES: Final[tuple[str, ...]] = (  # the registry: one name per family module, in order
     "gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "flash_attn", "causal_conv1d", "selective_scan",
-    "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "gemm_add_rms_norm", "all_reduce",
-    "rms_norm_gated", "sampling",
+    "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "gemm_add_rms_norm", "rms_norm_gemm",
+    "all_reduce", "rms_norm_gated", "sampling",
 )
 
 _MODULES: Final[tuple[ModuleType, ...]] = tuple(importlib.import_module(f"{__name__}.{f}") for f in FAMILIES)

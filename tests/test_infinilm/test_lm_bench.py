@@ -84,10 +84,10 @@ def test_bench_arguments_are_refused_before_any_prompt_is_made(checkpoint: Check
     assert drawn == [] and not engine.has_work()
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("mode", ["fused", "separate", "prologue"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mamba2"])
 def test_a_decode_step_makes_the_operator_calls_its_layers_need_and_no_more(checkpoint: CheckpointFactory,
-                                                                             family: str, fused: bool) -> None:
+                                                                             family: str, mode: str) -> None:
     """`count_decode_step` counts the operator calls of one decode step by operator: per decoder layer the QKV
     projection, RoPE (fused with the q/k norms for Qwen3), the paged attention (which appends the new keys and
     values: no cache write of its own), the gate/up projection with SiLU-and-multiply (`gemm_swiglu`), and the
@@ -96,13 +96,29 @@ def test_a_decode_step_makes_the_operator_calls_its_layers_need_and_no_more(chec
     in projection, conv update, state update, gated norm and the out projection with the residual add and the
     next norm (unfused: the projection, then the fused add + norm); the first layer's norm alone before them, the
     last add's norm the final one; then the LM head, and the one sampling call when the requests sample (a greedy
-    step takes the argmax: vLLM's all-greedy path). A change that adds a launch to the decode step fails here."""
+    step takes the argmax: vLLM's all-greedy path). With each norm in the next projection's prologue
+    (``add_norm="prologue"``) a decoder layer makes two calls fewer: the QKV and the gate/up (SwiGLU) projections
+    each one `rms_norm_gemm`, the output and down projections each one `gemm` adding the residual as ``c``; a
+    Mamba-2 layer one fewer (``in_proj`` with the norm, ``out_proj`` with ``c``); the LM head the final norm's
+    `rms_norm_gemm`, no `rms_norm` alone.
+    A change that adds a launch to the decode step fails here."""
     path, _ = checkpoint(family)
     engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32,
-                                                        add_norm="fused" if fused else "separate"))
+                                                        add_norm=mode))
     count = count_decode_step(engine, 3, 5)
     n = engine.config.num_layers
-    if family == "mamba2":
+    fused = mode == "fused"
+    if mode == "prologue" and family != "mamba2":
+        rope = {"fused_qk_norm_rope": n} if family == "qwen3" else {"rotary_embedding": n}
+        want = {"flash_attn_with_kvcache": n, "gemm": 2 * n, "rms_norm_gemm": 2 * n + 1, **rope}
+        add_norm = {}
+        assert engine.plan.prologue_norm and sum(want.values()) == 6 * n + 1  # separate: 8 per layer, plus 2
+    elif mode == "prologue":
+        want = {"causal_conv1d_update": n, "gemm": n, "rms_norm_gemm": n + 1, "rms_norm_gated": n,
+                "selective_state_update": n}
+        add_norm = {}
+        assert engine.plan.prologue_norm and sum(want.values()) == 5 * n + 1  # separate: 6 per layer, plus 2
+    elif family == "mamba2":
         add_norm = {"gemm_add_rms_norm": n} if fused else {"fused_add_rms_norm": n, "gemm": n}
         want = {"causal_conv1d_update": n, "gemm": n + 1, "rms_norm": 1, "rms_norm_gated": n,
                 "selective_state_update": n}

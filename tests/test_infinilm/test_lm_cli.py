@@ -141,6 +141,12 @@ def test_bench_prints_a_table(checkpoint: CheckpointFactory, capsys: pytest.Capt
                  "--add-norm", "fused", *SMALL]) == 0
     assert "one decode step of 3: 14 operator calls on the host (7.0 per layer), no device kernels" in (
         capsys.readouterr().out)
+    # 13 with --add-norm prologue: six calls a layer (each norm in the next projection's rms_norm_gemm, o and down
+    # adding the residual as the Gemm's c) and the LM head with the final norm
+    assert main(["bench", "--model", str(path), "--batch", "3", "--input-len", "8", "--output-len", "5",
+                 "--add-norm", "prologue", *SMALL]) == 0
+    assert "one decode step of 3: 13 operator calls on the host (6.5 per layer), no device kernels" in (
+        capsys.readouterr().out)
 
 
 def test_bad_arguments_exit_2(checkpoint: CheckpointFactory, capsys: pytest.CaptureFixture[str]) -> None:

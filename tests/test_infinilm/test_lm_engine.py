@@ -342,3 +342,32 @@ def test_the_fused_residual_add_and_norm_give_the_unfused_tokens(checkpoint: Che
         assert engine.plan.fused_add_norm == (add_norm == "fused")
         outputs.append(engine.generate(prompts, params))
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mamba2"])
+def test_the_norms_in_the_next_projections_prologue_give_the_separate_paths_tokens_and_logits(
+        checkpoint: CheckpointFactory, family: str) -> None:
+    """Each norm in the next projection's prologue (``add_norm="prologue"``: `rms_norm_gemm` for qkv, gate/up and
+    the LM head, `gemm` with ``c`` for o and down; Mamba-2: in_proj and out_proj) gives the separate path's greedy
+    tokens in float32 (the Gemm's fp32 add of ``c`` rounds as the projection then the add do); in bfloat16 the Gemm
+    adds ``c`` before its one rounding where the separate path rounds the projection first, so the prefill logits
+    are compared instead, within a bfloat16 model's rounding (2% of the logits' range)."""
+    path, _ = checkpoint(family)
+    vocab = read_config(path).vocab_size
+    prompts = [[t % vocab for t in p] for p in _prompts(4, seed=9, lo=2, hi=12)]
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    for dtype in ("float32", "bfloat16"):
+        outputs, logits = [], []
+        for add_norm in ("prologue", "separate"):
+            engine = Engine.from_pretrained(path, EngineOptions(block_size=8, max_model_len=64, num_blocks=32,
+                                                                dtype=dtype, add_norm=add_norm))
+            assert engine.plan.prologue_norm == (add_norm == "prologue")
+            assert engine.model.prologue_norm == (add_norm == "prologue")
+            logits.append(torch.cat([t.float() for t in engine.prefill_logits(prompts)]))
+            outputs.append(engine.generate(prompts, params))
+        if dtype == "float32":
+            assert outputs[0] == outputs[1]
+            torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+        else:
+            span = float(logits[1].max() - logits[1].min())
+            assert float((logits[0] - logits[1]).abs().max()) <= 0.02 * span

@@ -100,3 +100,34 @@ def test_the_projections_into_the_residual_stream_fuse_the_add_and_norm_where_a_
     assert "gemm_add_rms_norm" not in unfused and "fused_add_rms_norm" in unfused
     default = ops("llama", EngineOptions(block_size=16, max_model_len=40))
     assert "gemm_add_rms_norm" not in default and "fused_add_rms_norm" in default
+
+
+def test_the_prologue_path_folds_each_norm_into_the_next_projection_where_a_provider_serves_it(
+        checkpoint: CheckpointFactory) -> None:
+    """With ``add_norm="prologue"`` a pre-norm decoder's qkv and gate/up (SwiGLU) projections and its LM head are
+    `rms_norm_gemm` (at K = the hidden size) and o and down a Gemm with ``c``, no `rms_norm` nor
+    `fused_add_rms_norm` left, where a provider other than the reference serves them (Mamba-2: ``in_proj`` and the
+    head); Gemma 2 and GLM-4 (a norm after each sub-block), or rms_norm_gemm forced onto the reference keep the
+    separate path."""
+    options = EngineOptions(block_size=16, max_model_len=40, add_norm="prologue")
+
+    def chosen(family: str, opts: EngineOptions = options) -> tuple[bool, dict[str, list[dict[str, object]]]]:
+        found = plan(read_config(checkpoint(family)[0]), opts)
+        out: dict[str, list[dict[str, object]]] = {}
+        for p in found.chosen:
+            out.setdefault(p.op, []).append(p.fields)
+        return found.prologue_norm, out
+
+    on, qwen3 = chosen("qwen3")
+    assert on and {(f["has_bias"], f["swiglu"]) for f in qwen3["rms_norm_gemm"]} == {(False, False), (False, True)}
+    assert "fused_add_rms_norm" not in qwen3 and "gemm_swiglu" not in qwen3 and "rms_norm" not in qwen3
+    assert any(f["has_c"] for f in qwen3["gemm"])
+    for family in ("gemma2", "glm4"):
+        on, found = chosen(family)  # the plan may allow it; these layers never take it
+        assert "rms_norm_gemm" not in found and "fused_add_rms_norm" in found
+    on, mamba2 = chosen("mamba2")
+    assert on and "fused_add_rms_norm" not in mamba2 and "rms_norm" not in mamba2
+    assert {(f["has_bias"], f["swiglu"]) for f in mamba2["rms_norm_gemm"]} == {(False, False)}
+    on, refused = chosen("qwen3", EngineOptions(block_size=16, max_model_len=40, add_norm="prologue",
+                                                providers=(("rms_norm_gemm", "reference"),)))
+    assert not on and "rms_norm_gemm" not in refused and "fused_add_rms_norm" in refused

@@ -14,7 +14,7 @@ __all__ = ["MODULES", "infiniops_provider"]
 
 MODULES = ("gemm", "add", "rms_norm", "fused_qk_norm", "paged_cache", "flash_attn", "causal_conv1d", "selective_scan",
            "silu_and_mul", "rotary_embedding", "fused_qk_norm_rope", "gemm_swiglu", "gemm_add_rms_norm",
-           "rms_norm_gated", "sampling")
+           "rms_norm_gemm", "rms_norm_gated", "sampling")
 
 
 @hookimpl

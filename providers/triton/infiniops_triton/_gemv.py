@@ -17,7 +17,10 @@ epilogue is the tiled kernel's: `alpha`, ``beta * c`` (read only when ``HAS_C``)
 output dtype; or SiLU-and-multiply of the gate and up halves (``SWIGLU``, `infiniops_triton.gemm_swiglu`); or the
 residual add and the row's RMSNorm (``ADD_NORM``, `infiniops_triton.gemm_add_rms_norm`): each program adds its
 columns of the product into the residual, counts itself done on one more counter (as the splits do), and the last
-column tile to finish normalizes the whole rows, so the product, the add and the norm stay one kernel.
+column tile to finish normalizes the whole rows, so the product, the add and the norm stay one kernel. ``PRE_NORM``
+(`infiniops_triton.rms_norm_gemm`) is a prologue instead: each program (each split too) first reads its rows of x
+once for their mean square over K, then normalizes every x tile as it loads it (`rms_norm`'s roundings), so the
+norm before a projection costs one more read of the rows and no launch, and no program waits on another.
 
 The configuration (a `Variant`) comes from `TABLE` per ``(row class, N, K, swiglu)`` where the GPU sweep
 (`benchmarks/gpu_sweep_gemv.py`) filled it; elsewhere it is autotuned once per ``(N, K, row class)`` (1 to 16
@@ -182,7 +185,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     return list(_ONE_ROW if kwargs.get("BLOCK_M", named_args.get("BLOCK_M")) == 1 else _FEW_ROWS)
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS", "SWIGLU", "ADD_NORM"],
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "HAS_C", "HAS_BIAS", "SWIGLU", "ADD_NORM", "PRE_NORM"],
                  prune_configs_by={"early_config_prune": _prune}, restore_value=["R"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % (args["BLOCK_K"] * args["SPLIT_K"]) == 0})
 @triton.jit(do_not_specialize=["M"])
@@ -196,12 +199,12 @@ def _gemv_kernel(
     COUNTER,  # int32 [tiles + 1] splits done per column tile (SPLIT_K > 1), then column tiles done (ADD_NORM); 0
     # between kernels
     R,  # *dtype [M, N] residual, rows stride_rm apart, read then overwritten with the sum (ADD_NORM)
-    NW,  # *dtype [N] the norm weight (ADD_NORM)
+    NW,  # *dtype [N] the norm weight (ADD_NORM), or [K] (PRE_NORM)
     M, N, K,
     stride_xm, stride_wn, stride_cm, stride_cn, stride_om, stride_on, stride_rm,
     alpha,
     beta,
-    eps,  # ADD_NORM: added to the mean square
+    eps,  # ADD_NORM, PRE_NORM: added to the mean square
     HAS_C: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot input precision: "ieee" for fp32 inputs
@@ -220,6 +223,7 @@ def _gemv_kernel(
     NORM_ROWS: tl.constexpr = 1,  # ADD_NORM: rows the last program normalizes at a time
     NORM_BLOCK: tl.constexpr = 16,  # ADD_NORM: the columns it reads at a time (a power of two)
     NORM_ONE_PASS: tl.constexpr = False,  # ADD_NORM: N <= NORM_BLOCK, a row's sums held in registers (one read)
+    PRE_NORM: tl.constexpr = False,  # X's rows normalized as loaded: rms_norm(X) * NW, `rms_norm_gemm`
 ):
     pdl_start(PDL)
     pid = tl.program_id(0)
@@ -234,6 +238,8 @@ def _gemv_kernel(
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BLOCK_M == 1:
         x_ptrs = X + k_lo + rk
+        if PRE_NORM:  # each split reads the whole row once for its mean square (from L2: every program reads it)
+            rstd = _row_rstd(X + rk, rk, K, eps, BLOCK_K, True)
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)  # SUM_EACH: summed each step
         acc1_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # else summed over K once, after the loop
@@ -246,6 +252,8 @@ def _gemv_kernel(
             else:
                 w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0, eviction_policy=EVICT)
                 x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            if PRE_NORM:
+                x = _normalized(x, NW + k_lo + k * BLOCK_K + rk, k_ok, rstd, EVEN_K)
             xf = x.to(tl.float32)[None, :]
             if SUM_EACH:
                 acc1 += tl.sum(w.to(tl.float32) * xf, axis=1)
@@ -275,6 +283,9 @@ def _gemv_kernel(
         rm = tl.arange(0, BLOCK_M)
         xm = rm % M
         x_ptrs = X + xm[:, None].to(tl.int64) * stride_xm + k_lo + rk[None, :]
+        if PRE_NORM:
+            rstd = _row_rstd(X + xm[:, None].to(tl.int64) * stride_xm + rk[None, :], rk[None, :], K, eps,
+                             BLOCK_K, False)[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, steps):
             k_ok = rk[None, :] < K - k_lo - k * BLOCK_K
@@ -284,6 +295,8 @@ def _gemv_kernel(
             else:
                 w = tl.load(w_ptrs, mask=k_ok, other=0.0, eviction_policy=EVICT)
                 x = tl.load(x_ptrs, mask=k_ok, other=0.0)
+            if PRE_NORM:
+                x = _normalized(x, NW + k_lo + k * BLOCK_K + rk[None, :], k_ok, rstd, EVEN_K)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
             if SWIGLU:
                 if EVEN_K:
@@ -326,6 +339,35 @@ def _gemv_kernel(
     else:
         _epilogue(acc, acc_u, C, BIAS, OUT, rm, rn, M, N, stride_cm, stride_cn, stride_om, stride_on, alpha, beta,
                   HAS_C, HAS_BIAS, SWIGLU)
+
+
+@triton.jit
+def _row_rstd(ptrs, cols, K, eps, BLOCK_K: tl.constexpr, ONE_ROW: tl.constexpr):
+    """``rsqrt(mean(x**2) + eps)`` in fp32 of the rows whose first `BLOCK_K` values `ptrs` points at (``[BLOCK_K]``
+    for one row, ``[rows, BLOCK_K]`` for a block), `cols` (``arange(BLOCK_K)``, ``[1, BLOCK_K]`` for a block) their
+    columns, over all K values, `BLOCK_K` at a time: `rms_norm`'s mean square; a scalar (`ONE_ROW`: the squares
+    summed once after the loop), or one value per row (summed each step)."""
+    if ONE_ROW:  # one row: the squares summed once, after the loop
+        squares = tl.zeros(ptrs.shape, dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(ptrs + k0, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            squares += v * v
+        total = tl.sum(squares, axis=0)
+    else:  # a block: summed each step (fewer registers)
+        total = tl.sum(tl.zeros(ptrs.shape, dtype=tl.float32), axis=1)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(ptrs + k0, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            total += tl.sum(v * v, axis=1)
+    return tl.rsqrt(total / K + eps)
+
+
+@triton.jit
+def _normalized(x, nw_ptrs, k_ok, rstd, EVEN_K: tl.constexpr):
+    """The loaded tile `x` of X normalized as `rms_norm` rounds it: ``(x * rstd).to(dtype) * norm weight``, the
+    product rounded to the dtype (the masked columns, loaded as 0, stay 0)."""
+    dtype = x.dtype
+    nw = tl.load(nw_ptrs) if EVEN_K else tl.load(nw_ptrs, mask=k_ok, other=0.0)
+    return ((x.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw.to(tl.float32)).to(dtype)
 
 
 @triton.jit
@@ -483,21 +525,24 @@ def gemv(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, bias: torch.T
 def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: int, stride_wn: int,
            c: torch.Tensor | None, bias: torch.Tensor | None, alpha: float, beta: float, out: torch.Tensor, *,
            swiglu: bool = False, variant: Variant | None = None, residual: torch.Tensor | None = None,
-           norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+           norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+           pre_norm: torch.Tensor | None = None) -> torch.Tensor:
     """`gemv` with the sizes and strides already read (the callers have them): `x` ``[m, k]`` (1 <= m <= 64) with
     rows `stride_xm` apart, `w` the storage of the ``[n, k]`` weight (``[2n, k]`` with `swiglu`) with rows
     `stride_wn` apart, both of unit K stride; `out` ``[m, n]``. With `residual` (``[m, n]``, unit last stride) and
     `norm_weight` (``[n]``): `gemm_add_rms_norm`, ``residual += x @ w.T + bias`` and ``out = rms_norm(residual) *
-    norm_weight`` (`c`, `alpha`, `beta` unused), with the variant of the plain product of the shape. Runs
+    norm_weight`` (`c`, `alpha`, `beta` unused), with the variant of the plain product of the shape. With
+    `pre_norm` (the ``[k]`` norm weight): `rms_norm_gemm`, x's rows normalized as they are loaded (``rms_norm(x) *
+    pre_norm``, each program computing the rows' mean square over K first), with the product's variant. Runs
     `variant`, else `TABLE`'s for the shape, else the autotuned configuration."""
     block_m = row_class(m)
     if variant is None and TABLE:
         variant = TABLE.get((block_m, n, k, swiglu))
-    has_c, has_bias, add_norm = c is not None, bias is not None, residual is not None
+    has_c, has_bias, add_norm, pre = c is not None, bias is not None, residual is not None, pre_norm is not None
     c_arg = out if c is None else c
     bias_arg = out if bias is None else bias
     r_arg = out if residual is None else residual
-    nw_arg = out if norm_weight is None else norm_weight
+    nw_arg = pre_norm if pre else out if norm_weight is None else norm_weight
     stride_rm = r_arg.stride(0)
     norm = _norm_blocks(block_m, m, n) if add_norm else _NO_NORM
     dtype = x.dtype
@@ -507,12 +552,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
         part, counter = _scratch_of(x, tiles, 2 * MAX_SPLIT_K * block_m * 8 * tiles)
         grid = lambda meta: (cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
         _GEMV.launch(
-            (n, k, block_m, has_c, has_bias, swiglu, add_norm, dtype, c_arg.dtype, bias_arg.dtype), grid,
+            (n, k, block_m, has_c, has_bias, swiglu, add_norm, pre, dtype, c_arg.dtype, bias_arg.dtype), grid,
             x, w, c_arg, bias_arg, out, part, counter, r_arg, nw_arg, m, n, k,
             stride_xm, stride_wn, *c_arg.stride(), *out.stride(), stride_rm,
             float(alpha), float(beta), float(eps),
             HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, ADD_NORM=add_norm,
-            **norm, **pdl(),
+            PRE_NORM=pre, **norm, **pdl(),
         )
         return out
     config = _KWARGS.get(variant)
@@ -523,7 +568,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, m: int, n: int, k: int, stride_xm: 
     _FIXED((tiles, variant.split_k), x, w, c_arg, bias_arg, out, part, counter, r_arg, nw_arg, m, n, k,
            stride_xm, stride_wn, *c_arg.stride(), *out.stride(), stride_rm, float(alpha), float(beta), float(eps),
            HAS_C=has_c, HAS_BIAS=has_bias, PRECISION=precision, BLOCK_M=block_m, SWIGLU=swiglu, ADD_NORM=add_norm,
-           **norm, **pdl(), **config)
+           PRE_NORM=pre, **norm, **pdl(), **config)
     return out
 
 
