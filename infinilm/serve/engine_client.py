@@ -52,7 +52,6 @@ class Event:
 
 
 _ADMITTED: Final = Event()
-_ids = itertools.count()
 
 
 class Events:
@@ -87,7 +86,7 @@ class Request:
     """One engine request as the server sees it.
 
     Attributes:
-        id: its number for the engine core (unique in this process).
+        id: its number for the engine core (unique among its client's requests).
         prompt / params: what the engine runs.
         events: the `Event`s the engine sends, in order (`Events`); the last one is `Event.final`.
         arrival: `time.perf_counter` at submission (the latency histograms start there).
@@ -98,8 +97,8 @@ class Request:
     __slots__ = ("arrival", "cancel_sent", "events", "final", "id", "last", "num_tokens", "params", "prompt",
                  "waiting")
 
-    def __init__(self, prompt: list[int], params: SamplingParams) -> None:
-        self.id = next(_ids)
+    def __init__(self, request_id: int, prompt: list[int], params: SamplingParams) -> None:
+        self.id = request_id
         self.prompt, self.params = prompt, params
         self.events = Events()
         self.arrival = time.perf_counter()
@@ -128,6 +127,7 @@ class EngineClient:
         self.in_flight: dict[int, Request] = {}
         self.failure: BaseException | str | None = None
         self._preemptions = 0
+        self._ids = itertools.count()  # the requests' numbers for the core
 
     @property
     def alive(self) -> bool:
@@ -158,7 +158,7 @@ class EngineClient:
         if self.num_waiting >= self.max_waiting:
             raise APIError(429, f"the server's waiting queue is full ({self.max_waiting} requests wait for their "
                            "first token); retry later", code="rate_limit_exceeded", headers={"Retry-After": "1"})
-        req = Request(prompt, params)
+        req = Request(next(self._ids), prompt, params)
         self.num_waiting += 1
         self.in_flight[req.id] = req
         self._send(("add", req.id, prompt, params))

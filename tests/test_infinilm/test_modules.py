@@ -20,6 +20,7 @@ import logging
 import operator
 import pkgutil
 import re
+import struct
 import types
 import typing
 
@@ -29,7 +30,7 @@ import infinilm
 
 _CONSTANT_TYPES = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range,
                    types.MappingProxyType, types.GenericAlias, torch.dtype, enum.Enum, re.Pattern, logging.Logger,
-                   functools._lru_cache_wrapper)
+                   functools._lru_cache_wrapper, struct.Struct)
 
 
 def _is_constant(value: object) -> bool:
