@@ -13,6 +13,7 @@ Admission control: at most `max_waiting` requests may wait for their first token
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import itertools
@@ -107,7 +108,7 @@ class Request:
         self.waiting = True
 
 
-class EngineClient:
+class EngineClient(abc.ABC):
     """The routes' engine; every method runs on the event loop. A subclass implements `_send`, `alive`,
     `start` and `stop`.
 
@@ -130,20 +131,21 @@ class EngineClient:
         self._ids = itertools.count()  # the requests' numbers for the core
 
     @property
+    @abc.abstractmethod
     def alive(self) -> bool:
-        raise NotImplementedError
+        """Whether the engine runs and takes requests."""
 
+    @abc.abstractmethod
     def start(self) -> None:
         """Start serving; call from the event loop that will read the events."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def stop(self) -> None:
         """Abort what is left, end the engine and wait for it; every request gets its final event."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _send(self, msg: tuple[Any, ...]) -> None:
         """Carry one input (`infinilm.serve.engine_core`) to the core."""
-        raise NotImplementedError
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Request:
         """Queue a validated request for the engine; its first event says whether the engine admitted it.
